@@ -1,0 +1,32 @@
+"""dtflab: learn and experiment with distributed TensorFlow from a notebook.
+
+In [1]: %load_ext dtflab
+In [2]: %dtf_cluster start 3
+
+Importing dtflab is cheap: TensorFlow is imported only when a cluster needs it.
+"""
+
+from __future__ import annotations
+
+from dtflab.cluster import Cluster, TaskInfo, TaskState, start_cluster
+from dtflab.errors import DtflabError, NotSupportedError, TaskError
+
+__version__ = "0.1.0"
+
+
+def tf_log() -> str:
+    """What TensorFlow printed in this process while dtflab kept it quiet."""
+    from dtflab._quiet import tf_log as captured
+
+    return captured()
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext dtflab``: registers ``%dtf_cluster``."""
+    from dtflab.magics import register
+
+    register(ipython)
+
+
+__all__ = ["Cluster", "TaskInfo", "TaskState", "start_cluster", "tf_log", "DtflabError",
+           "NotSupportedError", "TaskError", "__version__"]

@@ -1,0 +1,87 @@
+"""The ``dtflab`` console command.
+
+$ dtflab server --cluster_spec 'master|localhost:2222,ps|localhost:2223' --job_name master --task_index 0
+$ dtflab cluster start 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dtflab.cluster import backend_names
+    from dtflab.cluster.server import build_parser as server_parser
+
+    parser = argparse.ArgumentParser(prog="dtflab", description="Distributed TensorFlow task servers.")
+    commands = parser.add_subparsers(dest="command", metavar="{server,cluster}")
+    commands.add_parser("server", parents=[server_parser()], add_help=False,
+                        help="run one task server with the 2016 flags (foreground)")
+    cluster = commands.add_parser("cluster", help="run a whole cluster (foreground)")
+    actions = cluster.add_subparsers(dest="action", metavar="{start}")
+    start = actions.add_parser("start", help="start a cluster; Ctrl-C stops every task")
+    start.add_argument("n", nargs="?", help="task count (default 3: one ps, the rest workers)")
+    start.add_argument("--backend", help=f"one of: {', '.join(backend_names())} (default local)")
+    start.add_argument("--ps", help="number of ps tasks")
+    start.add_argument("--workers", help="number of worker tasks")
+    start.add_argument("--jobs", help="any jobs and counts, e.g. master=1,ps=2")
+    start.add_argument("--spec", help="the 2016 cluster spec, e.g. 'master|localhost:2222,ps|localhost:2223'")
+    start.add_argument("--timeout", type=float, default=60.0,
+                       help="seconds to wait for every task to listen (default 60)")
+    return parser
+
+
+def run_cluster(args) -> int:
+    from dtflab.cluster import start_cluster
+    from dtflab.cluster.task import TaskState
+    from dtflab.errors import DtflabError
+
+    def on_sigterm(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        cluster = start_cluster(args.n, backend=args.backend, ps=args.ps, workers=args.workers,
+                                jobs=args.jobs, spec=args.spec, timeout=args.timeout)
+    except (ValueError, DtflabError) as exc:
+        print(f"dtflab: error: {exc}", file=sys.stderr)
+        return 2
+    with cluster:
+        print(f"dtflab: {cluster.backend} cluster running; Ctrl-C stops it")
+        print(f"cluster spec: {cluster.legacy_spec}")
+        for task in cluster.tasks:
+            pid = f" (pid {task.pid})" if task.pid else ""
+            print(f"  {task.name:<12} {cluster.target(task.job, task.index)}{pid}", flush=True)
+        reported = set()
+        try:
+            while True:
+                time.sleep(1.0)
+                for task in cluster.tasks:
+                    if task.state is TaskState.EXITED and task.name not in reported:
+                        reported.add(task.name)
+                        print(f"dtflab: {task.name} exited; see its log above or restart the "
+                              f"cluster", file=sys.stderr, flush=True)
+        except KeyboardInterrupt:
+            print("dtflab: stopping", flush=True)
+    print("dtflab: stopped", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "server":
+        from dtflab.cluster.server import serve
+
+        return serve(args)
+    if args.command == "cluster" and args.action == "start":
+        return run_cluster(args)
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

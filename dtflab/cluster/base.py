@@ -1,0 +1,253 @@
+"""The ``Cluster`` base class: one lifecycle contract for every backend."""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import weakref
+
+from dtflab.cluster.ports import choose_ports
+from dtflab.cluster.spec import Layout, layout_to_legacy_spec, parse_task
+from dtflab.cluster.task import TaskInfo, TaskState
+from dtflab.errors import NotSupportedError, PortInUseError
+
+_running: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+PORT_ATTEMPTS = 3
+
+
+class Cluster:
+    """A TensorFlow cluster of task servers: start, status, kill/restart a task, stop.
+
+    A backend subclass provides:
+
+    - ``_start_all()``: start every task in ``self.addresses`` (in parallel where it can) and
+      return once each one listens; on failure, stop what it started and raise ``TaskError``
+      (``PortInUseError`` when a port was taken);
+    - ``_stop_all()``;
+    - ``_task_state(job, index) -> (TaskState, pid or None)`` and ``_task_logs(job, index)``;
+    - optionally ``_kill_task`` / ``_start_task`` (default: refuse with ``NotSupportedError``)
+      and ``_task_host`` for tasks that run elsewhere.
+
+    It gets for free: ``spec``, ``target()``, ``tasks``, free ports chosen at start and chosen
+    again when one is taken meanwhile, ``connect()``, the status panel and HTML repr, use as a
+    context manager, and a stop at interpreter exit.
+    """
+
+    backend = "base"
+
+    def __init__(self, layout: Layout, *, timeout: float = 60.0,
+                 inter_op_threads: int | None = None, intra_op_threads: int | None = None):
+        self._layout = layout
+        self.timeout = timeout
+        n_tasks = sum(len(tasks) for tasks in layout.values())
+        #: Threads per task for independent ops. Defaults to tasks + 1: ParameterServerStrategy
+        #: hangs on small machines with fewer (see DESIGN.md).
+        self.inter_op_threads = inter_op_threads if inter_op_threads is not None else n_tasks + 1
+        self.intra_op_threads = intra_op_threads or 0
+        self.addresses: dict[str, list[str]] = {}
+        self._states: dict[tuple[str, int], TaskState] = {
+            (job, index): TaskState.STARTING for job, tasks in layout.items()
+            for index in range(len(tasks))}
+        self._lock = threading.RLock()
+        self._watchers: list = []  # callables run after every change of state (panels)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> "Cluster":
+        """Start every task; returns once all listen. Called by ``dtflab.start_cluster``."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self.addresses = choose_ports(self._layout)
+            try:
+                self._start_all()
+                break
+            except PortInUseError as exc:
+                chosen_here = self._layout[exc.job][exc.index][1] is None
+                if chosen_here and attempt < PORT_ATTEMPTS:
+                    continue  # another program took a port we chose: choose again
+                self._give_up()
+                raise
+            except BaseException:
+                self._give_up()
+                raise
+        _running.add(self)
+        _stop_at_exit()
+        self._changed()
+        return self
+
+    def stop(self) -> None:
+        """Stop every task and release what the cluster holds. Safe to call twice."""
+        with self._lock:
+            if self.stopped:
+                return
+            self._stop_all()
+            for key in self._states:
+                self._states[key] = TaskState.STOPPED
+            _running.discard(self)
+        self._changed()
+
+    def _give_up(self) -> None:
+        """Release whatever a failed start left (log files), so nothing outlives the error."""
+        self._stop_all()
+        for key in self._states:
+            self._states[key] = TaskState.STOPPED
+
+    def kill(self, job: str, index: int | None = None) -> None:
+        """Kill one task at once (SIGKILL where it is a process): a fault for teaching."""
+        job, index = self._task(job, index)
+        with self._lock:
+            self._require_running()
+            self._kill_task(job, index)
+            self._states[job, index] = TaskState.KILLED
+        self._changed()
+
+    def restart(self, job: str, index: int | None = None) -> None:
+        """Start one task again on the same address (killing it first if it runs)."""
+        job, index = self._task(job, index)
+        with self._lock:
+            self._require_running()
+            if self._task_state(job, index)[0] is TaskState.RUNNING:
+                self._kill_task(job, index)
+            self._states[job, index] = TaskState.STARTING
+            try:
+                self._start_task(job, index)
+            except Exception:
+                self._states[job, index] = TaskState.EXITED
+                self._changed()
+                raise
+            self._states[job, index] = TaskState.RUNNING
+        self._changed()
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- what the user reads -----------------------------------------------------------------
+
+    @property
+    def stopped(self) -> bool:
+        return all(state is TaskState.STOPPED for state in self._states.values())
+
+    @property
+    def spec(self):
+        """The cluster as a ``tf.train.ClusterSpec`` (imports TensorFlow)."""
+        from dtflab._quiet import import_tf
+
+        return import_tf().train.ClusterSpec(self.addresses)
+
+    @property
+    def legacy_spec(self) -> str:
+        """The cluster as the 2016 server's ``--cluster_spec`` string."""
+        return layout_to_legacy_spec(self.addresses)
+
+    def target(self, job: str, index: int | None = None) -> str:
+        """The session target of one task, ``"grpc://host:port"``."""
+        job, index = self._task(job, index)
+        return f"grpc://{self.addresses[job][index]}"
+
+    @property
+    def tasks(self) -> list[TaskInfo]:
+        """A snapshot of every task (state and memory read now)."""
+        from dtflab.cluster.memory import proportional_mb
+
+        infos = []
+        for job, addresses in self.addresses.items():
+            for index, address in enumerate(addresses):
+                state, pid = self._task_state(job, index)
+                memory = proportional_mb(pid) if pid and state is TaskState.RUNNING else None
+                infos.append(TaskInfo(job, index, address, state, pid, memory,
+                                      self._task_host(job, index)))
+        return infos
+
+    def logs(self, job: str, index: int | None = None) -> str:
+        """Everything one task has printed (TensorFlow's log lines included)."""
+        return self._task_logs(*self._task(job, index))
+
+    def connect(self, job_name: str = "client") -> list[str]:
+        """Make this cluster's devices usable from eager TF2 code in this process.
+
+        Calls ``tf.config.experimental_connect_to_cluster``; this process joins as ``job_name``
+        on a free local port. Returns the remote device names. TensorFlow keeps that connection
+        for the life of the process: connect once per kernel, or restart the kernel.
+        """
+        from dtflab._quiet import import_tf, quiet_fds
+
+        tf = import_tf()
+        with quiet_fds():
+            tf.config.experimental_connect_to_cluster(self.spec, job_name=job_name)
+        return [device.name for device in tf.config.list_logical_devices()
+                if any(f"/job:{job}/" in device.name for job in self.addresses)]
+
+    def panel(self):
+        """A status panel widget that refreshes itself on kill, restart and stop."""
+        from dtflab.ui.panel import ClusterPanel
+
+        return ClusterPanel(self)
+
+    def _repr_html_(self) -> str:
+        from dtflab.ui.panel import render_html
+
+        return render_html(self)
+
+    def __repr__(self) -> str:
+        jobs = ", ".join(f"{job}:{len(tasks)}" for job, tasks in self._layout.items())
+        status = "stopped" if self.stopped else "running"
+        return f"<{type(self).__name__} {self.backend} ({jobs}) {status}>"
+
+    # -- for backends ----------------------------------------------------------------------
+
+    def _start_all(self) -> None:
+        raise NotImplementedError
+
+    def _stop_all(self) -> None:
+        raise NotImplementedError
+
+    def _task_state(self, job: str, index: int) -> tuple[TaskState, int | None]:
+        raise NotImplementedError
+
+    def _task_logs(self, job: str, index: int) -> str:
+        raise NotImplementedError
+
+    def _task_host(self, job: str, index: int) -> str | None:
+        return None
+
+    def _kill_task(self, job: str, index: int) -> None:
+        raise NotSupportedError(f"the {self.backend} backend cannot kill {job}:{index}")
+
+    def _start_task(self, job: str, index: int) -> None:
+        raise NotSupportedError(f"the {self.backend} backend cannot restart {job}:{index}")
+
+    def _changed(self) -> None:
+        for watcher in list(self._watchers):
+            watcher()
+
+    def _task(self, job: str, index: int | None) -> tuple[str, int]:
+        """Validate ``(job, index)``; ``job`` may also be ``"worker:1"``."""
+        if index is None:
+            job, index = parse_task(job)
+        names = [f"{j}:{i}" for j, tasks in self._layout.items() for i in range(len(tasks))]
+        if job not in self._layout or not isinstance(index, int) or not \
+                0 <= index < len(self._layout[job]):
+            raise ValueError(f"unknown task {job}:{index}; this cluster has {', '.join(names)}")
+        return job, index
+
+    def _require_running(self) -> None:
+        if self.stopped:
+            raise NotSupportedError("this cluster is stopped; start a new one with "
+                                    "dtflab.start_cluster() or %dtf_cluster start")
+
+
+def stop_all_running() -> None:
+    """Stop every cluster this process started and did not stop (runs at exit)."""
+    for cluster in list(_running):
+        try:
+            cluster.stop()
+        except Exception:  # at exit, carry on with the others
+            pass
+
+
+def _stop_at_exit() -> None:
+    if not getattr(_stop_at_exit, "registered", False):
+        atexit.register(stop_all_running)
+        _stop_at_exit.registered = True

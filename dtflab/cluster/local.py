@@ -1,0 +1,191 @@
+"""The ``local`` backend: one subprocess per task server on this machine."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dtflab.cluster.base import Cluster
+from dtflab.cluster.server import EXIT_PORT_IN_USE
+from dtflab.cluster.task import TaskState
+from dtflab.errors import PortInUseError, TaskError
+
+STOP_GRACE_S = 2.0
+LOG_TAIL_LINES = 12
+
+
+class LocalCluster(Cluster):
+    """Task servers as child processes, started in parallel.
+
+    Each child runs ``python -m dtflab.cluster.server`` with the 2016 flags, writes one line on
+    a pipe once its port listens, and ends by itself when this process ends (even by SIGKILL).
+    Children run in their own session, so Ctrl-C in a terminal reaches only this process, which
+    then stops them. Their output goes to a log file per task (``cluster.logs``); the files are
+    read into memory and deleted at stop.
+    """
+
+    backend = "local"
+
+    def __init__(self, layout, **kwargs):
+        super().__init__(layout, **kwargs)
+        self._processes: dict[tuple[str, int], subprocess.Popen] = {}
+        self._log_dir = Path(tempfile.mkdtemp(prefix="dtflab-logs-"))
+        self._final_logs: dict[tuple[str, int], str] = {}
+
+    # -- backend contract --------------------------------------------------------------------
+
+    def _start_all(self) -> None:
+        pending = {}
+        try:
+            for job, addresses in self.addresses.items():
+                for index in range(len(addresses)):
+                    pending[job, index] = self._launch(job, index)
+            self._await_ready(pending)
+        except BaseException:
+            self._terminate(list(self._processes))
+            raise
+        finally:
+            for _, ready_fd in pending.values():
+                with contextlib.suppress(OSError):
+                    os.close(ready_fd)
+
+    def _stop_all(self) -> None:
+        self._terminate(list(self._processes))
+        for key in self._states:
+            self._final_logs[key] = self._read_log(*key)
+        shutil.rmtree(self._log_dir, ignore_errors=True)
+
+    def _kill_task(self, job: str, index: int) -> None:
+        process = self._processes.pop((job, index), None)
+        if process is not None:
+            process.kill()
+            process.wait()
+            _close_stdin(process)
+
+    def _start_task(self, job: str, index: int) -> None:
+        # The old process's port is free as soon as it is reaped, but another program may grab
+        # it in between: say so rather than move the task, since every peer knows this address.
+        process, ready_fd = self._launch(job, index)
+        try:
+            self._await_ready({(job, index): (process, ready_fd)})
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(ready_fd)
+
+    def _task_state(self, job: str, index: int) -> tuple[TaskState, int | None]:
+        state = self._states[job, index]
+        process = self._processes.get((job, index))
+        if process is None:
+            return state, None
+        if process.poll() is not None:
+            if state is TaskState.RUNNING:
+                self._states[job, index] = state = TaskState.EXITED
+            return state, None
+        return state, process.pid
+
+    def _task_logs(self, job: str, index: int) -> str:
+        if (job, index) in self._final_logs:
+            return self._final_logs[job, index]
+        return self._read_log(job, index)
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def _launch(self, job: str, index: int) -> tuple[subprocess.Popen, int]:
+        ready_fd, ready_write = os.pipe()
+        command = [
+            sys.executable, "-m", "dtflab.cluster.server",
+            "--cluster_spec", self.legacy_spec, "--job_name", job, "--task_index", str(index),
+            "--inter_op_threads", str(self.inter_op_threads),
+            "--intra_op_threads", str(self.intra_op_threads),
+            "--ready_fd", str(ready_write), "--exit_with_parent",
+        ]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        package_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        try:
+            with open(self._log_path(job, index), "ab") as log:
+                process = subprocess.Popen(
+                    command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                    pass_fds=(ready_write,), start_new_session=True, env=env)
+        except BaseException:
+            os.close(ready_fd)
+            raise
+        finally:
+            os.close(ready_write)
+        self._processes[job, index] = process
+        self._states[job, index] = TaskState.STARTING
+        return process, ready_fd
+
+    def _await_ready(self, pending: dict) -> None:
+        """Wait until each pending task reports ready; raise the first failure."""
+        deadline = time.monotonic() + self.timeout
+        with selectors.DefaultSelector() as selector:
+            for key, (_, ready_fd) in pending.items():
+                selector.register(ready_fd, selectors.EVENT_READ, key)
+            waiting = set(pending)
+            while waiting:
+                remaining = deadline - time.monotonic()
+                events = selector.select(timeout=max(remaining, 0))
+                if not events and remaining <= 0:
+                    job, index = sorted(waiting)[0]
+                    raise TaskError(job, index, f"did not start within {self.timeout:g} s",
+                                    log_tail=self._log_tail(job, index))
+                for selected, _ in events:
+                    key = selected.data
+                    line = os.read(selected.fd, 256)
+                    selector.unregister(selected.fd)
+                    waiting.discard(key)
+                    if line.startswith(b"ready"):
+                        self._states[key] = TaskState.RUNNING
+                    else:
+                        self._raise_start_failure(*key, pending[key][0])
+
+    def _raise_start_failure(self, job: str, index: int, process: subprocess.Popen) -> None:
+        try:
+            code = process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        self._states[job, index] = TaskState.EXITED
+        error = PortInUseError if code == EXIT_PORT_IN_USE else TaskError
+        raise error(job, index, "exited while starting", exit_code=code,
+                    log_tail=self._log_tail(job, index))
+
+    def _terminate(self, keys) -> None:
+        """End the given tasks: EOF on stdin first (they exit at once), SIGKILL after a grace."""
+        processes = [self._processes.pop(key) for key in keys if key in self._processes]
+        for process in processes:
+            _close_stdin(process)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for process in processes:
+            try:
+                process.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    # -- logs --------------------------------------------------------------------------------
+
+    def _log_path(self, job: str, index: int) -> Path:
+        return self._log_dir / f"{job}-{index}.log"
+
+    def _read_log(self, job: str, index: int) -> str:
+        try:
+            return self._log_path(job, index).read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def _log_tail(self, job: str, index: int) -> str:
+        return "\n".join(self._read_log(job, index).splitlines()[-LOG_TAIL_LINES:])
+
+
+def _close_stdin(process: subprocess.Popen) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        if process.stdin:
+            process.stdin.close()

@@ -1,0 +1,19 @@
+"""Memory of task processes, as the machine accounts for it."""
+
+from __future__ import annotations
+
+
+def proportional_mb(pid: int) -> float | None:
+    """Proportional set size of ``pid`` in MiB, or ``None`` if it cannot be read.
+
+    PSS divides each shared page among the processes mapping it, so the PSS of several task
+    servers adds up to what they really cost together (TensorFlow's library pages are shared).
+    Falls back to RSS where the OS has no PSS (not Linux).
+    """
+    import psutil
+
+    try:
+        info = psutil.Process(pid).memory_full_info()
+    except (psutil.Error, OSError):
+        return None
+    return round(getattr(info, "pss", info.rss) / 2**20, 1)

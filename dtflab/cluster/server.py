@@ -1,0 +1,155 @@
+"""One TensorFlow task server process: ``dtflab server`` and the local backend's children.
+
+Takes the 2016 server's flags (``--cluster_spec``, ``--job_name``, ``--task_index``). The local
+backend adds ``--ready_fd`` (write one line there once the port listens) and
+``--exit_with_parent`` (end when the owning process ends, even by SIGKILL: standard input
+reaching EOF or the parent pid changing, whichever is seen first, within 0.25 s).
+
+Exit codes: 0 stopped, 2 bad flags, 75 port already in use, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import os
+import socket
+import sys
+import threading
+import time
+
+EXIT_PORT_IN_USE = 75
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dtflab server",
+        description="Run one TensorFlow task server (the flags of the 2016 grpc_tensorflow_server).",
+    )
+    parser.add_argument("--cluster_spec", "--cluster-spec", required=True,
+                        help="all tasks as job|host:port, comma separated, e.g. "
+                             "'master|localhost:2222,ps|localhost:2223'; a repeated job adds a task")
+    parser.add_argument("--job_name", "--job-name", required=True, help="this task's job, e.g. ps")
+    parser.add_argument("--task_index", "--task-index", default="0",
+                        help="this task's index within its job (default 0)")
+    parser.add_argument("--inter_op_threads", type=int, default=0,
+                        help="ConfigProto.inter_op_parallelism_threads (0: TensorFlow's default)")
+    parser.add_argument("--intra_op_threads", type=int, default=0,
+                        help="ConfigProto.intra_op_parallelism_threads (0: TensorFlow's default)")
+    parser.add_argument("--verbose", action="store_true", help="show TensorFlow's own log lines")
+    parser.add_argument("--ready_fd", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--exit_with_parent", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def resolve_task(args) -> tuple[dict[str, list[str]], str, int, int]:
+    """Validate the flags: the address map, job, index and this task's port."""
+    from dtflab.cluster.spec import parse_legacy_spec, parse_count
+
+    layout = parse_legacy_spec(args.cluster_spec)
+    if args.job_name not in layout:
+        raise ValueError(f"--job_name {args.job_name!r} is not in the cluster spec; "
+                         f"its jobs are: {', '.join(layout)}")
+    index = parse_count(args.task_index, "--task_index", minimum=0)
+    tasks = layout[args.job_name]
+    if index >= len(tasks):
+        raise ValueError(f"--task_index {index} is out of range: job {args.job_name!r} has "
+                         f"{len(tasks)} task(s), indices 0..{len(tasks) - 1}")
+    addresses = {job: [f"{host}:{port}" for host, port in entries] for job, entries in layout.items()}
+    return addresses, args.job_name, index, tasks[index][1]
+
+
+def port_is_free(port: int) -> bool:
+    """Whether this machine can bind ``port`` on all interfaces, as gRPC will."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # gRPC sets it too
+    try:
+        probe.bind(("", port))
+        return True
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return False
+        raise
+    finally:
+        probe.close()
+
+
+def exit_with_parent() -> None:
+    """End this process as soon as the process that started it is gone."""
+    parent = os.getppid()
+
+    def stdin_closed():
+        try:
+            while sys.stdin.buffer.read(4096):
+                pass
+        except (OSError, ValueError):
+            pass
+        os._exit(0)
+
+    def parent_changed():
+        while os.getppid() == parent:
+            time.sleep(0.25)
+        os._exit(0)
+
+    threading.Thread(target=stdin_closed, name="dtflab-stdin-watch", daemon=True).start()
+    threading.Thread(target=parent_changed, name="dtflab-parent-watch", daemon=True).start()
+
+
+def serve(args) -> int:
+    if args.exit_with_parent:
+        exit_with_parent()
+    ready = None
+    if args.ready_fd is not None:
+        ready = os.fdopen(args.ready_fd, "w")
+    try:
+        addresses, job, index, port = resolve_task(args)
+    except ValueError as exc:
+        print(f"dtflab server: {exc}", file=sys.stderr)
+        return 2
+    if not port_is_free(port):
+        print(f"dtflab server: port {port} of {job}:{index} is already in use; "
+              f"choose another port in --cluster_spec", file=sys.stderr)
+        return EXIT_PORT_IN_USE
+
+    # A terminal user sees one line per task; a child of the local backend logs everything.
+    quiet = ready is None and not args.verbose
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if quiet else "0")
+    from dtflab._quiet import quiet_fds
+
+    with quiet_fds() if quiet else contextlib.nullcontext():
+        import tensorflow as tf
+
+        config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=args.inter_op_threads,
+                                          intra_op_parallelism_threads=args.intra_op_threads)
+        try:
+            server = tf.distribute.Server(tf.train.ClusterSpec(addresses), job_name=job,
+                                          task_index=index, config=config)
+        except tf.errors.UnknownError as exc:
+            server, failure = None, exc.message
+    if server is None:
+        print(f"dtflab server: {job}:{index} could not listen on port {port} ({failure}); "
+              f"it is probably in use", file=sys.stderr)
+        return EXIT_PORT_IN_USE
+    target = server.target.decode() if isinstance(server.target, bytes) else server.target
+    print(f"dtflab server: {job}:{index} serving {target} (pid {os.getpid()})", flush=True)
+    if ready is not None:
+        ready.write(f"ready {os.getpid()}\n")
+        ready.close()
+    try:
+        while True:  # not server.join(): a blocking C++ call that Ctrl-C cannot interrupt
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print(f"dtflab server: {job}:{index} stopped", flush=True)
+    # TF servers cannot be shut down in process; leaving without running finalizers is the
+    # only clean way out.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def main(argv=None) -> int:
+    return serve(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

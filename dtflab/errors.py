@@ -1,0 +1,52 @@
+"""Errors a dtflab user can meet, shown in notebooks without a Python stack."""
+
+from __future__ import annotations
+
+
+class DtflabError(Exception):
+    """Base class. IPython shows these as their message alone (``_render_traceback_``)."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
+class TaskError(DtflabError):
+    """A task server failed: carries which task, its exit code and the last lines it printed."""
+
+    def __init__(self, job: str, index: int, what: str, *, exit_code: int | None = None,
+                 log_tail: str = ""):
+        self.job, self.index, self.exit_code, self.log_tail = job, index, exit_code, log_tail
+        code = "" if exit_code is None else f" (exit code {exit_code})"
+        last = _last_meaningful_line(log_tail)
+        super().__init__(f"{job}:{index} {what}{code}" + (f": {last}" if last else ""))
+
+    def _render_traceback_(self) -> list[str]:
+        lines = [f"{type(self).__name__}: {self}"]
+        if self.log_tail.strip():
+            lines.append(f"last lines printed by {self.job}:{self.index}:")
+            lines += ["    " + line for line in self.log_tail.strip().splitlines()[-8:]]
+        return lines
+
+
+class PortInUseError(TaskError):
+    """A task could not bind its port because something else holds it."""
+
+
+class NotSupportedError(DtflabError):
+    """The backend cannot do this; the message says which backend can."""
+
+
+def did_you_mean(word, choices) -> str:
+    """`` (did you mean 'start'?)`` for a near miss among ``choices``, else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _last_meaningful_line(text: str) -> str:
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line and not line.startswith(("WARNING: All log messages", "I0000", "W0000")):
+            return line[:300]
+    return ""

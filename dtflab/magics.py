@@ -1,0 +1,171 @@
+"""``%dtf_cluster``: a thin skin over ``dtflab.start_cluster`` and ``Cluster``.
+
+In [1]: %load_ext dtflab
+In [2]: %dtf_cluster start 3
+In [3]: %dtf_cluster kill worker:1
+"""
+
+from __future__ import annotations
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from dtflab.cluster import Cluster, backend_names, check_request, start_cluster
+from dtflab.cluster.spec import parse_count
+from dtflab.errors import NotSupportedError, did_you_mean
+
+COMMANDS = ("start", "status", "stop", "kill", "restart", "spec", "logs")
+START_ONLY = ("backend", "ps", "workers", "jobs", "spec", "replace", "timeout")
+
+
+@magics_class
+class ClusterMagics(Magics):
+    """Starts and drives dtflab clusters by name (default ``cluster``) in the user namespace."""
+
+    def __init__(self, shell):
+        super().__init__(shell)
+        self.clusters: dict[str, Cluster] = {}
+
+    @magic_arguments()
+    @argument("command", nargs="?",
+              help="start | status | stop | kill | restart | spec | logs")
+    @argument("task", nargs="?",
+              help="start: the task count, default 3 (one ps, the rest workers); "
+                   "kill, restart, logs: JOB:TASK, e.g. worker:1")
+    @argument("--backend", help=f"where tasks run: {', '.join(backend_names())} (default local)")
+    @argument("--ps", help="start: number of ps tasks (default 1 with --workers)")
+    @argument("--workers", help="start: number of worker tasks (default 2 with --ps)")
+    @argument("--jobs", help="start: any jobs and counts, e.g. master=1,ps=2")
+    @argument("--spec", help="start: the 2016 cluster spec, e.g. "
+                             "'master|localhost:2222,ps|localhost:2223,ps|localhost:2224'")
+    @argument("--name", default="cluster",
+              help="the notebook variable holding the cluster (default: cluster)")
+    @argument("--replace", action="store_true",
+              help="start: stop the running cluster of that name first")
+    @argument("--timeout", help="start: seconds to wait for every task to listen (default 60)")
+    @line_magic
+    def dtf_cluster(self, line: str = ""):
+        """Start, inspect, break and stop a TensorFlow cluster of task servers.
+
+        In [1]: %dtf_cluster start 3
+        In [2]: %dtf_cluster start --jobs master=1,ps=2 --backend inprocess --replace
+        In [3]: %dtf_cluster kill worker:1
+        In [4]: %dtf_cluster restart worker:1
+        In [5]: %dtf_cluster stop
+        """
+        args = parse_argstring(self.dtf_cluster, line)
+        if args.command is None:
+            print(self.dtf_cluster.parser.format_help())
+            return None
+        if args.command not in COMMANDS:
+            raise UsageError(f"unknown command {args.command!r}{did_you_mean(args.command, COMMANDS)}; "
+                             f"commands: {', '.join(COMMANDS)}")
+        if not args.name.isidentifier():
+            raise UsageError(f"--name {args.name!r} is not a Python variable name; "
+                             f"use letters, digits and '_', e.g. --name cluster2")
+        if args.command != "start":
+            misplaced = [f"--{option}" for option in START_ONLY if getattr(args, option)]
+            if misplaced:
+                raise UsageError(f"{', '.join(misplaced)} applies only to start, "
+                                 f"e.g. %dtf_cluster start 3 {misplaced[0]} ...")
+        try:
+            return getattr(self, f"_{args.command}")(args)
+        except (ValueError, NotSupportedError) as exc:
+            raise UsageError(str(exc)) from None
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def _start(self, args):
+        running = self._find(args.name, required=False)
+        if running is not None and not running.stopped and not args.replace:
+            raise UsageError(
+                f"a cluster named {args.name!r} is already running ({running!r}); stop it with "
+                f"%dtf_cluster stop, or start anew with %dtf_cluster start {line_tail(args)} --replace")
+        options = dict(backend=args.backend, ps=args.ps, workers=args.workers, jobs=args.jobs,
+                       spec=args.spec)
+        if args.timeout is not None:
+            try:
+                options["timeout"] = float(args.timeout)
+            except ValueError:
+                raise UsageError(f"--timeout must be a number of seconds, got {args.timeout!r}; "
+                                 f"e.g. --timeout 120") from None
+        n = args.task
+        if n is not None:
+            n = parse_count(n, "the task count")
+        # Check the request in full before touching the running cluster: a refused command
+        # changes nothing.
+        check_request(n, **options)
+        if running is not None and not running.stopped:
+            running.stop()
+        cluster = start_cluster(n, **options)
+        self.clusters[args.name] = cluster
+        self.shell.user_ns[args.name] = cluster
+        return _show(cluster.panel())
+
+    def _status(self, args):
+        return _show(self._find(args.name).panel())
+
+    def _stop(self, args):
+        cluster = self._find(args.name)
+        cluster.stop()
+        print(f"stopped {args.name}: {cluster!r}")
+
+    def _kill(self, args):
+        self._find(args.name).kill(self._task_arg(args))
+        print(f"killed {args.task}")
+
+    def _restart(self, args):
+        self._find(args.name).restart(self._task_arg(args))
+        print(f"restarted {args.task}")
+
+    def _spec(self, args):
+        cluster = self._find(args.name)
+        print(cluster.addresses)
+        print(cluster.legacy_spec)
+
+    def _logs(self, args):
+        print(self._find(args.name).logs(self._task_arg(args)))
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _find(self, name: str, *, required: bool = True) -> Cluster | None:
+        cluster = self.clusters.get(name)
+        bound = self.shell.user_ns.get(name)
+        if isinstance(bound, Cluster):  # a cluster made with the Python API works too
+            cluster = bound
+        if cluster is None and required:
+            raise UsageError(f"no cluster named {name!r}; start one with %dtf_cluster start 3"
+                             + ("" if name == "cluster" else f" --name {name}"))
+        return cluster
+
+    def _task_arg(self, args) -> str:
+        if args.task is None:
+            raise UsageError(f"{args.command} needs a task, e.g. %dtf_cluster {args.command} worker:1")
+        return args.task
+
+
+def line_tail(args) -> str:
+    """The start arguments, as the user would retype them."""
+    parts = [args.task] if args.task else []
+    for option in ("backend", "ps", "workers", "jobs", "spec", "timeout"):
+        value = getattr(args, option)
+        if value is not None:
+            parts.append(f"--{option} {value}")
+    if args.name != "cluster":
+        parts.append(f"--name {args.name}")
+    return " ".join(parts)
+
+
+def _show(obj):
+    from IPython.display import display
+
+    display(obj)
+
+
+def register(ipython) -> None:
+    """Register the magics and import TensorFlow quietly (its start-up lines stay hidden)."""
+    from dtflab._quiet import import_tf
+
+    import_tf()
+    ipython.register_magics(ClusterMagics)

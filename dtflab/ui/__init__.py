@@ -1,0 +1,1 @@
+"""Widgets and HTML views of dtflab objects."""

@@ -1,0 +1,58 @@
+"""The cluster status panel: an HTML table, and a widget that keeps it current."""
+
+from __future__ import annotations
+
+import collections
+import functools
+
+NOTES = {
+    "inprocess": "In-process servers cannot be killed or restarted, and keep their ports "
+                 "until the kernel exits.",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _template(name: str):
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("dtflab.ui", "templates"),
+                             autoescape=True, trim_blocks=True, lstrip_blocks=True)
+    return env.get_template(name)
+
+
+def render_html(cluster) -> str:
+    """The status table of ``cluster`` as HTML (states and memory read now)."""
+    tasks = cluster.tasks
+    counts = collections.Counter(str(task.state) for task in tasks)
+    summary = ", ".join(f"{count} {state}" for state, count in sorted(counts.items()))
+    return _template("cluster.html.j2").render(
+        backend=cluster.backend, tasks=tasks, summary=summary,
+        show_pid=any(task.pid is not None for task in tasks) or cluster.backend == "local",
+        show_host=any(task.host for task in tasks), note=NOTES.get(cluster.backend, ""))
+
+
+def ClusterPanel(cluster):
+    """A widget showing ``cluster``'s tasks, refreshed on every kill, restart and stop.
+
+    Falls back to a plain HTML display object where ipywidgets is not installed.
+    """
+    try:
+        import ipywidgets
+    except ImportError:
+        from IPython.display import HTML
+
+        return HTML(render_html(cluster))
+
+    table = ipywidgets.HTML(render_html(cluster))
+    refresh = ipywidgets.Button(description="Refresh", icon="refresh",
+                                tooltip="read task states and memory again",
+                                layout=ipywidgets.Layout(width="auto"))
+
+    def update(*_):
+        table.value = render_html(cluster)
+
+    refresh.on_click(update)
+    cluster._watchers.append(update)
+    box = ipywidgets.VBox([table, refresh])
+    box.add_class("dtflab-cluster-panel")
+    return box
