@@ -7,9 +7,11 @@ In [3]: %dtf_cluster kill worker:1
 
 from __future__ import annotations
 
+import shlex
+
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from dtflab.cluster import Cluster, backend_names, check_request, start_cluster
 from dtflab.cluster.spec import parse_count
@@ -54,7 +56,11 @@ class ClusterMagics(Magics):
         In [4]: %dtf_cluster restart worker:1
         In [5]: %dtf_cluster stop
         """
-        args = parse_argstring(self.dtf_cluster, line)
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:  # an unclosed quote
+            raise UsageError(f"cannot read {line!r}: {exc}; close the quotes around the value") from None
+        args = self.dtf_cluster.parser.parse_args(words)
         if args.command is None:
             print(self.dtf_cluster.parser.format_help())
             return None
@@ -77,11 +83,6 @@ class ClusterMagics(Magics):
     # -- commands ----------------------------------------------------------------------------
 
     def _start(self, args):
-        running = self._find(args.name, required=False)
-        if running is not None and not running.stopped and not args.replace:
-            raise UsageError(
-                f"a cluster named {args.name!r} is already running ({running!r}); stop it with "
-                f"%dtf_cluster stop, or start anew with %dtf_cluster start {line_tail(args)} --replace")
         options = dict(backend=args.backend, ps=args.ps, workers=args.workers, jobs=args.jobs,
                        spec=args.spec)
         if args.timeout is not None:
@@ -96,6 +97,11 @@ class ClusterMagics(Magics):
         # Check the request in full before touching the running cluster: a refused command
         # changes nothing.
         check_request(n, **options)
+        running = self._find(args.name, required=False)
+        if running is not None and not running.stopped and not args.replace:
+            raise UsageError(
+                f"a cluster named {args.name!r} is already running ({running!r}); stop it with "
+                f"%dtf_cluster stop, or start anew with %dtf_cluster start {line_tail(args)} --replace")
         if running is not None and not running.stopped:
             running.stop()
         cluster = start_cluster(n, **options)
@@ -151,7 +157,7 @@ def line_tail(args) -> str:
     for option in ("backend", "ps", "workers", "jobs", "spec", "timeout"):
         value = getattr(args, option)
         if value is not None:
-            parts.append(f"--{option} {value}")
+            parts.append(f"--{option} {shlex.quote(str(value))}")
     if args.name != "cluster":
         parts.append(f"--name {args.name}")
     return " ".join(parts)

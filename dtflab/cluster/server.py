@@ -97,8 +97,18 @@ def exit_with_parent() -> None:
 
 
 def serve(args) -> int:
-    if args.exit_with_parent:
-        exit_with_parent()
+    """Run the task server; returns only on bad flags or a port in use (the exit code)."""
+    if not args.exit_with_parent:
+        return _serve(args)
+    exit_with_parent()
+    code = _serve(args)
+    # The stdin watcher holds stdin's lock: a normal interpreter shutdown would abort on it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _serve(args) -> int:
     ready = None
     if args.ready_fd is not None:
         ready = os.fdopen(args.ready_fd, "w")

@@ -146,7 +146,7 @@ def _checked(layout: Layout) -> Layout:
         for index, address in enumerate(tasks):
             if address[1] is not None and address in seen:
                 raise ValueError(
-                    f"{job}:{index} and {seen[address]} both use {address[0]}:{address[1]}; "
+                    f"{seen[address]} and {job}:{index} both use {address[0]}:{address[1]}; "
                     f"give each task its own port"
                 )
             seen[address] = f"{job}:{index}"

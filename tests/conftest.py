@@ -1,0 +1,116 @@
+"""Shared fixtures: real clusters that always stop, a real IPython shell, a leak check."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free right now on every interface."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def wait_until(condition, timeout: float = 5.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return bool(condition())
+
+
+def _children() -> dict[int, str]:
+    out = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                out[child.pid] = " ".join(child.cmdline()[:6])
+        except psutil.Error:
+            pass
+    return out
+
+
+def _threads() -> set[str]:
+    return {f"{t.name}#{t.ident}" for t in threading.enumerate() if t.is_alive()}
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    """Fail a test that leaves a child process or a Python thread behind (5 s grace)."""
+    processes_before, threads_before = set(_children()), _threads()
+    yield
+    if request.node.get_closest_marker("leaves_threads"):
+        return
+
+    def leaked_processes():
+        return {pid: cmd for pid, cmd in _children().items() if pid not in processes_before}
+
+    def leaked_threads():
+        return _threads() - threads_before
+
+    wait_until(lambda: not leaked_processes() and not leaked_threads(), timeout=5)
+    assert not leaked_processes(), f"test left processes running: {leaked_processes()}"
+    assert not leaked_threads(), f"test left threads running: {leaked_threads()}"
+
+
+@pytest.fixture
+def start_cluster():
+    """``dtflab.start_cluster`` whose clusters are all stopped after the test."""
+    import dtflab
+
+    started = []
+
+    def start(*args, **kwargs):
+        cluster = dtflab.start_cluster(*args, **kwargs)
+        started.append(cluster)
+        return cluster
+
+    yield start
+    for cluster in started:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def ipython_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ipython")
+    os.environ["IPYTHONDIR"] = str(path)
+    return path
+
+
+@pytest.fixture
+def ip(ipython_dir):
+    """A real IPython shell with dtflab loaded; clusters it started are stopped afterwards."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    config = Config()
+    config.HistoryManager.enabled = False  # no history thread, no sqlite file
+    shell = InteractiveShell.instance(config=config)
+    shell.run_line_magic("load_ext", "dtflab")
+    yield shell
+    magics = shell.magics_manager.registry["ClusterMagics"]
+    for cluster in list(magics.clusters.values()):
+        cluster.stop()
+    magics.clusters.clear()
+    shell.user_ns.pop("cluster", None)
+
+
+def python_script(code: str) -> list[str]:
+    """argv that runs ``code`` in a fresh interpreter of this environment."""
+    return [sys.executable, "-c", code]
