@@ -118,11 +118,13 @@ class ClusterMagics(Magics):
         print(f"stopped {args.name}: {cluster!r}")
 
     def _kill(self, args):
-        self._find(args.name).kill(self._task_arg(args))
+        task = self._task_arg(args)
+        self._find(args.name).kill(task)
         print(f"killed {args.task}")
 
     def _restart(self, args):
-        self._find(args.name).restart(self._task_arg(args))
+        task = self._task_arg(args)
+        self._find(args.name).restart(task)
         print(f"restarted {args.task}")
 
     def _spec(self, args):
@@ -131,7 +133,8 @@ class ClusterMagics(Magics):
         print(cluster.legacy_spec)
 
     def _logs(self, args):
-        print(self._find(args.name).logs(self._task_arg(args)))
+        task = self._task_arg(args)
+        print(self._find(args.name).logs(task))
 
     # -- helpers -----------------------------------------------------------------------------
 

@@ -102,7 +102,8 @@ def ip(ipython_dir):
     config = Config()
     config.HistoryManager.enabled = False  # no history thread, no sqlite file
     shell = InteractiveShell.instance(config=config)
-    shell.run_line_magic("load_ext", "dtflab")
+    if "dtflab" not in shell.extension_manager.loaded:
+        shell.run_line_magic("load_ext", "dtflab")
     yield shell
     magics = shell.magics_manager.registry["ClusterMagics"]
     for cluster in list(magics.clusters.values()):

@@ -1,0 +1,130 @@
+"""The `dtflab` command: the 2016 server flags with a client in another process, and `cluster start`."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from conftest import free_ports, wait_until
+
+pytestmark = pytest.mark.slow
+
+DTFLAB = [sys.executable, "-m", "dtflab.cli"]
+
+# The source material's first check, as a plain tf.compat.v1 client in its own process.
+HELLO_CLIENT = """
+import sys, tensorflow as tf
+tf.compat.v1.disable_eager_execution()
+with tf.device(sys.argv[2]):
+    hello = tf.constant("Hello, distributed TensorFlow!")
+config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=30000)
+with tf.compat.v1.Session(sys.argv[1], config=config) as session:
+    print(session.run(hello).decode())
+"""
+
+
+def wait_for_line(process, pattern, limit=200):
+    lines = []
+    for _ in range(limit):
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if re.search(pattern, line):
+            return line, lines
+    raise AssertionError(f"{pattern!r} never printed; got {lines}")
+
+
+def stop(process):
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    if process.stdout:
+        process.stdout.close()
+
+
+def test_server_with_the_2016_flags_serves_a_client_in_another_process():
+    master, ps = free_ports(2)
+    spec = f"master|localhost:{master},ps|localhost:{ps}"
+    servers = [subprocess.Popen(DTFLAB + ["server", "--cluster_spec", spec, "--job_name", job,
+                                          "--task_index", "0"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for job in ("master", "ps")]
+    try:
+        for server, job, port in zip(servers, ("master", "ps"), (master, ps)):
+            line, _ = wait_for_line(server, r"serving")
+            assert line.strip().startswith(f"dtflab server: {job}:0 serving grpc://localhost:{port}")
+        client = subprocess.run([sys.executable, "-c", HELLO_CLIENT, f"grpc://localhost:{master}",
+                                 "/job:ps/task:0"], capture_output=True, text=True, timeout=120)
+        assert client.returncode == 0, client.stderr[-2000:]
+        assert client.stdout.strip() == "Hello, distributed TensorFlow!"
+    finally:
+        for server in servers:
+            server.send_signal(signal.SIGINT)
+        codes = [server.wait(timeout=10) for server in servers]
+        stderr = [server.stderr.read() for server in servers]
+        for server in servers:
+            server.stdout.close()
+            server.stderr.close()
+    assert codes == [0, 0]
+    assert all("I0000" not in err and "oneDNN" not in err for err in stderr), "TF log spam reached the terminal"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cluster_spec", "ps|localhost:1", "--job_name", "worker"],
+     r"--job_name 'worker' is not in the cluster spec; its jobs are: ps"),
+    (["--cluster_spec", "ps|localhost:1", "--job_name", "ps", "--task_index", "3"],
+     r"--task_index 3 is out of range: job 'ps' has 1 task\(s\), indices 0..0"),
+    (["--cluster_spec", "ps:localhost:1", "--job_name", "ps"], r"bad cluster spec entry 'ps:localhost:1'"),
+    (["--cluster_spec", "ps|localhost:1", "--job_name", "ps", "--task_index", "x"],
+     r"--task_index must be a whole number, got 'x'"),
+])
+def test_server_bad_flags_are_one_line_errors(argv, message):
+    out = subprocess.run(DTFLAB + ["server"] + argv, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert re.search(message, out.stderr), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_cluster_start_prints_targets_and_ctrl_c_stops_everything():
+    process = subprocess.Popen(DTFLAB + ["cluster", "start", "3"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        _, lines = wait_for_line(process, r"worker:1 ")
+        text = "".join(lines)
+        assert re.search(r"cluster spec: ps\|127\.0\.0\.1:\d+,worker\|127\.0\.0\.1:\d+,worker\|127\.0\.0\.1:\d+", text)
+        targets = dict(re.findall(r"^\s+(\S+)\s+(grpc://\S+) \(pid \d+\)$", text, re.M))
+        assert sorted(targets) == ["ps:0", "worker:0", "worker:1"]
+        children = psutil.Process(process.pid).children()
+        assert len(children) == 3
+        client = subprocess.run([sys.executable, "-c", HELLO_CLIENT, targets["worker:0"],
+                                 "/job:ps/task:0"], capture_output=True, text=True, timeout=120)
+        assert client.stdout.strip() == "Hello, distributed TensorFlow!", client.stderr[-2000:]
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=15) == 0
+        rest = process.stdout.read()
+        process.stdout.close()
+        process.stderr.close()
+    assert "dtflab: stopped" in rest
+    assert wait_until(lambda: not any(psutil.pid_exists(c.pid) for c in children), timeout=5)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["cluster", "start", "0"], r"dtflab: error: the task count must be at least 1, got 0"),
+    (["cluster", "start", "--backend", "dsak"], r"unknown backend 'dsak'"),
+    (["cluster", "start", "--jobs", "a=1,a=1"], r"job 'a' is named twice"),
+])
+def test_cluster_start_bad_input_is_one_line_and_starts_nothing(argv, message):
+    out = subprocess.run(DTFLAB + argv, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert re.search(message, out.stderr), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -1,0 +1,116 @@
+"""%dtf_cluster driven through a real IPython shell."""
+
+import pytest
+from IPython.core.error import UsageError
+
+from dtflab.cluster import Cluster
+from dtflab.cluster.task import TaskState
+
+from conftest import free_ports
+
+
+def magic(ip, line):
+    return ip.run_line_magic("dtf_cluster", line)
+
+
+@pytest.mark.slow
+def test_start_binds_cluster_and_shows_the_panel(ip, capsys):
+    magic(ip, "start 3")
+    cluster = ip.user_ns["cluster"]
+    assert isinstance(cluster, Cluster) and cluster.backend == "local"
+    assert [t.name for t in cluster.tasks] == ["ps:0", "worker:0", "worker:1"]
+    shown = capsys.readouterr().out
+    assert "VBox" in shown or "dtflab-cluster" in shown
+
+
+@pytest.mark.slow
+def test_kill_restart_status_spec_logs_stop(ip, capsys):
+    magic(ip, "start 2")
+    cluster = ip.user_ns["cluster"]
+    magic(ip, "kill worker:0")
+    assert cluster.tasks[1].state is TaskState.KILLED
+    magic(ip, "restart worker:0")
+    assert cluster.tasks[1].state is TaskState.RUNNING
+    magic(ip, "status")
+    capsys.readouterr()
+    magic(ip, "spec")
+    out = capsys.readouterr().out
+    assert cluster.legacy_spec in out and str(cluster.addresses) in out
+    magic(ip, "logs worker:0")
+    assert "worker:0 serving grpc://" in capsys.readouterr().out
+    magic(ip, "stop")
+    assert cluster.stopped
+
+
+def test_named_clusters_and_the_legacy_spec(ip):
+    a, b, c = free_ports(3)
+    magic(ip, f"start --spec 'master|localhost:{a},ps|localhost:{b},ps|localhost:{c}' "
+              f"--backend inprocess --name legacy")
+    legacy = ip.user_ns["legacy"]
+    assert legacy.addresses == {"master": [f"localhost:{a}"],
+                                "ps": [f"localhost:{b}", f"localhost:{c}"]}
+    magic(ip, "stop --name legacy")
+    assert legacy.stopped
+
+
+def test_a_second_start_says_so_and_replace_replaces(ip):
+    magic(ip, "start 1 --backend inprocess")
+    first = ip.user_ns["cluster"]
+    with pytest.raises(UsageError, match=r"a cluster named 'cluster' is already running .*"
+                                         r"%dtf_cluster start 2 --backend inprocess --replace"):
+        magic(ip, "start 2 --backend inprocess")
+    assert ip.user_ns["cluster"] is first and not first.stopped
+    magic(ip, "start 2 --backend inprocess --replace")
+    assert first.stopped and ip.user_ns["cluster"] is not first
+
+
+def test_a_refused_replace_keeps_the_running_cluster(ip):
+    magic(ip, "start 1 --backend inprocess")
+    first = ip.user_ns["cluster"]
+    with pytest.raises(UsageError, match=r"unknown backend 'nope'"):
+        magic(ip, "start 2 --backend nope --replace")
+    assert not first.stopped and ip.user_ns["cluster"] is first
+
+
+def test_no_argument_prints_help(ip, capsys):
+    magic(ip, "")
+    out = capsys.readouterr().out
+    assert "start | status | stop | kill | restart | spec | logs" in out and "--backend" in out
+
+
+@pytest.mark.parametrize("line, message", [
+    ("strat 3", r"unknown command 'strat' \(did you mean 'start'\?\); commands: start, status"),
+    ("start x", r"task count must be a whole number, got 'x'"),
+    ("start 0", r"task count must be at least 1, got 0"),
+    ("start -3", r"task count must be at least 1, got -3"),
+    ("start 100000", r"more than the 64 task servers"),
+    ("start 3 --backend dsak", r"unknown backend 'dsak'; choose one of: inprocess, local"),
+    ("start --ps -1", r"ps must be at least 0, got -1"),
+    ("start --workers two", r"workers must be a whole number, got 'two'"),
+    ("start 3 --ps 1", r"give only one of a task count, ps/workers, jobs or spec"),
+    ("start --jobs master", r"bad job entry 'master'"),
+    ("start --spec 'ps|localhost:70000'", r"bad port in 'localhost:70000'"),
+    ("start --spec 'ps|localhost:2222,ps|localhost:2222'", r"ps:0 and ps:1 both use localhost:2222"),
+    ("start --spec 'ps|localhost:2222", r"close the quotes"),
+    ("start --timeout soon", r"--timeout must be a number of seconds, got 'soon'"),
+    ("start --timeout -5", r"timeout must be a positive number of seconds, got -5.0"),
+    ("start --name 2nd", r"--name '2nd' is not a Python variable name"),
+    ("status", r"no cluster named 'cluster'; start one with %dtf_cluster start 3"),
+    ("stop --name other", r"no cluster named 'other'; start one with %dtf_cluster start 3 --name other"),
+    ("kill", r"kill needs a task, e.g. %dtf_cluster kill worker:1"),
+    ("status --ps 3", r"--ps applies only to start"),
+    ("start 3 --bogus", r"unrecognized arguments: --bogus"),
+])
+def test_bad_input_is_one_line_naming_the_value_and_starts_nothing(ip, line, message):
+    with pytest.raises(UsageError, match=message) as error:
+        magic(ip, line)
+    assert "\n" not in str(error.value)
+    assert "cluster" not in ip.user_ns
+
+
+def test_kill_unknown_task_and_inprocess_refusal(ip):
+    magic(ip, "start 2 --backend inprocess")
+    with pytest.raises(UsageError, match=r"unknown task worker:3; this cluster has ps:0, worker:0"):
+        magic(ip, "kill worker:3")
+    with pytest.raises(UsageError, match=r"cannot kill worker:0 of an inprocess cluster"):
+        magic(ip, "kill worker:0")
