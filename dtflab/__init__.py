@@ -14,6 +14,13 @@ from dtflab.errors import DtflabError, NotSupportedError, TaskError
 __version__ = "0.1.0"
 
 
+def trace(session, fetches, feed_dict=None, **run_kwargs):
+    """Run one step with full tracing and return a StepTrace; see dtflab.tracing.capture.trace."""
+    from dtflab.tracing.capture import trace as run_traced
+
+    return run_traced(session, fetches, feed_dict, **run_kwargs)
+
+
 def tf_log() -> str:
     """What TensorFlow printed in this process while dtflab kept it quiet."""
     from dtflab._quiet import tf_log as captured
@@ -22,11 +29,11 @@ def tf_log() -> str:
 
 
 def load_ipython_extension(ipython) -> None:
-    """``%load_ext dtflab``: registers ``%dtf_cluster``."""
+    """``%load_ext dtflab``: registers ``%dtf_cluster`` and ``%%dtf_trace``."""
     from dtflab.magics import register
 
     register(ipython)
 
 
-__all__ = ["Cluster", "TaskInfo", "TaskState", "start_cluster", "tf_log", "DtflabError",
+__all__ = ["Cluster", "TaskInfo", "TaskState", "start_cluster", "trace", "tf_log", "DtflabError",
            "NotSupportedError", "TaskError", "__version__"]

@@ -1,4 +1,4 @@
-"""``%dtf_cluster``: a thin skin over ``dtflab.start_cluster`` and ``Cluster``.
+"""``%dtf_cluster`` and ``%%dtf_trace``: a thin skin over dtflab's Python API.
 
 In [1]: %load_ext dtflab
 In [2]: %dtf_cluster start 3
@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from dtflab.cluster import Cluster, backend_names, check_request, start_cluster
@@ -56,11 +56,7 @@ class ClusterMagics(Magics):
         In [4]: %dtf_cluster restart worker:1
         In [5]: %dtf_cluster stop
         """
-        try:
-            words = shlex.split(line)
-        except ValueError as exc:  # an unclosed quote
-            raise UsageError(f"cannot read {line!r}: {exc}; close the quotes around the value") from None
-        args = self.dtf_cluster.parser.parse_args(words)
+        args = self.dtf_cluster.parser.parse_args(_split(line))
         if args.command is None:
             print(self.dtf_cluster.parser.format_help())
             return None
@@ -154,6 +150,68 @@ class ClusterMagics(Magics):
         return args.task
 
 
+@magics_class
+class TraceMagics(Magics):
+    """``%%dtf_trace``: trace a ``Session.run`` call of the cell and show what it did."""
+
+    @magic_arguments()
+    @argument("--run", default="first",
+              help="which Session.run call of the cell to trace: first (default), last "
+                   "(traces every call, keeps the last), or its number counting from 0")
+    @argument("--name", default="step", help="the variable that receives the StepTrace (default step)")
+    @argument("--max-ops", default="150",
+              help="above this many ops the graph view is collapsed by name scope (default 150)")
+    @argument("--no-show", action="store_true", help="keep the trace without drawing it")
+    @cell_magic
+    def dtf_trace(self, line: str, cell: str):
+        """Trace one Session.run of the cell; the cell computes exactly what it would untraced.
+
+        In [1]: %%dtf_trace --run last
+           ...: for _ in range(100):
+           ...:     session.run(train_op, feed)
+        """
+        from dtflab.tracing import recording
+
+        args = self.dtf_trace.parser.parse_args(_split(line))
+        if args.run in ("first", "last"):
+            select = args.run
+        elif args.run.isdigit():
+            select = int(args.run)
+        else:
+            raise UsageError(f"--run must be first, last or a call number such as 2, got {args.run!r}")
+        if not args.name.isidentifier():
+            raise UsageError(f"--name {args.name!r} is not a Python variable name; e.g. --name step")
+        max_ops = _positive(args.max_ops, "--max-ops")
+        with recording(select) as kept:
+            outcome = self.shell.run_cell(cell, store_history=False)
+        if not outcome.success:
+            return None  # IPython has shown the cell's own error
+        if not kept:
+            raise UsageError(
+                "the cell made no Session.run call to trace" + (
+                    f" numbered {select} (counting from 0)" if isinstance(select, int) else "")
+                + "; tf.function (TF2) code cannot be traced, see help(dtflab.trace)")
+        step = kept[-1]
+        self.shell.user_ns[args.name] = step
+        print(step.summary())
+        if not args.no_show:
+            step.show(max_ops=max_ops)
+        return None
+
+
+def _positive(text: str, what: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"{what} must be a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
+def _split(line: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as exc:  # an unclosed quote
+        raise UsageError(f"cannot read {line!r}: {exc}; close the quotes around the value") from None
+
+
 def line_tail(args) -> str:
     """The start arguments, as the user would retype them."""
     parts = [args.task] if args.task else []
@@ -178,3 +236,4 @@ def register(ipython) -> None:
 
     import_tf()
     ipython.register_magics(ClusterMagics)
+    ipython.register_magics(TraceMagics)

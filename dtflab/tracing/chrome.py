@@ -1,0 +1,58 @@
+"""Export a step as a Chrome trace (chrome://tracing, ui.perfetto.dev)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dtflab.tracing.step import StepTrace, short_device
+
+
+def _task(device: str) -> str:
+    return short_device(device).split("/")[0]
+
+
+def chrome_trace(step: StepTrace, path=None) -> dict:
+    """The trace as a dict in the Trace Event Format; written to ``path`` if given.
+
+    One process per task, one thread per device, every op a complete ("X") event, and every
+    cross-task transfer a flow ("s" -> "f") from the end of the send to the end of the receive.
+    Times are microseconds from the step start.
+    """
+    tasks = sorted({_task(d) for d in step.devices})
+    pids = {task: number + 1 for number, task in enumerate(tasks)}
+    tids: dict[str, int] = {}
+    events: list[dict] = []
+    for task in tasks:
+        events.append({"ph": "M", "name": "process_name", "pid": pids[task], "tid": 0,
+                       "args": {"name": task}})
+    for device in step.devices:
+        pid = pids[_task(device)]
+        tids[device] = sum(1 for d in tids if _task(d) == _task(device)) + 1
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tids[device],
+                       "args": {"name": device.rsplit("/", 1)[-1]}})
+    for device, timings in step.timings.items():
+        for timing in timings:
+            events.append({"ph": "X", "name": timing.name, "cat": timing.kind,
+                           "pid": pids[_task(device)], "tid": tids[device],
+                           "ts": timing.start_us, "dur": max(timing.duration_us, 0.001),
+                           "args": {"op": timing.op, "device": device}})
+    sends = {(t.device, t.name): t for timings in step.timings.values() for t in timings}
+    for number, transfer in enumerate(step.transfers, start=1):
+        if transfer.start_us is None:
+            continue
+        producer = sends.get((transfer.src_device, transfer.producer))
+        begin = producer.end_us if producer else transfer.start_us
+        end = transfer.start_us + (transfer.duration_us or 0)
+        common = {"name": "transfer", "cat": "transfer", "id": number,
+                  "args": {"tensor": transfer.tensor_name, "bytes": transfer.nbytes,
+                           "shape": list(transfer.shape or ()), "dtype": transfer.dtype}}
+        events.append({**common, "ph": "s", "pid": pids[_task(transfer.src_device)],
+                       "tid": tids[transfer.src_device], "ts": min(begin, end)})
+        events.append({**common, "ph": "f", "bp": "e", "pid": pids[_task(transfer.dst_device)],
+                       "tid": tids[transfer.dst_device], "ts": end})
+    trace = {"traceEvents": events, "displayTimeUnit": "ms",
+             "otherData": {"generator": "dtflab", "step_us": step.step_us}}
+    if path is not None:
+        Path(path).write_text(json.dumps(trace))
+    return trace

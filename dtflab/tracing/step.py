@@ -1,0 +1,173 @@
+"""One traced step as plain Python data: partitions, transfers, per-device timings."""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+
+def short_device(device: str) -> str:
+    """``/job:ps/replica:0/task:1/device:CPU:0`` -> ``ps:1``; other devices keep their kind."""
+    parts = dict(part.split(":", 1) for part in device.strip("/").split("/") if ":" in part)
+    if "job" not in parts:
+        return device
+    name = f"{parts['job']}:{parts.get('task', '0')}"
+    kind = parts.get("device", "CPU:0")
+    return name if kind.upper() == "CPU:0" else f"{name}/{kind}"
+
+
+@dataclass(frozen=True)
+class Op:
+    """One node of a device's partition graph, after TensorFlow's own rewrites."""
+
+    name: str
+    type: str
+    device: str
+    inputs: tuple[str, ...] = ()  # producer op names on the same device (data edges)
+
+    @property
+    def scope(self) -> str:
+        return self.name.rsplit("/", 1)[0] if "/" in self.name else ""
+
+    @property
+    def is_transfer(self) -> bool:
+        return self.type in ("_Send", "_Recv", "_HostSend", "_HostRecv")
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One tensor sent from one device to another in the step.
+
+    ``tensor_name`` is the producer's output (``layer2/MatMul/ReadVariableOp:0``); ``key`` is
+    TensorFlow's rendezvous name for it. ``start_us`` and ``duration_us`` come from the
+    receiving task's ``RecvTensor`` record (the RPC), relative to the step start; ``None``
+    where the step stats have none (transfers between devices of one task).
+    """
+
+    key: str
+    tensor_name: str
+    src_device: str
+    dst_device: str
+    dtype: str
+    shape: tuple[int, ...] | None
+    nbytes: int
+    producer: str
+    consumers: tuple[str, ...] = ()
+    start_us: float | None = None
+    duration_us: float | None = None
+    to_client: bool = False  # a fetch going back to the client (or a feed, from_client)
+    from_client: bool = False
+
+
+@dataclass(frozen=True)
+class OpTiming:
+    """When one op ran, in microseconds relative to the step start.
+
+    ``kind`` is ``compute``, ``transfer`` (the receiving side of an RPC: time spent waiting for
+    and copying a tensor from another task), or ``send``/``recv`` (rendezvous ops).
+    """
+
+    device: str
+    name: str
+    op: str
+    start_us: float
+    duration_us: float
+    kind: str = "compute"
+
+    @property
+    def end_us(self) -> float:
+        return self.start_us + self.duration_us
+
+
+@dataclass
+class StepTrace:
+    """What one ``Session.run`` did, device by device.
+
+    ``result`` is what the run returned, unchanged. Timings from several hosts share no clock;
+    on one machine they do, and transfers line up with the ops around them.
+    """
+
+    result: object
+    partitions: dict[str, list[Op]]
+    transfers: list[Transfer]
+    client_transfers: list[Transfer]
+    timings: dict[str, list[OpTiming]]
+    step_us: float
+    metadata: object = field(default=None, repr=False)  # the raw RunMetadata proto
+
+    @property
+    def devices(self) -> list[str]:
+        names = set(self.partitions) | set(self.timings)
+        names |= {t.src_device for t in self.transfers} | {t.dst_device for t in self.transfers}
+        return sorted(names, key=lambda d: (short_device(d).split(":")[0], short_device(d)))
+
+    def ops(self, device: str | None = None, *, transfers: bool = False) -> list[Op]:
+        """Ops of one device (or all), without ``_Send``/``_Recv`` unless asked."""
+        devices = [device] if device else list(self.partitions)
+        return [op for d in devices for op in self.partitions.get(d, [])
+                if transfers or not op.is_transfer]
+
+    def bytes_between(self) -> dict[tuple[str, str], int]:
+        """Bytes sent per (source device, destination device) pair in this step."""
+        totals: dict[tuple[str, str], int] = collections.Counter()
+        for transfer in self.transfers:
+            totals[transfer.src_device, transfer.dst_device] += transfer.nbytes
+        return dict(totals)
+
+    def device_totals(self) -> dict[str, dict[str, float]]:
+        """Per device: ops run, compute and transfer time (µs), bytes in and out."""
+        totals = {d: {"ops": 0, "compute_us": 0.0, "transfer_us": 0.0, "bytes_in": 0,
+                      "bytes_out": 0} for d in self.devices}
+        for device, timings in self.timings.items():
+            for timing in timings:
+                kind = "compute_us" if timing.kind == "compute" else "transfer_us"
+                totals[device][kind] += timing.duration_us
+                totals[device]["ops"] += timing.kind == "compute"
+        for transfer in self.transfers:
+            totals[transfer.src_device]["bytes_out"] += transfer.nbytes
+            totals[transfer.dst_device]["bytes_in"] += transfer.nbytes
+        return totals
+
+    def summary(self) -> str:
+        """A short table: one line per device, then the total bytes on the wire."""
+        lines = [f"{'device':<14}{'ops':>6}{'compute ms':>12}{'transfer ms':>13}{'bytes in':>11}"
+                 f"{'bytes out':>11}"]
+        for device, total in self.device_totals().items():
+            lines.append(f"{short_device(device):<14}{total['ops']:>6}"
+                         f"{total['compute_us'] / 1000:>12.3f}{total['transfer_us'] / 1000:>13.3f}"
+                         f"{total['bytes_in']:>11,}{total['bytes_out']:>11,}")
+        wire = sum(t.nbytes for t in self.transfers)
+        lines.append(f"{len(self.transfers)} transfers, {wire:,} bytes between devices; "
+                     f"step {self.step_us / 1000:.3f} ms")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"<StepTrace {len(self.devices)} devices, {len(self.ops())} ops, "
+                f"{len(self.transfers)} transfers, {sum(t.nbytes for t in self.transfers):,} bytes, "
+                f"{self.step_us / 1000:.3f} ms>")
+
+    # Views and export live in their own modules; these are the doors to them.
+
+    def figure(self, **options):
+        """The partition graph, timeline and transfer matrix laid out together (Bokeh)."""
+        from dtflab.viz.step import step_layout
+
+        return step_layout(self, **options)
+
+    def show(self, **options) -> None:
+        """Show :meth:`figure` inline in a notebook (or in a browser tab from a script)."""
+        from dtflab.viz.output import show
+
+        show(self.figure(**options))
+
+    def save_html(self, path, **options) -> str:
+        """Write the views as one standalone HTML file (BokehJS inlined: works offline)."""
+        from dtflab.viz.output import save_html
+
+        return save_html(self.figure(**options), path, title="dtflab step trace")
+
+    def to_chrome_trace(self, path=None) -> dict:
+        """The step as a Chrome/Perfetto trace (one process per task, transfers as flows)."""
+        from dtflab.tracing.chrome import chrome_trace
+
+        return chrome_trace(self, path)

@@ -1,0 +1,1 @@
+"""Bokeh views: partitioned graph, per-device timeline, transfer matrix."""
