@@ -114,3 +114,44 @@ def test_kill_unknown_task_and_inprocess_refusal(ip):
         magic(ip, "kill worker:3")
     with pytest.raises(UsageError, match=r"cannot kill worker:0 of an inprocess cluster"):
         magic(ip, "kill worker:0")
+
+
+TRACE_CELL = """
+import dtflab
+from dtflab.tracing.examples import exp_regression
+built = exp_regression()
+with tf.compat.v1.Session(cluster.target("master"), graph=built.graph) as session:
+    session.run(built.init)
+    losses = [session.run(built.loss, built.feed) for _ in range(2)]
+"""
+
+
+@pytest.fixture
+def trace_cluster(ip):
+    from dtflab._quiet import import_tf
+
+    magic(ip, "start --jobs master=1,ps=2 --backend inprocess")
+    ip.user_ns["tf"] = import_tf()
+    yield ip.user_ns["cluster"]
+    ip.user_ns.pop("step", None)
+
+
+def test_dtf_trace_traces_a_run_of_the_cell_and_keeps_its_results(ip, trace_cluster, capsys):
+    ip.run_cell_magic("dtf_trace", "--run last --no-show", TRACE_CELL)
+    step = ip.user_ns["step"]
+    losses = ip.user_ns["losses"]
+    assert len(losses) == 2 and losses[0] == losses[1] == step.result
+    assert sum(t.nbytes for t in step.transfers) == 2436
+    assert "6 transfers, 2,436 bytes between devices" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("line, cell, message", [
+    ("--run 5 --no-show", TRACE_CELL, r"no Session.run call to trace numbered 5"),
+    ("--no-show", "x = 1", r"the cell made no Session.run call to trace"),
+    ("--run middle", TRACE_CELL, r"--run must be first, last or a call number such as 2, got 'middle'"),
+    ("--max-ops 0", TRACE_CELL, r"--max-ops must be a whole number of at least 1, got '0'"),
+])
+def test_dtf_trace_bad_input_is_a_one_line_error(ip, trace_cluster, line, cell, message):
+    with pytest.raises(UsageError, match=message):
+        ip.run_cell_magic("dtf_trace", line, cell)
+    assert "step" not in ip.user_ns

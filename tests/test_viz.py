@@ -1,0 +1,94 @@
+"""The step views build from real traces and draw what the trace holds."""
+
+import pytest
+
+import dtflab
+from dtflab._quiet import import_tf
+from dtflab.tracing.examples import deep_chain, exp_regression, towers
+from dtflab.viz.graph_layout import layout_graph
+from dtflab.viz.partition import partition_figure
+from dtflab.viz.timeline import timeline_figure
+from dtflab.viz.transfers import transfer_matrix_figure
+
+tf = import_tf()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with dtflab.start_cluster(jobs="master=1,ps=2,worker=2", backend="inprocess") as c:
+        yield c
+
+
+def traced(cluster, built, fetch="train"):
+    with tf.compat.v1.Session(cluster.target("master"), graph=built.graph) as session:
+        session.run(built.init)
+        return dtflab.trace(session, getattr(built, fetch), built.feed)
+
+
+def renderer(fig, name):
+    (found,) = fig.select(name=name)
+    return found.data_source.data
+
+
+@pytest.fixture(scope="module")
+def model_parallel(cluster):
+    return traced(cluster, exp_regression(), fetch="loss")
+
+
+@pytest.fixture(scope="module")
+def sync_towers(cluster):
+    return traced(cluster, towers(2))
+
+
+def test_partition_graph_draws_every_op_and_every_transfer(model_parallel):
+    fig = partition_figure(model_parallel)
+    assert len(renderer(fig, "ops")["x"]) == len(model_parallel.ops())
+    assert len(renderer(fig, "lanes")["label"]) == 3
+    transfers = renderer(fig, "transfers")
+    assert len(transfers["xs"]) == len(model_parallel.transfers) == 6
+    assert sorted(transfers["nbytes"]) == sorted(f"{t.nbytes:,}" for t in model_parallel.transfers)
+    widest = transfers["nbytes"][transfers["width"].index(max(transfers["width"]))]
+    assert widest == "2,048"  # w2, the largest tensor, gets the widest line
+    assert "6 transfers, 2,436 bytes" in fig.title.text
+
+
+def test_timeline_tells_compute_from_waiting_on_transfers(sync_towers):
+    fig = timeline_figure(sync_towers)
+    timings = [t for device in sync_towers.timings.values() for t in device]
+    compute = renderer(fig, "compute")
+    waiting = renderer(fig, "transfers")
+    assert len(compute["left"]) == sum(t.kind == "compute" for t in timings)
+    assert len(waiting["left"]) == sum(t.kind != "compute" for t in timings) > 0
+    assert all(0 <= left <= right for left, right in zip(compute["left"], compute["right"]))
+
+
+def test_transfer_matrix_has_a_cell_per_device_pair(sync_towers):
+    fig = transfer_matrix_figure(sync_towers)
+    cells = renderer(fig, "cells")
+    n = len(sync_towers.devices)
+    assert len(cells["nbytes"]) == n * n
+    assert sum(cells["nbytes"]) == sum(t.nbytes for t in sync_towers.transfers)
+
+
+def test_a_large_graph_is_collapsed_by_scope_and_can_be_expanded(cluster):
+    step = traced(cluster, deep_chain(["/job:worker/task:0", "/job:worker/task:1"], layers=60))
+    assert len(step.ops()) > 1000
+    collapsed = layout_graph(step)
+    assert collapsed.collapsed and len(collapsed.nodes) < 40
+    assert {node.label for node in collapsed.nodes.values()} >= {"block0/", "gradients/"}
+    assert sum(len(n.ops) for n in collapsed.nodes.values()) == len(step.ops())
+    expanded = layout_graph(step, expand=("gradients",))
+    assert any(n.label.startswith("gradients/block") for n in expanded.nodes.values())
+    assert len(expanded.nodes) > len(collapsed.nodes)
+    fig = partition_figure(step)
+    assert len(renderer(fig, "ops")["x"]) == len(collapsed.nodes)
+    assert "(collapsed by name scope)" in fig.title.text
+    columns = {node.x for node in collapsed.nodes.values()}
+    assert len(columns) > 5, "scopes should spread over columns, not pile up"
+
+
+def test_standalone_html_works_offline(model_parallel, tmp_path):
+    path = model_parallel.save_html(tmp_path / "step.html")
+    html = open(path).read()
+    assert "Bokeh" in html and "cdn.bokeh.org" not in html
+    assert "Partitioned graph" in html and "Bytes on the wire" in html
