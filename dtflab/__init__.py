@@ -21,6 +21,13 @@ def trace(session, fetches, feed_dict=None, **run_kwargs):
     return run_traced(session, fetches, feed_dict, **run_kwargs)
 
 
+def profile(cluster, fn, *args, duration_ms: int = 1000, **kwargs):
+    """Time TF2 code on a connected cluster with the TF profiler; see dtflab.tracing.profile."""
+    from dtflab.tracing.profile import profile as run_profiled
+
+    return run_profiled(cluster, fn, *args, duration_ms=duration_ms, **kwargs)
+
+
 def tf_log() -> str:
     """What TensorFlow printed in this process while dtflab kept it quiet."""
     from dtflab._quiet import tf_log as captured
@@ -35,5 +42,5 @@ def load_ipython_extension(ipython) -> None:
     register(ipython)
 
 
-__all__ = ["Cluster", "TaskInfo", "TaskState", "start_cluster", "trace", "tf_log", "DtflabError",
+__all__ = ["Cluster", "TaskInfo", "TaskState", "start_cluster", "trace", "profile", "tf_log", "DtflabError",
            "NotSupportedError", "TaskError", "__version__"]

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from dtflab.cluster.base import Cluster
+from dtflab.cluster.ports import free_ports
 from dtflab.cluster.server import EXIT_PORT_IN_USE
 from dtflab.cluster.task import TaskState
 from dtflab.errors import PortInUseError, TaskError
@@ -38,10 +39,13 @@ class LocalCluster(Cluster):
         self._processes: dict[tuple[str, int], subprocess.Popen] = {}
         self._log_dir = Path(tempfile.mkdtemp(prefix="dtflab-logs-"))
         self._final_logs: dict[tuple[str, int], str] = {}
+        self.profiler_ports: dict[tuple[str, int], int] = {}  # TF profiler server per task
 
     # -- backend contract --------------------------------------------------------------------
 
     def _start_all(self) -> None:
+        keys = [(job, i) for job, tasks in self.addresses.items() for i in range(len(tasks))]
+        self.profiler_ports = dict(zip(keys, free_ports(len(keys))))
         pending = {}
         try:
             for job, addresses in self.addresses.items():
@@ -104,6 +108,7 @@ class LocalCluster(Cluster):
             "--cluster_spec", self.legacy_spec, "--job_name", job, "--task_index", str(index),
             "--inter_op_threads", str(self.inter_op_threads),
             "--intra_op_threads", str(self.intra_op_threads),
+            "--profiler_port", str(self.profiler_ports.get((job, index), 0)),
             "--ready_fd", str(ready_write), "--exit_with_parent",
         ]
         env = dict(os.environ, PYTHONUNBUFFERED="1")

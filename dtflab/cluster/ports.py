@@ -8,6 +8,19 @@ import socket
 from dtflab.cluster.spec import Layout
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free right now on every interface."""
+    probes = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for probe in probes:
+            probe.bind(("", 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            with contextlib.suppress(OSError):
+                probe.close()
+
+
 def choose_ports(layout: Layout) -> dict[str, list[str]]:
     """Resolve every ``(host, None)`` in ``layout`` to ``host:port`` with a port free right now.
 
@@ -15,20 +28,7 @@ def choose_ports(layout: Layout) -> dict[str, list[str]]:
     sockets stay open until every port is chosen, so no two tasks get the same port. Another
     program can still take a port before the task binds it; the caller retries on that.
     """
-    probes: list[socket.socket] = []
-    try:
-        addresses: dict[str, list[str]] = {}
-        for job, tasks in layout.items():
-            addresses[job] = []
-            for host, port in tasks:
-                if port is None:
-                    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                    probes.append(probe)
-                    probe.bind(("", 0))
-                    port = probe.getsockname()[1]
-                addresses[job].append(f"{host}:{port}")
-        return addresses
-    finally:
-        for probe in probes:
-            with contextlib.suppress(OSError):
-                probe.close()
+    missing = sum(port is None for tasks in layout.values() for _, port in tasks)
+    chosen = iter(free_ports(missing))
+    return {job: [f"{host}:{port if port is not None else next(chosen)}" for host, port in tasks]
+            for job, tasks in layout.items()}

@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="ConfigProto.inter_op_parallelism_threads (0: TensorFlow's default)")
     parser.add_argument("--intra_op_threads", type=int, default=0,
                         help="ConfigProto.intra_op_parallelism_threads (0: TensorFlow's default)")
+    parser.add_argument("--profiler_port", type=int, default=0,
+                        help="also serve the TensorFlow profiler on this port (0: no profiler)")
     parser.add_argument("--verbose", action="store_true", help="show TensorFlow's own log lines")
     parser.add_argument("--ready_fd", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--exit_with_parent", action="store_true", help=argparse.SUPPRESS)
@@ -141,6 +143,11 @@ def _serve(args) -> int:
         print(f"dtflab server: {job}:{index} could not listen on port {port} ({failure}); "
               f"it is probably in use", file=sys.stderr)
         return EXIT_PORT_IN_USE
+    if args.profiler_port:
+        try:
+            tf.profiler.experimental.server.start(args.profiler_port)
+        except Exception as exc:  # timings become unavailable; the task itself is fine
+            print(f"dtflab server: no profiler on port {args.profiler_port}: {exc}", file=sys.stderr)
     target = server.target.decode() if isinstance(server.target, bytes) else server.target
     print(f"dtflab server: {job}:{index} serving {target} (pid {os.getpid()})", flush=True)
     if ready is not None:

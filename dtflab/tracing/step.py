@@ -64,7 +64,8 @@ class OpTiming:
     """When one op ran, in microseconds relative to the step start.
 
     ``kind`` is ``compute``, ``transfer`` (the receiving side of an RPC: time spent waiting for
-    and copying a tensor from another task), or ``send``/``recv`` (rendezvous ops).
+    and copying a tensor from another task), ``send``/``recv`` (rendezvous ops), or
+    ``runtime`` (TensorFlow's own bookkeeping around kernels, from the TF2 profiler).
     """
 
     device: str
@@ -94,6 +95,7 @@ class StepTrace:
     timings: dict[str, list[OpTiming]]
     step_us: float
     metadata: object = field(default=None, repr=False)  # the raw RunMetadata proto
+    note: str = ""  # where the figures came from, when that is not a traced Session.run
 
     @property
     def devices(self) -> list[str]:
@@ -120,9 +122,11 @@ class StepTrace:
                       "bytes_out": 0} for d in self.devices}
         for device, timings in self.timings.items():
             for timing in timings:
-                kind = "compute_us" if timing.kind == "compute" else "transfer_us"
-                totals[device][kind] += timing.duration_us
-                totals[device]["ops"] += timing.kind == "compute"
+                if timing.kind == "compute":
+                    totals[device]["compute_us"] += timing.duration_us
+                    totals[device]["ops"] += 1
+                elif timing.kind != "runtime":
+                    totals[device]["transfer_us"] += timing.duration_us
         for transfer in self.transfers:
             totals[transfer.src_device]["bytes_out"] += transfer.nbytes
             totals[transfer.dst_device]["bytes_in"] += transfer.nbytes
@@ -139,6 +143,8 @@ class StepTrace:
         wire = sum(t.nbytes for t in self.transfers)
         lines.append(f"{len(self.transfers)} transfers, {wire:,} bytes between devices; "
                      f"step {self.step_us / 1000:.3f} ms")
+        if self.note:
+            lines.append(self.note)
         return "\n".join(lines)
 
     def __repr__(self) -> str:

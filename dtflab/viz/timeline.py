@@ -5,7 +5,9 @@ from __future__ import annotations
 from dtflab.tracing.step import StepTrace, short_device
 from dtflab.viz.palette import device_colors
 
-KIND_COLORS = {"transfer": "#d62728", "send": "#bbbbbb", "recv": "#bbbbbb"}
+KIND_COLORS = {"transfer": "#d62728", "send": "#bbbbbb", "recv": "#bbbbbb", "runtime": "#cccccc"}
+RENDERERS = (("compute", "compute"), ("transfers", "waiting on a transfer"),
+             ("runtime", "TensorFlow runtime"))
 
 
 def _pack(timings) -> list[int]:
@@ -29,7 +31,8 @@ def timeline_figure(step: StepTrace, *, width: int = 600):
     """Bokeh figure: x is milliseconds from the step start, a lane per device.
 
     Compute ops take the device's colour; ``RecvTensor`` records (a task waiting for and copying
-    a tensor from another task) are red. Renderer names: ``compute``, ``transfers``.
+    a tensor from another task) are red; TF2 profiler runtime events grey. Renderer names:
+    ``compute``, ``transfers``, and ``runtime`` where there are such events.
     """
     from bokeh.models import ColumnDataSource, HoverTool
     from bokeh.plotting import figure
@@ -38,13 +41,13 @@ def timeline_figure(step: StepTrace, *, width: int = 600):
     colors = device_colors(devices)
     columns = {kind: {k: [] for k in ("left", "right", "bottom", "top", "color", "name", "op",
                                       "device", "start", "duration")}
-               for kind in ("compute", "transfers")}
+               for kind, _ in RENDERERS}
     for lane, device in enumerate(devices):
         timings = sorted(step.timings.get(device, []), key=lambda t: (t.start_us, t.name))
         rows = _pack(timings)
         n_rows = max(rows, default=0) + 1
         for timing, row in zip(timings, rows):
-            data = columns["compute" if timing.kind == "compute" else "transfers"]
+            data = columns[timing.kind if timing.kind in ("compute", "runtime") else "transfers"]
             top = -lane + 0.42 - 0.84 * row / n_rows
             data["left"].append(timing.start_us / 1000)
             data["right"].append(max(timing.end_us, timing.start_us + 0.5) / 1000)
@@ -64,7 +67,9 @@ def timeline_figure(step: StepTrace, *, width: int = 600):
     fig.yaxis.major_label_overrides = {-i: short_device(d) for i, d in enumerate(devices)}
     fig.ygrid.visible = False
     renderers = []
-    for kind, label in (("compute", "compute"), ("transfers", "waiting on a transfer")):
+    for kind, label in RENDERERS:
+        if kind == "runtime" and not columns[kind]["left"]:
+            continue
         renderers.append(fig.quad(left="left", right="right", bottom="bottom", top="top",
                                   color="color", line_color=None, source=ColumnDataSource(columns[kind]),
                                   legend_label=label, name=kind))
