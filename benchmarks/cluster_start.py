@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import dtflab  # noqa: E402
 from dtflab._quiet import import_tf  # noqa: E402
 from dtflab.cluster.memory import proportional_mb  # noqa: E402
+from dtflab.cluster.ports import free_ports  # noqa: E402
 
 tf = import_tf()
 
@@ -36,16 +36,6 @@ spec = tf.train.ClusterSpec({"ps": [sys.argv[1]], "worker": [sys.argv[2], sys.ar
 server = tf.distribute.Server(spec, job_name=sys.argv[4], task_index=int(sys.argv[5]))
 time.sleep(3600)
 """
-
-
-def free_ports(n):
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def wait_until_every_task_answers(addresses: dict[str, list[str]], deadline_s: float = 120) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import threading
 import time
@@ -11,19 +10,9 @@ import time
 import psutil
 import pytest
 
+from dtflab.cluster.ports import free_ports  # noqa: F401  (tests import it from here)
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports free right now on every interface."""
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def wait_until(condition, timeout: float = 5.0, interval: float = 0.05) -> bool:

@@ -50,6 +50,7 @@ class Cluster:
             for index in range(len(tasks))}
         self._lock = threading.RLock()
         self._watchers: list = []  # callables run after every change of state (panels)
+        self._panel = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -180,10 +181,17 @@ class Cluster:
                 if any(f"/job:{job}/" in device.name for job in self.addresses)]
 
     def panel(self):
-        """A status panel widget that refreshes itself on kill, restart and stop."""
+        """The status panel widget, refreshed now and on every kill, restart and stop.
+
+        One panel per cluster: showing it again shows the same widget, kept in sync.
+        """
         from dtflab.ui.panel import ClusterPanel
 
-        return ClusterPanel(self)
+        if self._panel is None:
+            self._panel = ClusterPanel(self)
+        else:
+            self._changed()
+        return self._panel
 
     def _repr_html_(self) -> str:
         from dtflab.ui.panel import render_html

@@ -31,6 +31,16 @@ def exp_batch(size: int = 100, seed: int = 0):
     return x, np.exp(x)
 
 
+def _inputs(tf, seed):
+    """A fresh graph with the seed set and the x, t placeholders; enter the graph yourself."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(seed)
+        x = tf.compat.v1.placeholder(tf.float32, [None, 1], name="x")
+        t = tf.compat.v1.placeholder(tf.float32, [None, 1], name="t")
+    return graph, x, t
+
+
 def _mlp(tf, h, weights_device, biases_device, compute_device, prefix=""):
     for i in range(3):
         with tf.device(weights_device):
@@ -51,11 +61,8 @@ def exp_regression(weights_device="/job:ps/task:0", biases_device="/job:ps/task:
     ps:1 (its ``ps_``), all compute on master.
     """
     tf = import_tf()
-    graph = tf.Graph()
+    graph, x, t = _inputs(tf, seed)
     with graph.as_default():
-        tf.compat.v1.set_random_seed(seed)
-        x = tf.compat.v1.placeholder(tf.float32, [None, 1], name="x")
-        t = tf.compat.v1.placeholder(tf.float32, [None, 1], name="t")
         y = _mlp(tf, x, weights_device, biases_device, compute_device)
         with tf.device(compute_device):
             loss = tf.nn.l2_loss(y - t, name="loss")
@@ -70,11 +77,8 @@ def towers(workers: int = 2, ps_device="/job:ps/task:0", batch: int = 100, seed:
     """Synchronous data parallelism: one tower per worker on its slice of the batch, the
     gradients averaged on the ps and applied once (the multi-GPU CIFAR-10 pattern)."""
     tf = import_tf()
-    graph = tf.Graph()
+    graph, x, t = _inputs(tf, seed)
     with graph.as_default():
-        tf.compat.v1.set_random_seed(seed)
-        x = tf.compat.v1.placeholder(tf.float32, [None, 1], name="x")
-        t = tf.compat.v1.placeholder(tf.float32, [None, 1], name="t")
         optimizer = tf.compat.v1.train.AdamOptimizer()
         xs_split, ts_split = tf.split(x, workers), tf.split(t, workers)
         tower_grads, losses = [], []
