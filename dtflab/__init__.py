@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dtflab.cluster import Cluster, TaskInfo, TaskState, start_cluster
 from dtflab.errors import DtflabError, NotSupportedError, TaskError
+from dtflab.placement import PlacementPlan
 
 __version__ = "0.1.0"
 
@@ -42,5 +43,5 @@ def load_ipython_extension(ipython) -> None:
     register(ipython)
 
 
-__all__ = ["Cluster", "TaskInfo", "TaskState", "start_cluster", "trace", "profile", "tf_log", "DtflabError",
+__all__ = ["Cluster", "PlacementPlan", "TaskInfo", "TaskState", "start_cluster", "trace", "profile", "tf_log", "DtflabError",
            "NotSupportedError", "TaskError", "__version__"]
