@@ -1,0 +1,179 @@
+"""Placement plans: strategies, where variables really land, the map and the editor."""
+
+import pytest
+
+import dtflab
+from dtflab import PlacementPlan
+from dtflab._quiet import import_tf
+from dtflab.placement import VariableInfo
+from dtflab.tracing import short_device
+from dtflab.tracing.examples import EXP_LAYERS, exp_batch
+from dtflab.viz.placement import placement_figure
+
+tf = import_tf()
+PS0, PS1, MASTER = "/job:ps/task:0", "/job:ps/task:1", "/job:master/task:0"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with dtflab.start_cluster(jobs="master=1,ps=2", backend="inprocess") as c:
+        yield c
+
+
+def floats(name, n):
+    return VariableInfo(name, (n,), "float32", 4 * n)
+
+
+SIZES = [floats("a", 25), floats("b", 15), floats("c", 12), floats("d", 10), floats("e", 2)]
+MLP = [floats(n, 1) for n in ("w1", "b1", "w2", "b2", "w3", "b3")]
+
+
+def mlp_builder():
+    """The 2016 exp(x) model, built under whatever plan is active; returns (fetch, feed)."""
+    x = tf.compat.v1.placeholder(tf.float32, [None, 1], name="x")
+    t = tf.compat.v1.placeholder(tf.float32, [None, 1], name="t")
+    h = x
+    for i in range(3):
+        w = tf.compat.v1.get_variable(f"w{i + 1}", [EXP_LAYERS[i], EXP_LAYERS[i + 1]])
+        b = tf.compat.v1.get_variable(f"b{i + 1}", [EXP_LAYERS[i + 1]])
+        h = tf.nn.leaky_relu(tf.matmul(h, w) + b, alpha=0.2)
+    loss = tf.nn.l2_loss(h - t)
+    train = tf.compat.v1.train.AdamOptimizer().minimize(loss)
+    xs, ts = exp_batch()
+    return [train, loss], {x: xs, t: ts}
+
+
+def test_round_robin_alternates_like_replica_device_setter(cluster):
+    plan = PlacementPlan.round_robin(cluster, variables=SIZES)
+    assert [plan.assignments[v.name] for v in SIZES] == [PS0, PS1, PS0, PS1, PS0]
+
+
+def test_greedy_takes_the_largest_first_and_balances_bytes(cluster):
+    plan = PlacementPlan.greedy(cluster, variables=SIZES)
+    # 25 -> ps0; 15 -> ps1; 12 -> ps1 (15 < 25); 10 -> ps0 (27 > 25); 2 -> ps1 (35 > 29)
+    assert plan.assignments == {"a": PS0, "b": PS1, "c": PS1, "d": PS0, "e": PS1}
+    assert plan.bytes_per_device(SIZES) == {MASTER: 0, PS0: 140, PS1: 116}
+    assert plan.imbalance(SIZES) == pytest.approx(140 / 128)
+    assert plan.imbalance(SIZES) < PlacementPlan.round_robin(cluster, variables=SIZES).imbalance(SIZES)
+
+
+def test_by_layer_puts_layer_i_on_task_i(cluster):
+    plan = PlacementPlan.by_layer(cluster, variables=MLP)
+    assert plan.placement(MLP) == {"w1": PS0, "b1": PS0, "w2": PS1, "b2": PS1, "w3": PS0, "b3": PS0}
+
+
+def test_single_puts_everything_on_one_device(cluster):
+    plan = PlacementPlan.single(MASTER, cluster)
+    assert set(plan.placement(MLP).values()) == {MASTER} and plan.compute == MASTER
+
+
+def test_manual_overrides_win_and_wildcards_match(cluster):
+    plan = PlacementPlan.round_robin(cluster, variables=MLP)
+    plan.assign("b*", PS1).assign("w2", "ps:0")
+    placed = plan.placement(MLP)
+    assert placed["b1"] == placed["b2"] == placed["b3"] == PS1 and placed["w2"] == PS0
+
+
+def test_variables_land_where_the_plan_says_in_the_graph_and_on_the_wire(cluster):
+    plan = PlacementPlan.by_layer(cluster, compute="master:0")
+    graph = tf.Graph()
+    with graph.as_default(), plan.scope():
+        (train, loss), feed = mlp_builder()
+        init = tf.compat.v1.global_variables_initializer()
+        devices = {v.op.name: v.device for v in tf.compat.v1.global_variables()}
+    assert {n: devices[n] for n in ("w1", "b1", "w2", "b2", "w3", "b3")} == {
+        "w1": PS0, "b1": PS0, "w2": PS1, "b2": PS1, "w3": PS0, "b3": PS0}
+    assert devices["w2/Adam"] == PS1 and devices["beta1_power"] == PS0  # slots follow
+    assert set(plan.assignments) == {"w1", "b1", "w2", "b2", "w3", "b3"}
+    assert loss.device == MASTER
+    with tf.compat.v1.Session(cluster.target("master"), graph=graph) as session:
+        session.run(init)
+        step = dtflab.trace(session, loss, feed)
+    to_master = {short_device(src): n for (src, dst), n in step.bytes_between().items()
+                 if short_device(dst) == "master:0"}
+    assert to_master == {"ps:0": 4 * (16 + 16 + 32 + 1), "ps:1": 4 * (16 * 32 + 32)}
+
+
+def test_plan_round_trips_through_a_dict_and_through_its_code(cluster):
+    plan = PlacementPlan.greedy(cluster, variables=SIZES).assign("e", PS0)
+    again = PlacementPlan.from_dict(plan.to_dict(), cluster)
+    assert again == plan
+    namespace = {"PlacementPlan": PlacementPlan, "cluster": cluster}
+    exec(plan.to_code(), namespace)
+    assert namespace["plan"].placement(SIZES) == plan.placement(SIZES)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda c: PlacementPlan(c).assign("w1", "/job:ps/task:5"),
+     r"unknown device '/job:ps/task:5'; this cluster has: /job:master/task:0, /job:ps/task:0, /job:ps/task:1"),
+    (lambda c: PlacementPlan(c, compute="/job:worker/task:0"), r"unknown device '/job:worker/task:0'"),
+    (lambda c: PlacementPlan.round_robin(c, job="pss"), r"no job 'pss' in this cluster \(did you mean 'ps'\?\)"),
+    (lambda c: PlacementPlan(c).use_strategy("greedyy"), r"unknown strategy 'greedyy' \(did you mean 'greedy'\?\)"),
+    (lambda c: PlacementPlan(c).assign("w1", 3), r"a device is a string like '/job:ps/task:0', got 3"),
+])
+def test_bad_devices_name_the_value_and_the_valid_ones(cluster, call, message):
+    with pytest.raises(ValueError, match=message):
+        call(cluster)
+
+
+def test_placement_map_has_a_cell_per_variable_and_device_totals(cluster):
+    plan = PlacementPlan.greedy(cluster, variables=SIZES)
+    fig = placement_figure(plan, SIZES)
+    (cells,) = fig.select(name="cells")
+    (totals,) = fig.select(name="totals")
+    assert cells.data_source.data["variable"] == [v.name for v in SIZES]
+    assert totals.data_source.data["label"] == ["0", "140", "116"]
+    assert "imbalance 1.09" in fig.title.text
+
+
+@pytest.mark.slow
+def test_editor_and_plan_stay_in_sync_both_ways(cluster):
+    from jupyter_bokeh import BokehModel
+
+    from dtflab.ui.placement_editor import PlacementEditor
+
+    editor = PlacementEditor(cluster, mlp_builder, PlacementPlan.round_robin(cluster, compute=MASTER),
+                             apply=False)
+    assert list(editor.selectors) == ["w1", "b1", "w2", "b2", "w3", "b3"]
+    editor.selectors["w2"].value = PS1                       # the user moves w2
+    assert editor.plan.device_for("w2") == PS1
+    editor.plan.assign("b3", PS1)                            # Python moves b3
+    assert editor.selectors["b3"].value == PS1
+    editor.strategy_buttons["single"].click()                # a strategy button
+    assert {s.value for s in editor.selectors.values()} == {MASTER}
+    editor.apply_button.click()
+    assert editor.step is not None and editor.step.transfers == []
+    assert isinstance(editor.views.children[0], BokehModel)
+    assert "0 transfers, <b>0 bytes</b>" in editor.status.value
+    editor.strategy_buttons["by_layer"].click()
+    editor.apply()
+    assert sum(t.nbytes for t in editor.step.transfers) > 0
+    assert editor.plan.device_for("w2") == PS1 and editor.selectors["w2"].value == PS1
+
+
+TF2_SCRIPT = """
+import dtflab
+from dtflab import PlacementPlan
+from dtflab._quiet import import_tf
+tf = import_tf()
+with dtflab.start_cluster(jobs="worker=1,ps=2") as cluster:
+    cluster.connect()
+    plan = PlacementPlan.round_robin(cluster, job="ps").assign("bias", "ps:1")
+    with plan.scope():
+        kernel = tf.Variable(tf.ones([4, 4]), name="kernel")
+        other = tf.Variable(tf.zeros([2]), name="other")
+        bias = tf.Variable(tf.zeros([4]), name="bias")
+    print(kernel.device); print(other.device); print(bias.device)
+"""
+
+
+@pytest.mark.slow
+def test_tf2_variables_are_placed_through_a_variable_creator():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", TF2_SCRIPT], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["/job:ps/replica:0/task:0/device:CPU:0",
+                                  "/job:ps/replica:0/task:1/device:CPU:0",
+                                  "/job:ps/replica:0/task:1/device:CPU:0"]
