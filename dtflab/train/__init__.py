@@ -1,0 +1,16 @@
+"""Teaching problems, training loops and their run history."""
+
+from dtflab.train.callbacks import Callback
+from dtflab.train.history import RunHistory, StepRecord
+from dtflab.train.loops import (
+    BackgroundRun,
+    async_parameter_server,
+    model_parallel,
+    single,
+    sync_data_parallel,
+)
+from dtflab.train.problems import Problem, classification, exp_regression
+
+__all__ = ["Problem", "exp_regression", "classification", "RunHistory", "StepRecord", "Callback",
+           "BackgroundRun", "single", "model_parallel", "sync_data_parallel",
+           "async_parameter_server"]

@@ -1,0 +1,137 @@
+"""Training graphs for each loop, built from a Problem (tf.compat.v1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dtflab._quiet import import_tf
+
+
+@dataclass
+class TrainGraph:
+    """A built graph: what to feed, what to run, what to fetch. ``towers`` has one entry per
+    worker for data-parallel graphs (its placeholders, and for async its own ops)."""
+
+    graph: object
+    init: object
+    train: object = None
+    loss: object = None
+    inputs: tuple = ()
+    towers: list = field(default_factory=list)
+    variables: list = field(default_factory=list)
+
+
+@dataclass
+class Tower:
+    device: str
+    x: object
+    t: object
+    loss: object
+    run: object = None        # async: the op this worker runs each step
+    fetch: object = None      # async: (loss, step read before, step after its write)
+
+
+def delay_op(seconds: float):
+    """An op that sleeps ``seconds`` on the device it is placed on, without spinning a core
+    (a tf.data sleep, pulled once per run). Used for stragglers."""
+    tf = import_tf()
+    from tensorflow.python.data.experimental.ops import testing
+
+    dataset = tf.data.Dataset.from_tensors(0).repeat().apply(testing.sleep(int(seconds * 1e6)))
+    return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+
+
+def single_graph(problem, seed: int, device: str | None = None) -> TrainGraph:
+    """Everything in one place (``device=None``: wherever the session runs)."""
+    tf = import_tf()
+    graph = tf.Graph()
+    with graph.as_default(), tf.device(device):
+        x, t = problem.placeholders()
+        variables = problem.create_variables(seed)
+        loss = problem.loss(problem.forward(variables, x), t)
+        train = problem.optimizer().minimize(loss)
+        init = tf.compat.v1.global_variables_initializer()
+    return TrainGraph(graph, init, train, loss, (x, t), variables=variables)
+
+
+def model_parallel_graph(problem, plan, seed: int) -> TrainGraph:
+    """Variables where ``plan`` puts them; every other op on ``plan.compute``."""
+    tf = import_tf()
+    graph = tf.Graph()
+    with graph.as_default(), plan.scope():
+        x, t = problem.placeholders()
+        variables = problem.create_variables(seed)
+        loss = problem.loss(problem.forward(variables, x), t)
+        train = problem.optimizer().minimize(loss)
+        init = tf.compat.v1.global_variables_initializer()
+    return TrainGraph(graph, init, train, loss, (x, t), variables=variables)
+
+
+def sync_graph(problem, plan, workers: list[str], seed: int, slow: dict | None = None) -> TrainGraph:
+    """A tower per worker on its slice of the batch; the towers' gradients are combined on
+    the variables' devices and applied once.
+
+    The loss sums over examples, so the full batch's gradient is the *sum* of the towers'
+    gradients (their average times the number of towers): with the same seed and global batch
+    this step equals the single-process step up to float rounding.
+    """
+    tf = import_tf()
+    graph = tf.Graph()
+    with graph.as_default():
+        with plan.scope():
+            variables = problem.create_variables(seed)
+        optimizer = problem.optimizer()
+        towers, tower_grads = [], []
+        for i, device in enumerate(workers):
+            with tf.device(device), tf.name_scope(f"tower{i}"):
+                x, t = problem.placeholders()
+                waits = [delay_op(slow[device])] if slow and device in slow else []
+                with tf.control_dependencies(waits):
+                    loss = problem.loss(problem.forward(variables, x), t)
+                tower_grads.append(tf.gradients(loss, variables))
+            towers.append(Tower(device, x, t, loss))
+        combined = []
+        for variable, grads in zip(variables, zip(*tower_grads)):
+            with tf.device(variable.device), tf.name_scope("combine"):
+                combined.append((tf.add_n(list(grads)), variable))
+        with plan.scope():
+            train = optimizer.apply_gradients(combined)
+        loss = tf.add_n([tower.loss for tower in towers])
+        init = tf.compat.v1.global_variables_initializer()
+    return TrainGraph(graph, init, train, loss, (), towers, variables)
+
+
+def async_graph(problem, plan, workers: list[str], seed: int, slow: dict | None = None) -> TrainGraph:
+    """Downpour: each worker reads the parameters, computes gradients on its own batch and
+    applies them on the ps without waiting for the others.
+
+    Staleness is exact: a global step on the ps counts applied updates; each worker reads it
+    just before reading the parameters and gets its new value from its own increment, so
+    ``after - before - 1`` updates by others landed in between.
+    """
+    tf = import_tf()
+    graph = tf.Graph()
+    with graph.as_default():
+        with plan.scope():
+            variables = problem.create_variables(seed)
+        with tf.device(variables[0].device):
+            global_step = tf.compat.v1.get_variable(
+                "global_step", initializer=tf.constant(0, tf.int64), trainable=False)
+        optimizer = problem.optimizer()
+        towers = []
+        for i, device in enumerate(workers):
+            with tf.device(device), tf.name_scope(f"worker{i}"):
+                x, t = problem.placeholders()
+                before = global_step.read_value()
+                waits = [delay_op(slow[device])] if slow and device in slow else []
+                with tf.control_dependencies([before] + waits):
+                    params = [tf.identity(v) for v in variables]  # this worker's read
+                loss = problem.loss(problem.forward(params, x), t)
+                grads = tf.gradients(loss, params)
+            with tf.name_scope(f"worker{i}_apply"):
+                apply = optimizer.apply_gradients(list(zip(grads, variables)))
+                with tf.control_dependencies([apply]), tf.device(global_step.device):
+                    after = global_step.assign_add(1, read_value=True)
+            towers.append(Tower(device, x, t, loss, run=after, fetch=(loss, before, after)))
+        init = tf.compat.v1.global_variables_initializer()
+    return TrainGraph(graph, init, None, None, (), towers, variables)

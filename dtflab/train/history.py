@@ -1,0 +1,90 @@
+"""What a training run did, step by step: one type for every loop."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One applied update. ``loss`` is per example; ``time_s`` counts from the run's start;
+    ``staleness`` is how many updates other workers applied between this worker's read of
+    the parameters and its write (0 for synchronous loops)."""
+
+    step: int
+    worker: str
+    loss: float
+    time_s: float
+    examples: int
+    staleness: int = 0
+
+
+@dataclass
+class RunHistory:
+    """Per-step loss, wall time, examples/s, steps per worker and, for async, staleness.
+
+    Safe to read while a background run appends to it (``records`` only grows).
+    """
+
+    name: str
+    loop: str
+    records: list[StepRecord] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # "worker:1 failed: ..." lines
+    stopped_early: bool = False
+    wall_s: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, record: StepRecord) -> None:
+        with self._lock:
+            self.records.append(record)
+
+    def since(self, count: int) -> list[StepRecord]:
+        """Records after the first ``count`` (for streaming to a live plot)."""
+        with self._lock:
+            return self.records[count:]
+
+    @property
+    def losses(self) -> list[float]:
+        return [r.loss for r in self.records]
+
+    @property
+    def steps(self) -> int:
+        return len(self.records)
+
+    @property
+    def examples(self) -> int:
+        return sum(r.examples for r in self.records)
+
+    @property
+    def examples_per_s(self) -> float:
+        wall = self.wall_s or (self.records[-1].time_s if self.records else 0.0)
+        return self.examples / wall if wall > 0 else 0.0
+
+    @property
+    def steps_per_worker(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for record in self.records:
+            counts[record.worker] = counts.get(record.worker, 0) + 1
+        return counts
+
+    @property
+    def staleness(self) -> list[int]:
+        return [r.staleness for r in self.records]
+
+    def final_loss(self, last: int = 20) -> float:
+        """Mean per-example loss over the last ``last`` steps."""
+        tail = self.losses[-last:]
+        return sum(tail) / len(tail) if tail else float("nan")
+
+    def summary(self) -> str:
+        text = (f"{self.name} ({self.loop}): {self.steps} steps in {self.wall_s:.1f} s, "
+                f"{self.examples_per_s:,.0f} examples/s, final loss {self.final_loss():.4g}")
+        if any(self.staleness):
+            text += f", mean staleness {sum(self.staleness) / len(self.staleness):.2f}"
+        if self.failures:
+            text += "; " + "; ".join(self.failures)
+        return text
+
+    def __repr__(self) -> str:
+        return f"<RunHistory {self.summary()}>"

@@ -1,0 +1,99 @@
+"""Teaching problems that make their own data: the 2016 exp(x) regression, a heavier classifier.
+
+A problem knows its layer sizes, its data and its loss, and builds variables and the forward
+pass in whatever graph and device scope is current; loops decide where things go.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dtflab._quiet import import_tf
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A model and its data. ``loss`` sums over the examples of a batch (so the loss of a batch
+    is the sum of the losses of its slices, and so are the gradients); reported losses are
+    divided by the batch size."""
+
+    name: str
+    layers: tuple[int, ...]
+    activation: str  # "leaky_relu" (alpha 0.2) or "relu"
+    loss_kind: str  # "l2" (tf.nn.l2_loss) or "softmax" (cross-entropy, integer labels)
+    batch_size: int
+    learning_rate: float = 0.001  # Adam's default, as in the source material
+
+    @property
+    def parameter_bytes(self) -> int:
+        return 4 * sum(a * b + b for a, b in zip(self.layers, self.layers[1:]))
+
+    def batch(self, step: int, seed: int = 0, size: int | None = None):
+        """The batch for ``step``: the same for every loop given the same seed."""
+        rng = np.random.default_rng([seed, step])
+        size = size or self.batch_size
+        if self.loss_kind == "l2":
+            x = rng.random((size, 1), dtype=np.float32)
+            return x, np.exp(x).astype(np.float32)
+        centers = np.random.default_rng(seed + 1000).normal(
+            0, 1, (self.layers[-1], self.layers[0])).astype(np.float32)
+        labels = rng.integers(0, self.layers[-1], size)
+        x = centers[labels] + rng.normal(0, 1.5, (size, self.layers[0])).astype(np.float32)
+        return x.astype(np.float32), labels.astype(np.int64)
+
+    def placeholders(self):
+        tf = import_tf()
+        x = tf.compat.v1.placeholder(tf.float32, [None, self.layers[0]], name="x")
+        if self.loss_kind == "l2":
+            t = tf.compat.v1.placeholder(tf.float32, [None, self.layers[-1]], name="t")
+        else:
+            t = tf.compat.v1.placeholder(tf.int64, [None], name="t")
+        return x, t
+
+    def create_variables(self, seed: int = 0) -> list:
+        """``[w1, b1, w2, b2, ...]`` with initial values fixed by ``seed`` (not by TF's RNG),
+        so every loop starts from the same parameters."""
+        tf = import_tf()
+        rng = np.random.default_rng(seed)
+        variables = []
+        for i, (n_in, n_out) in enumerate(zip(self.layers, self.layers[1:]), start=1):
+            limit = np.sqrt(6.0 / (n_in + n_out))  # Glorot uniform, TF's default
+            w = rng.uniform(-limit, limit, (n_in, n_out)).astype(np.float32)
+            variables.append(tf.compat.v1.get_variable(f"w{i}", initializer=w))
+            variables.append(tf.compat.v1.get_variable(f"b{i}", initializer=np.zeros(n_out, np.float32)))
+        return variables
+
+    def forward(self, variables, x):
+        tf = import_tf()
+        h = x
+        pairs = list(zip(variables[::2], variables[1::2]))
+        for i, (w, b) in enumerate(pairs, start=1):
+            with tf.name_scope(f"layer{i}"):
+                h = tf.matmul(h, w) + b
+                if i < len(pairs) or self.loss_kind == "l2":
+                    h = tf.nn.leaky_relu(h, alpha=0.2) if self.activation == "leaky_relu" else tf.nn.relu(h)
+        return h
+
+    def loss(self, output, t):
+        tf = import_tf()
+        if self.loss_kind == "l2":
+            return tf.nn.l2_loss(output - t)
+        return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=t, logits=output))
+
+    def optimizer(self):
+        return import_tf().compat.v1.train.AdamOptimizer(self.learning_rate)
+
+
+def exp_regression(batch_size: int = 100) -> Problem:
+    """y = exp(x), x uniform in [0, 1): MLP 1-16-32-1, leaky ReLU 0.2, l2_loss, Adam, batch 100."""
+    return Problem("exp_regression", (1, 16, 32, 1), "leaky_relu", "l2", batch_size)
+
+
+def classification(width: int = 1024, batch_size: int = 1024, features: int = 64,
+                   classes: int = 10) -> Problem:
+    """Gaussian clusters in ``features`` dimensions, an MLP with two hidden layers of ``width``:
+    heavy enough (width 1024: 1.1 M parameters) for data parallelism to pay on 2 cores."""
+    return Problem(f"classification_{width}", (features, width, width, classes), "relu",
+                   "softmax", batch_size)
