@@ -11,6 +11,7 @@ from __future__ import annotations
 from dtflab.cluster import Cluster, TaskInfo, TaskState, start_cluster
 from dtflab.errors import DtflabError, NotSupportedError, TaskError
 from dtflab.placement import PlacementPlan
+from dtflab import train
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,13 @@ def profile(cluster, fn, *args, duration_ms: int = 1000, **kwargs):
     return run_profiled(cluster, fn, *args, duration_ms=duration_ms, **kwargs)
 
 
+def compare(*runs):
+    """Overlay runs' loss curves and tabulate time and throughput ratios against the first."""
+    from dtflab.viz.compare import compare as compare_runs
+
+    return compare_runs(*runs)
+
+
 def tf_log() -> str:
     """What TensorFlow printed in this process while dtflab kept it quiet."""
     from dtflab._quiet import tf_log as captured
@@ -43,5 +51,5 @@ def load_ipython_extension(ipython) -> None:
     register(ipython)
 
 
-__all__ = ["Cluster", "PlacementPlan", "TaskInfo", "TaskState", "start_cluster", "trace", "profile", "tf_log", "DtflabError",
+__all__ = ["Cluster", "PlacementPlan", "compare", "train", "TaskInfo", "TaskState", "start_cluster", "trace", "profile", "tf_log", "DtflabError",
            "NotSupportedError", "TaskError", "__version__"]

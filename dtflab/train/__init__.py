@@ -10,7 +10,8 @@ from dtflab.train.loops import (
     sync_data_parallel,
 )
 from dtflab.train.problems import Problem, classification, exp_regression
+from dtflab.train.ps_strategy import ps_strategy
 
 __all__ = ["Problem", "exp_regression", "classification", "RunHistory", "StepRecord", "Callback",
            "BackgroundRun", "single", "model_parallel", "sync_data_parallel",
-           "async_parameter_server"]
+           "async_parameter_server", "ps_strategy"]

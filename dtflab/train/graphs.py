@@ -117,6 +117,13 @@ def async_graph(problem, plan, workers: list[str], seed: int, slow: dict | None 
         with tf.device(variables[0].device):
             global_step = tf.compat.v1.get_variable(
                 "global_step", initializer=tf.constant(0, tf.int64), trainable=False)
+            # Add-then-read is two ops; without a lock two workers can read the same count.
+            counter_lock = tf.CriticalSection(shared_name="dtflab_global_step_lock")
+
+        def increment():
+            with tf.control_dependencies([global_step.assign_add(1)]):
+                return global_step.read_value()
+
         optimizer = problem.optimizer()
         towers = []
         for i, device in enumerate(workers):
@@ -131,7 +138,7 @@ def async_graph(problem, plan, workers: list[str], seed: int, slow: dict | None 
             with tf.name_scope(f"worker{i}_apply"):
                 apply = optimizer.apply_gradients(list(zip(grads, variables)))
                 with tf.control_dependencies([apply]), tf.device(global_step.device):
-                    after = global_step.assign_add(1, read_value=True)
+                    after = counter_lock.execute(increment)
             towers.append(Tower(device, x, t, loss, run=after, fetch=(loss, before, after)))
         init = tf.compat.v1.global_variables_initializer()
     return TrainGraph(graph, init, None, None, (), towers, variables)

@@ -21,6 +21,9 @@ from dtflab.train.history import RunHistory, StepRecord
 
 #: A step that needs a dead task gives up after this long (the sync loop's "within seconds").
 OPERATION_TIMEOUT_MS = 10_000
+#: How long a step is retried while every task is alive but unreachable (a task just
+#: restarted: gRPC channels that saw it die reconnect with a back-off).
+TRANSIENT_RETRY_S = 10.0
 
 
 class BackgroundRun:
@@ -78,16 +81,40 @@ def _task_name(device: str) -> str:
 
 def failed_task(cluster, error) -> tuple[str, int]:
     """Which task a TF error is about: a dead task of the cluster, else an address in it."""
+    dead = dead_task(cluster)
+    if dead is not None:
+        return dead
     if cluster is not None:
-        for task in cluster.tasks:
-            if str(task.state) in ("killed", "exited"):
-                return task.job, task.index
         for job, addresses in cluster.addresses.items():
             for index, address in enumerate(addresses):
                 if address in str(error):
                     return job, index
     match = re.search(r"/job:([^/]+)/(?:replica:\d+/)?task:(\d+)", str(error))
     return (match.group(1), int(match.group(2))) if match else ("unknown", 0)
+
+
+def dead_task(cluster) -> tuple[str, int] | None:
+    """A task of ``cluster`` that was killed or exited, if any."""
+    for task in (cluster.tasks if cluster is not None else ()):
+        if str(task.state) in ("killed", "exited"):
+            return task.job, task.index
+    return None
+
+
+def run_step(session, fetch, feed, cluster):
+    """``session.run``, retried while the cluster says every task is alive (a transient
+    Unavailable after a restart); a failure with a dead task is raised at once."""
+    tf = import_tf()
+    deadline = time.monotonic() + TRANSIENT_RETRY_S
+    pause = 0.2
+    while True:
+        try:
+            return session.run(fetch, feed)
+        except tf.errors.UnavailableError:
+            if dead_task(cluster) is not None or time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
 
 
 def _finish(history: RunHistory, started: float, callbacks) -> RunHistory:
@@ -117,7 +144,7 @@ def _sync_loop(history, session, fetch, feeds, problem, steps, seed, callbacks, 
                 history.stopped_early = True
                 break
             try:
-                loss = session.run(fetch, feeds(step))
+                loss = run_step(session, fetch, feeds(step), cluster)
             except tf.errors.OpError as error:
                 job, index = failed_task(cluster, error)
                 message = f"{job}:{index} failed during step {step}: {type(error).__name__}"
@@ -130,8 +157,25 @@ def _sync_loop(history, session, fetch, feeds, problem, steps, seed, callbacks, 
             for callback in callbacks:
                 callback.on_step(history, record)
     finally:
-        session.close()
+        _close(session, failed=bool(history.failures))
         _finish(history, started, callbacks)
+
+
+def _close(session, failed: bool = False) -> None:
+    """Close a session; after a task failed, in the background (closing waits on the dead
+    task until the operation timeout) and without raising."""
+    tf = import_tf()
+
+    def close():
+        try:
+            session.close()
+        except tf.errors.OpError:
+            pass
+
+    if failed:
+        threading.Thread(target=close, name="dtflab-session-close", daemon=True).start()
+    else:
+        close()
 
 
 def single(problem, *, steps: int = 200, seed: int = 0, cluster=None, device: str | None = None,
@@ -253,7 +297,7 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
                     history.stopped_early = True
                     return
                 xs, ts = problem.batch(local_step * len(devices) + i, seed)
-                loss, before, after = session.run(tower.fetch, {tower.x: xs, tower.t: ts})
+                loss, before, after = run_step(session, tower.fetch, {tower.x: xs, tower.t: ts}, cluster)
                 record = StepRecord(int(after) - 1, name_, float(loss) / len(xs),
                                     time.perf_counter() - started, len(xs), int(after - before - 1))
                 history.add(record)
@@ -263,8 +307,9 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
             job, index = failed_task(cluster, error)
             history.failures.append(f"{name_} stopped: {job}:{index} failed "
                                     f"({type(error).__name__}); the other workers carried on")
-        finally:
-            session.close()
+            _close(session, failed=True)
+            return
+        _close(session)
 
     def body():
         started = time.perf_counter()

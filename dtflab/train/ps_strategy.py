@@ -1,0 +1,113 @@
+"""TF2's ParameterServerStrategy + ClusterCoordinator on a dtflab cluster.
+
+This process is the coordinator (the ``chief``); the cluster's ``worker`` tasks run the steps
+and its ``ps`` tasks hold the variables. The task servers need
+``inter_op_parallelism_threads >= workers + 1`` or steps hang on small machines: dtflab's
+clusters start with tasks + 1 (see Cluster.inter_op_threads).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from dtflab._quiet import import_tf, quiet_fds
+from dtflab.cluster.ports import free_ports
+from dtflab.train.history import RunHistory, StepRecord
+from dtflab.train.loops import _finish, _launch
+
+#: Distinct batches shipped to the workers (a tf.data pipeline of them, repeated).
+DATA_BATCHES = 8
+
+
+def strategy_for(cluster):
+    """A ParameterServerStrategy over ``cluster`` with this process as its chief."""
+    tf = import_tf()
+    for job in ("worker", "ps"):
+        if job not in cluster.addresses:
+            raise ValueError(f"ParameterServerStrategy needs 'worker' and 'ps' jobs; this cluster "
+                             f"has: {', '.join(cluster.addresses)}; start one with --ps 1 --workers 2")
+    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")  # what TF recommends for it
+    (port,) = free_ports(1)
+    spec = dict(cluster.addresses, chief=[f"127.0.0.1:{port}"])
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
+    with quiet_fds():
+        return tf.distribute.experimental.ParameterServerStrategy(resolver)
+
+
+def ps_strategy(problem, cluster, *, steps: int = 200, seed: int = 0, background: bool = False,
+                callbacks=(), name: str | None = None, strategy=None):
+    """Train with ``ClusterCoordinator.schedule``: each step goes to whichever worker is free.
+
+    The loss of each step comes back as a RemoteValue, read as steps complete. Staleness is
+    not measured here (TensorFlow does not expose which update a worker read).
+    """
+    tf = import_tf()
+    strategy = strategy or strategy_for(cluster)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        variables = _variables(problem, seed)
+        optimizer = problem.optimizer()
+    batches = [problem.batch(step, seed) for step in range(DATA_BATCHES)]
+    xs = tf.constant([b[0] for b in batches])
+    ts = tf.constant([b[1] for b in batches])
+
+    def dataset_fn():
+        return tf.data.Dataset.from_tensor_slices((xs, ts)).repeat()
+
+    with quiet_fds():
+        iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+    @tf.function
+    def step_fn(iterator):
+        def replica(x, t):
+            with tf.GradientTape() as tape:
+                loss = problem.loss(problem.forward(variables, x), t)
+            optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+            return loss
+
+        x, t = next(iterator)
+        return strategy.run(replica, args=(x, t))
+
+    history = RunHistory(name or f"ParameterServerStrategy ({len(cluster.addresses['worker'])} workers)",
+                         "ps_strategy")
+    stop = threading.Event()
+
+    def body():
+        started = time.perf_counter()
+        for callback in callbacks:
+            callback.on_run_start(history)
+        pending = []
+        for step in range(steps):
+            if stop.is_set():
+                history.stopped_early = True
+                break
+            pending.append((step, coordinator.schedule(step_fn, args=(iterator,))))
+            while pending and (len(pending) > 4 or step == steps - 1):
+                number, value = pending.pop(0)
+                loss = float(value.fetch()) / problem.batch_size
+                record = StepRecord(number, "any worker", loss, time.perf_counter() - started,
+                                    problem.batch_size)
+                history.add(record)
+                for callback in callbacks:
+                    callback.on_step(history, record)
+        coordinator.join()
+        _finish(history, started, callbacks)
+
+    return _launch(history, body, background, stop)
+
+
+def _variables(problem, seed):
+    """The problem's variables as TF2 variables (same initial values as the graph loops)."""
+    import numpy as np
+
+    tf = import_tf()
+    rng = np.random.default_rng(seed)
+    variables = []
+    for i, (n_in, n_out) in enumerate(zip(problem.layers, problem.layers[1:]), start=1):
+        limit = np.sqrt(6.0 / (n_in + n_out))
+        variables.append(tf.Variable(rng.uniform(-limit, limit, (n_in, n_out)).astype(np.float32), name=f"w{i}"))
+        variables.append(tf.Variable(np.zeros(n_out, np.float32), name=f"b{i}"))
+    return variables

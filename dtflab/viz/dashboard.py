@@ -1,0 +1,153 @@
+"""A live training dashboard: loss, throughput and staleness, streamed while runs go on.
+
+Follows Bokeh's streaming model: each line has a ColumnDataSource fed with ``stream(new,
+rollover)`` from a small updater thread, never a redraw. In JupyterLab the figures sit in a
+``jupyter_bokeh.BokehModel`` widget, which sends each change as it happens.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+from dtflab.viz.palette import PALETTE
+
+ROLLOVER = 20_000
+THROUGHPUT_WINDOW_S = 2.0
+
+
+class Dashboard:
+    """Live plots for one or more running loops (``BackgroundRun``) and a Stop button.
+
+    In [1]: run = dtflab.train.async_parameter_server(problem, cluster, background=True)
+    In [2]: Dashboard(run)
+
+    ``interval_s`` is how often new steps are pushed (default 0.4 s). With no front end (a
+    script, a test) nothing is shown, and ``figures`` holds the final plots once the runs end.
+    """
+
+    def __init__(self, *runs, interval_s: float = 0.4, title: str = "Training"):
+        from bokeh.layouts import column, row
+        from bokeh.models import ColumnDataSource
+        from bokeh.plotting import figure
+
+        self.runs = runs
+        self.interval_s = interval_s
+        self.loss_fig = figure(title=f"{title}: loss per example", height=260, width=560,
+                               x_axis_label="step", y_axis_type="log", tools="pan,wheel_zoom,reset,save")
+        self.speed_fig = figure(title="Throughput (examples/s)", height=260, width=420,
+                                x_axis_label="seconds", tools="pan,wheel_zoom,reset,save")
+        self.stale_fig = figure(title="Staleness of applied gradients", height=220, width=420,
+                                x_axis_label="updates by others between read and write",
+                                tools="save")
+        self.loss_sources: dict[tuple[int, str], ColumnDataSource] = {}
+        self.speed_sources = [ColumnDataSource({"time": [], "speed": []}) for _ in runs]
+        self.stale_source = ColumnDataSource({"left": [], "right": [], "count": []})
+        self.stale_fig.quad(left="left", right="right", bottom=0, top="count",
+                            source=self.stale_source, color="#9467bd", name="staleness")
+        for i, (run, source) in enumerate(zip(runs, self.speed_sources)):
+            self.speed_fig.line("time", "speed", source=source, color=PALETTE[i % len(PALETTE)],
+                                legend_label=run.history.name, line_width=2)
+        self.speed_fig.legend.location = "bottom_right"
+        self.seen = [0] * len(runs)
+        self._staleness = collections.Counter()
+        self._recent = [collections.deque() for _ in runs]
+        self.figures = column(row(self.loss_fig, self.speed_fig), self.stale_fig)
+        self.widget = self._widget()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._update_loop, name="dtflab-dashboard", daemon=True)
+        self._thread.start()
+
+    # -- public ----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask every run to stop after its current step (returns at once)."""
+        for run in self.runs:
+            run._stop_event.set()
+
+    def wait(self) -> None:
+        """Block until every run has ended and the last points are drawn."""
+        self._thread.join()
+
+    def close(self) -> None:
+        """Stop updating (the runs go on)."""
+        self._closed.set()
+        self._thread.join()
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget if self.widget is not None else self.figures)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _widget(self):
+        try:
+            import ipywidgets as w
+            from jupyter_bokeh import BokehModel
+        except ImportError:
+            return None
+        self.stop_button = w.Button(description="Stop", icon="stop", button_style="danger")
+        self.stop_button.on_click(lambda _: self.stop())
+        self.status = w.HTML("running")
+        return w.VBox([BokehModel(self.figures), w.HBox([self.stop_button, self.status])])
+
+    def _loss_source(self, run_index: int, worker: str):
+        from bokeh.models import ColumnDataSource
+
+        key = (run_index, worker)
+        if key not in self.loss_sources:
+            source = ColumnDataSource({"step": [], "loss": []})
+            color = PALETTE[len(self.loss_sources) % len(PALETTE)]
+            label = self.runs[run_index].history.name + ("" if worker == "all" else f" · {worker}")
+            self.loss_fig.line("step", "loss", source=source, color=color, legend_label=label,
+                               line_width=1.5)
+            self.loss_fig.legend.location = "top_right"
+            self.loss_fig.legend.label_text_font_size = "9px"
+            self.loss_sources[key] = source
+        return self.loss_sources[key]
+
+    def _push(self) -> None:
+        stale_changed = False
+        for i, run in enumerate(self.runs):
+            new = run.history.since(self.seen[i])
+            if not new:
+                continue
+            self.seen[i] += len(new)
+            by_worker: dict[str, dict] = {}
+            for record in new:
+                data = by_worker.setdefault(record.worker, {"step": [], "loss": []})
+                data["step"].append(record.step)
+                data["loss"].append(max(record.loss, 1e-12))
+                if run.history.loop == "async":
+                    self._staleness[record.staleness] += 1
+                    stale_changed = True
+                self._recent[i].append((record.time_s, record.examples))
+            for worker, data in by_worker.items():
+                self._loss_source(i, worker).stream(data, rollover=ROLLOVER)
+            recent = self._recent[i]
+            now = recent[-1][0]
+            while recent and recent[0][0] < now - THROUGHPUT_WINDOW_S:
+                recent.popleft()
+            span = now - recent[0][0] if len(recent) > 1 else 0
+            if span > 0:
+                speed = sum(e for _, e in list(recent)[1:]) / span
+                self.speed_sources[i].stream({"time": [now], "speed": [speed]}, rollover=ROLLOVER)
+        if stale_changed:
+            keys = sorted(self._staleness)
+            self.stale_source.data = {"left": [k - 0.4 for k in keys], "right": [k + 0.4 for k in keys],
+                                      "count": [self._staleness[k] for k in keys]}
+
+    def _update_loop(self) -> None:
+        while not self._closed.is_set():
+            finished = all(run.done for run in self.runs)
+            self._push()
+            if finished:
+                break
+            self._closed.wait(self.interval_s)
+        self._push()
+        if self.widget is not None:
+            errors = [f"{run.history.name}: {run.error}" for run in self.runs if run.error]
+            summaries = [run.history.summary() for run in self.runs]
+            self.status.value = "<br>".join(errors or summaries)
+            self.stop_button.disabled = True
