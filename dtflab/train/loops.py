@@ -8,6 +8,7 @@ seconds per step (a straggler, sleeping on the task itself).
 
 from __future__ import annotations
 
+import concurrent.futures
 import re
 import threading
 import time
@@ -138,13 +139,19 @@ def _sync_loop(history, session, fetch, feeds, problem, steps, seed, callbacks, 
     started = time.perf_counter()
     for callback in callbacks:
         callback.on_run_start(history)
+    # The next step's batch is made while this step runs (session.run releases the GIL).
+    prefetch = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dtflab-feed")
+    upcoming = prefetch.submit(feeds, 0)
     try:
         for step in range(steps):
             if stop_event.is_set():
                 history.stopped_early = True
                 break
+            feed = upcoming.result()
+            if step + 1 < steps:
+                upcoming = prefetch.submit(feeds, step + 1)
             try:
-                loss = run_step(session, fetch, feeds(step), cluster)
+                loss = run_step(session, fetch, feed, cluster)
             except tf.errors.OpError as error:
                 job, index = failed_task(cluster, error)
                 message = f"{job}:{index} failed during step {step}: {type(error).__name__}"
@@ -157,6 +164,7 @@ def _sync_loop(history, session, fetch, feeds, problem, steps, seed, callbacks, 
             for callback in callbacks:
                 callback.on_step(history, record)
     finally:
+        prefetch.shutdown(wait=True, cancel_futures=True)
         _close(session, failed=bool(history.failures))
         _finish(history, started, callbacks)
 
