@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--workers", help="number of worker tasks")
     start.add_argument("--jobs", help="any jobs and counts, e.g. master=1,ps=2")
     start.add_argument("--spec", help="the 2016 cluster spec, e.g. 'master|localhost:2222,ps|localhost:2223'")
+    start.add_argument("--scheduler", help="an existing Dask scheduler, e.g. tcp://10.0.0.5:8786")
     start.add_argument("--timeout", type=float, default=60.0,
                        help="seconds to wait for every task to listen (default 60)")
     return parser
@@ -45,7 +46,8 @@ def run_cluster(args) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
         cluster = start_cluster(args.n, backend=args.backend, ps=args.ps, workers=args.workers,
-                                jobs=args.jobs, spec=args.spec, timeout=args.timeout)
+                                jobs=args.jobs, spec=args.spec, timeout=args.timeout,
+                                scheduler=args.scheduler)
     except (ValueError, DtflabError) as exc:
         print(f"dtflab: error: {exc}", file=sys.stderr)
         return 2

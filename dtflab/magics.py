@@ -18,7 +18,7 @@ from dtflab.cluster.spec import parse_count
 from dtflab.errors import NotSupportedError, did_you_mean
 
 COMMANDS = ("start", "status", "stop", "kill", "restart", "spec", "logs")
-START_ONLY = ("backend", "ps", "workers", "jobs", "spec", "replace", "timeout")
+START_ONLY = ("backend", "ps", "workers", "jobs", "spec", "replace", "timeout", "scheduler")
 
 
 @magics_class
@@ -46,6 +46,8 @@ class ClusterMagics(Magics):
     @argument("--replace", action="store_true",
               help="start: stop the running cluster of that name first")
     @argument("--timeout", help="start: seconds to wait for every task to listen (default 60)")
+    @argument("--scheduler", help="start: an existing Dask scheduler, e.g. tcp://10.0.0.5:8786 "
+                                  "(implies --backend dask)")
     @line_magic
     def dtf_cluster(self, line: str = ""):
         """Start, inspect, break and stop a TensorFlow cluster of task servers.
@@ -80,7 +82,7 @@ class ClusterMagics(Magics):
 
     def _start(self, args):
         options = dict(backend=args.backend, ps=args.ps, workers=args.workers, jobs=args.jobs,
-                       spec=args.spec)
+                       spec=args.spec, scheduler=args.scheduler)
         if args.timeout is not None:
             try:
                 options["timeout"] = float(args.timeout)
@@ -215,7 +217,7 @@ def _split(line: str) -> list[str]:
 def line_tail(args) -> str:
     """The start arguments, as the user would retype them."""
     parts = [args.task] if args.task else []
-    for option in ("backend", "ps", "workers", "jobs", "spec", "timeout"):
+    for option in ("backend", "ps", "workers", "jobs", "spec", "timeout", "scheduler"):
         value = getattr(args, option)
         if value is not None:
             parts.append(f"--{option} {shlex.quote(str(value))}")

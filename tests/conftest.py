@@ -24,12 +24,19 @@ def wait_until(condition, timeout: float = 5.0, interval: float = 0.05) -> bool:
     return bool(condition())
 
 
+#: Python's multiprocessing starts one resource tracker per process (here for Dask's spawned
+#: workers) and keeps it until that process exits, by design: not something a test left.
+PROCESS_SINGLETONS = ("multiprocessing.resource_tracker",)
+
+
 def _children() -> dict[int, str]:
     out = {}
     for child in psutil.Process().children(recursive=True):
         try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                out[child.pid] = " ".join(child.cmdline()[:6])
+            command = " ".join(child.cmdline()[:6])
+            if child.status() != psutil.STATUS_ZOMBIE and not any(
+                    name in command for name in PROCESS_SINGLETONS):
+                out[child.pid] = command
         except psutil.Error:
             pass
     return out

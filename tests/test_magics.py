@@ -84,7 +84,7 @@ def test_no_argument_prints_help(ip, capsys):
     ("start 0", r"task count must be at least 1, got 0"),
     ("start -3", r"task count must be at least 1, got -3"),
     ("start 100000", r"more than the 64 task servers"),
-    ("start 3 --backend dsak", r"unknown backend 'dsak'; choose one of: inprocess, local"),
+    ("start 3 --backend dsak", r"unknown backend 'dsak' \(did you mean 'dask'\?\); choose one of: dask, inprocess, local"),
     ("start --ps -1", r"ps must be at least 0, got -1"),
     ("start --workers two", r"workers must be a whole number, got 'two'"),
     ("start 3 --ps 1", r"give only one of a task count, ps/workers, jobs or spec"),

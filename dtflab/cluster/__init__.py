@@ -13,10 +13,11 @@ DEFAULT_BACKEND = "local"
 
 
 def _backends() -> dict[str, type[Cluster]]:
+    from dtflab.cluster.dask import DaskCluster
     from dtflab.cluster.inprocess import InProcessCluster
     from dtflab.cluster.local import LocalCluster
 
-    return {"inprocess": InProcessCluster, "local": LocalCluster}
+    return {"dask": DaskCluster, "inprocess": InProcessCluster, "local": LocalCluster}
 
 
 def backend_names() -> list[str]:
@@ -24,10 +25,16 @@ def backend_names() -> list[str]:
 
 
 def check_request(n=None, *, backend=None, ps=None, workers=None, jobs=None, spec=None,
-                  timeout: float = 60.0):
+                  timeout: float = 60.0, scheduler=None, client=None):
     """The backend class and layout for a start request, or a ValueError; starts nothing."""
     backends = _backends()
-    name = DEFAULT_BACKEND if backend is None else backend
+    on_dask = scheduler is not None or client is not None
+    name = ("dask" if on_dask else DEFAULT_BACKEND) if backend is None else backend
+    if on_dask and name != "dask":
+        raise ValueError(f"a Dask scheduler or client needs --backend dask, not {name!r}")
+    if scheduler is not None and not (isinstance(scheduler, str) and "://" in scheduler):
+        raise ValueError(f"bad Dask scheduler address {scheduler!r}; write it as tcp://host:port, "
+                         f"e.g. tcp://127.0.0.1:8786")
     if name not in backends:
         raise ValueError(f"unknown backend {backend!r}{did_you_mean(backend, backends)}; "
                          f"choose one of: {', '.join(sorted(backends))}")
@@ -38,20 +45,27 @@ def check_request(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
 
 def start_cluster(n=None, *, backend=None, ps=None, workers=None, jobs=None, spec=None,
                   timeout: float = 60.0, inter_op_threads: int | None = None,
-                  intra_op_threads: int | None = None) -> Cluster:
+                  intra_op_threads: int | None = None, scheduler: str | None = None,
+                  client=None) -> Cluster:
     """Start a cluster of TensorFlow task servers and return it once every task listens.
 
     In [1]: cluster = dtflab.start_cluster(3)                  # ps:0, worker:0, worker:1
     In [2]: cluster = dtflab.start_cluster(jobs="master=1,ps=2", backend="inprocess")
     In [3]: cluster = dtflab.start_cluster(spec="master|localhost:2222,ps|localhost:2223")
 
+    In [4]: cluster = dtflab.start_cluster(3, backend="dask", scheduler="tcp://10.0.0.5:8786")
+
     Give one of ``n``, ``ps``/``workers``, ``jobs`` or ``spec``; ports are chosen at run time
-    unless ``spec`` names them. ``timeout`` (seconds) bounds the wait for every task to listen.
+    unless ``spec`` names them. ``timeout`` (seconds) bounds the wait for every task to listen
+    (and, on Dask, for enough workers). ``scheduler`` (an address) or ``client`` (a
+    ``dask.distributed.Client``) put the tasks on an existing Dask cluster.
     """
     cluster_class, layout = check_request(n, backend=backend, ps=ps, workers=workers, jobs=jobs,
-                                          spec=spec, timeout=timeout)
+                                          spec=spec, timeout=timeout, scheduler=scheduler,
+                                          client=client)
+    options = dict(scheduler=scheduler, client=client) if cluster_class.backend == "dask" else {}
     cluster = cluster_class(layout, timeout=timeout, inter_op_threads=inter_op_threads,
-                            intra_op_threads=intra_op_threads)
+                            intra_op_threads=intra_op_threads, **options)
     return cluster.start()
 
 

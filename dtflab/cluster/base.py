@@ -150,13 +150,13 @@ class Cluster:
     @property
     def tasks(self) -> list[TaskInfo]:
         """A snapshot of every task (state and memory read now)."""
-        from dtflab.cluster.memory import proportional_mb
-
         infos = []
+        with self._lock:
+            self._poll()
         for job, addresses in self.addresses.items():
             for index, address in enumerate(addresses):
                 state, pid = self._task_state(job, index)
-                memory = proportional_mb(pid) if pid and state is TaskState.RUNNING else None
+                memory = self._task_memory(job, index, pid) if state is TaskState.RUNNING else None
                 infos.append(TaskInfo(job, index, address, state, pid, memory,
                                       self._task_host(job, index)))
         return infos
@@ -219,6 +219,14 @@ class Cluster:
 
     def _task_host(self, job: str, index: int) -> str | None:
         return None
+
+    def _poll(self) -> None:
+        """Refresh what ``_task_state`` reads, once per ``tasks`` (remote backends batch here)."""
+
+    def _task_memory(self, job: str, index: int, pid: int | None) -> float | None:
+        from dtflab.cluster.memory import proportional_mb
+
+        return proportional_mb(pid) if pid else None
 
     def _kill_task(self, job: str, index: int) -> None:
         raise NotSupportedError(f"the {self.backend} backend cannot kill {job}:{index}")

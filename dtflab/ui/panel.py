@@ -8,6 +8,7 @@ import functools
 NOTES = {
     "inprocess": "In-process servers cannot be killed or restarted, and keep their ports "
                  "until the kernel exits.",
+    "dask": "Each task runs as a child process of the Dask worker named in the host column.",
 }
 
 
@@ -28,7 +29,8 @@ def render_html(cluster) -> str:
     return _template("cluster.html.j2").render(
         backend=cluster.backend, tasks=tasks, summary=summary,
         show_pid=any(task.pid is not None for task in tasks) or cluster.backend == "local",
-        show_host=any(task.host for task in tasks), note=NOTES.get(cluster.backend, ""))
+        show_host=any(task.host for task in tasks), note=NOTES.get(cluster.backend, ""),
+        dashboard=getattr(cluster, "dashboard_link", None))
 
 
 def ClusterPanel(cluster):
