@@ -12,13 +12,12 @@ import dtflab
 from dtflab import train
 from dtflab.cluster.task import TaskState
 from dtflab.errors import DtflabError
+from dtflab.tracing import short_device
+from dtflab.tracing.examples import exp_regression as exp_regression_graph
 
 from conftest import wait_until
 
 pytestmark = pytest.mark.slow
-
-DASK = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
-
 
 def run_constant(target, device):
     from dtflab._quiet import import_tf
@@ -93,6 +92,14 @@ def test_an_external_cluster_trains_kills_restarts_and_survives_stop(external_da
         assert hosts == sorted(hosts) and len(set(hosts)) == 3  # roles by worker address
         history = train.model_parallel(train.exp_regression(), cluster, steps=150, seed=0)
         assert history.final_loss() < history.losses[0] / 5
+        built = exp_regression_graph("/job:ps/task:0", "/job:ps/task:1", "/job:worker/task:0")
+        from dtflab._quiet import import_tf
+
+        with import_tf().compat.v1.Session(cluster.target("worker"), graph=built.graph) as session:
+            session.run(built.init)
+            step = dtflab.trace(session, built.loss, built.feed)
+        assert {(short_device(a), short_device(b)): n for (a, b), n in step.bytes_between().items()} == {
+            ("ps:0", "worker:0"): 2240, ("ps:1", "worker:0"): 196}
         old_pid = cluster.tasks[2].pid
         cluster.kill("worker:0")
         assert cluster.tasks[2].state is TaskState.KILLED
