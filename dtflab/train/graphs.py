@@ -67,14 +67,34 @@ def model_parallel_graph(problem, plan, seed: int) -> TrainGraph:
     return TrainGraph(graph, init, train, loss, (x, t), variables=variables)
 
 
-def sync_graph(problem, plan, workers: list[str], seed: int, slow: dict | None = None) -> TrainGraph:
+def _encode(tf, gradient, bits: int, device: str):
+    """A gradient as it goes on the wire: float16, or int8 with one float32 scale."""
+    with tf.device(device), tf.name_scope("encode"):
+        if bits == 16:
+            return tf.cast(gradient, tf.float16)
+        scale = tf.maximum(tf.reduce_max(tf.abs(gradient)), 1e-12) / 127.0
+        return tf.cast(tf.round(gradient / scale), tf.int8), scale
+
+
+def _decode(tf, encoded, bits: int):
+    if bits == 16:
+        return tf.cast(encoded, tf.float32)
+    quantized, scale = encoded
+    return tf.cast(quantized, tf.float32) * scale
+
+
+def sync_graph(problem, plan, workers: list[str], seed: int, slow: dict | None = None,
+               gradient_bits: int = 32) -> TrainGraph:
     """A tower per worker on its slice of the batch; the towers' gradients are combined on
     the variables' devices and applied once.
 
     The loss sums over examples, so the full batch's gradient is the *sum* of the towers'
     gradients (their average times the number of towers): with the same seed and global batch
-    this step equals the single-process step up to float rounding.
+    this step equals the single-process step up to float rounding. ``gradient_bits`` 16 or 8
+    sends each tower's gradients as float16, or as int8 scaled by their largest magnitude.
     """
+    if gradient_bits not in (32, 16, 8):
+        raise ValueError(f"gradient_bits must be 32, 16 or 8, got {gradient_bits!r}")
     tf = import_tf()
     graph = tf.Graph()
     with graph.as_default():
@@ -90,9 +110,14 @@ def sync_graph(problem, plan, workers: list[str], seed: int, slow: dict | None =
                     loss = problem.loss(problem.forward(variables, x), t)
                 tower_grads.append(tf.gradients(loss, variables))
             towers.append(Tower(device, x, t, loss))
+        if gradient_bits != 32:  # encoded on each worker, decoded beside each variable
+            tower_grads = [[_encode(tf, g, gradient_bits, device) for g in grads]
+                           for grads, device in zip(tower_grads, workers)]
         combined = []
         for variable, grads in zip(variables, zip(*tower_grads)):
             with tf.device(variable.device), tf.name_scope("combine"):
+                if gradient_bits != 32:
+                    grads = [_decode(tf, g, gradient_bits) for g in grads]
                 combined.append((tf.add_n(list(grads)), variable))
         with plan.scope():
             train = optimizer.apply_gradients(combined)

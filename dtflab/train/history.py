@@ -33,6 +33,7 @@ class RunHistory:
     failures: list[str] = field(default_factory=list)  # "worker:1 failed: ..." lines
     stopped_early: bool = False
     wall_s: float = 0.0
+    trace: object = None  # the StepTrace of the step asked for with trace_step=, if any
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, record: StepRecord) -> None:

@@ -133,8 +133,9 @@ def _launch(history, body, background: bool, stop_event: threading.Event):
 
 
 def _sync_loop(history, session, fetch, feeds, problem, steps, seed, callbacks, stop_event,
-               cluster, worker_name="all"):
-    """Run ``steps`` synchronous steps; ``feeds(step)`` gives each step's feed dict."""
+               cluster, worker_name="all", trace_step=None):
+    """Run ``steps`` synchronous steps; ``feeds(step)`` gives each step's feed dict. Step
+    ``trace_step`` is traced (``history.trace``); the others are not."""
     tf = import_tf()
     started = time.perf_counter()
     for callback in callbacks:
@@ -151,7 +152,13 @@ def _sync_loop(history, session, fetch, feeds, problem, steps, seed, callbacks, 
             if step + 1 < steps:
                 upcoming = prefetch.submit(feeds, step + 1)
             try:
-                loss = run_step(session, fetch, feed, cluster)
+                if step == trace_step:
+                    from dtflab.tracing.capture import trace
+
+                    history.trace = trace(session, fetch, feed)
+                    loss = history.trace.result
+                else:
+                    loss = run_step(session, fetch, feed, cluster)
             except tf.errors.OpError as error:
                 job, index = failed_task(cluster, error)
                 message = f"{job}:{index} failed during step {step}: {type(error).__name__}"
@@ -187,7 +194,8 @@ def _close(session, failed: bool = False) -> None:
 
 
 def single(problem, *, steps: int = 200, seed: int = 0, cluster=None, device: str | None = None,
-           background: bool = False, callbacks=(), name: str | None = None):
+           background: bool = False, callbacks=(), name: str | None = None,
+           trace_step: int | None = None):
     """One process does everything (no cluster), or one task does (``cluster`` + ``device``)."""
     built = graphs.single_graph(problem, seed, device)
     target = cluster.target(*_task_name(device).split(":")) if cluster is not None and device else ""
@@ -203,7 +211,7 @@ def single(problem, *, steps: int = 200, seed: int = 0, cluster=None, device: st
 
     fetch = _with_train(built)
     body = lambda: _sync_loop(history, session, fetch, feeds, problem, steps, seed, callbacks,
-                              stop, cluster)
+                              stop, cluster, trace_step=trace_step)
     return _launch(history, body, background, stop)
 
 
@@ -215,7 +223,8 @@ def _with_train(built):
 
 
 def model_parallel(problem, cluster, plan: PlacementPlan | None = None, *, steps: int = 200,
-                   seed: int = 0, background: bool = False, callbacks=(), name: str | None = None):
+                   seed: int = 0, background: bool = False, callbacks=(), name: str | None = None,
+                   trace_step: int | None = None):
     """Variables spread over the ps tasks by layer (or by ``plan``); compute on one task."""
     plan = plan or PlacementPlan.by_layer(cluster, job="ps")
     built = graphs.model_parallel_graph(problem, plan, seed)
@@ -232,7 +241,7 @@ def model_parallel(problem, cluster, plan: PlacementPlan | None = None, *, steps
 
     fetch = _with_train(built)
     body = lambda: _sync_loop(history, session, fetch, feeds, problem, steps, seed, callbacks,
-                              stop, cluster)
+                              stop, cluster, trace_step=trace_step)
     return _launch(history, body, background, stop)
 
 
@@ -254,13 +263,15 @@ def _ps_plan(cluster):
 
 def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
                        workers: int | None = None, slow: dict | None = None,
-                       background: bool = False, callbacks=(), name: str | None = None):
+                       background: bool = False, callbacks=(), name: str | None = None,
+                       trace_step: int | None = None, gradient_bits: int = 32):
     """A tower per worker on its slice of each global batch; gradients combined on the ps,
-    applied once. A dead worker ends the run with a TaskError naming it."""
+    applied once. A dead worker ends the run with a TaskError naming it. ``gradient_bits``
+    16 or 8 sends gradients compressed (see graphs.sync_graph)."""
     devices = _workers(cluster, workers)
     plan = _ps_plan(cluster)
     slow_devices = {_device(task): seconds for task, seconds in (slow or {}).items()}
-    built = graphs.sync_graph(problem, plan, devices, seed, slow_devices)
+    built = graphs.sync_graph(problem, plan, devices, seed, slow_devices, gradient_bits)
     job, index = _task_name(plan.compute).split(":")
     session = _session(cluster.target(job, int(index)), built.graph)
     session.run(built.init)
@@ -277,7 +288,7 @@ def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
 
     fetch = _with_train(built)
     body = lambda: _sync_loop(history, session, fetch, feeds, problem, steps, seed, callbacks,
-                              stop, cluster)
+                              stop, cluster, trace_step=trace_step)
     return _launch(history, body, background, stop)
 
 
