@@ -8,6 +8,7 @@ redirection cannot catch it. Here descriptors 1 and 2 are pointed at a file for 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import tempfile
@@ -45,15 +46,19 @@ def quiet_fds():
 
 
 def import_tf():
-    """``import tensorflow`` with its start-up logging silenced; returns the module.
+    """``import tensorflow`` with its logging silenced; returns the module.
 
-    Sets ``TF_CPP_MIN_LOG_LEVEL=2`` (warnings and info off) unless the user set it.
+    Unless the user set them: ``TF_CPP_MIN_LOG_LEVEL=3`` (C++ log lines off; errors still
+    reach Python as exceptions) and TensorFlow's Python logger at ERROR (no ``INFO:tensorflow``
+    lines from strategies and savers). Task processes log to their own files instead.
     """
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     with quiet_fds():
         import tensorflow as tf
+    if "TF_PYTHON_LOG_LEVEL" not in os.environ:
+        tf.get_logger().setLevel(logging.ERROR)
     return tf
 
 

@@ -111,7 +111,7 @@ class LocalCluster(Cluster):
             "--profiler_port", str(self.profiler_ports.get((job, index), 0)),
             "--ready_fd", str(ready_write), "--exit_with_parent",
         ]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="1")  # warnings to the log
         package_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         try:
