@@ -233,9 +233,13 @@ def _show(obj):
 
 
 def register(ipython) -> None:
-    """Register the magics and import TensorFlow quietly (its start-up lines stay hidden)."""
+    """Register the magics, import TensorFlow quietly (its start-up lines stay hidden) and,
+    in a notebook, load BokehJS into the page: widgets that embed Bokeh plots need it loaded
+    *before* they are displayed, which a later cell cannot guarantee."""
     from dtflab._quiet import import_tf
+    from dtflab.viz.output import load_bokehjs
 
     import_tf()
+    load_bokehjs()
     ipython.register_magics(ClusterMagics)
     ipython.register_magics(TraceMagics)

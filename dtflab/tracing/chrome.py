@@ -16,7 +16,8 @@ def chrome_trace(step: StepTrace, path=None) -> dict:
     """The trace as a dict in the Trace Event Format; written to ``path`` if given.
 
     One process per task, one thread per device, every op a complete ("X") event, and every
-    cross-task transfer a flow ("s" -> "f") from the end of the send to the end of the receive.
+    cross-task transfer a flow ("s" -> "f") from the end of its producer to the end of the
+    receiving RPC (or, where TF recorded no RPC, to the first op that used the tensor).
     Times are microseconds from the step start.
     """
     tasks = sorted({_task(d) for d in step.devices})
@@ -37,13 +38,18 @@ def chrome_trace(step: StepTrace, path=None) -> dict:
                            "pid": pids[_task(device)], "tid": tids[device],
                            "ts": timing.start_us, "dur": max(timing.duration_us, 0.001),
                            "args": {"op": timing.op, "device": device}})
-    sends = {(t.device, t.name): t for timings in step.timings.values() for t in timings}
+    ops = {(t.device, t.name): t for timings in step.timings.values() for t in timings}
     for number, transfer in enumerate(step.transfers, start=1):
-        if transfer.start_us is None:
+        producer = ops.get((transfer.src_device, transfer.producer))
+        consumers = [ops[transfer.dst_device, c] for c in transfer.consumers
+                     if (transfer.dst_device, c) in ops]
+        if transfer.start_us is not None:  # the receiver's RPC record
+            end = transfer.start_us + (transfer.duration_us or 0)
+        elif consumers:  # TF does not always record the RPC: the first use of the tensor
+            end = min(c.start_us for c in consumers)
+        else:
             continue
-        producer = sends.get((transfer.src_device, transfer.producer))
-        begin = producer.end_us if producer else transfer.start_us
-        end = transfer.start_us + (transfer.duration_us or 0)
+        begin = producer.end_us if producer else end
         common = {"name": "transfer", "cat": "transfer", "id": number,
                   "args": {"tensor": transfer.tensor_name, "bytes": transfer.nbytes,
                            "shape": list(transfer.shape or ()), "dtype": transfer.dtype}}

@@ -41,7 +41,8 @@ class Transfer:
     ``tensor_name`` is the producer's output (``layer2/MatMul/ReadVariableOp:0``); ``key`` is
     TensorFlow's rendezvous name for it. ``start_us`` and ``duration_us`` come from the
     receiving task's ``RecvTensor`` record (the RPC), relative to the step start; ``None``
-    where the step stats have none (transfers between devices of one task).
+    where the step stats have none: transfers between devices of one task, and now and then
+    (seen under load) a cross-task RPC that TensorFlow did not record.
     """
 
     key: str

@@ -29,6 +29,7 @@ class RunHistory:
 
     name: str
     loop: str
+    workers: list[str] = field(default_factory=lambda: ["all"])  # who adds records
     records: list[StepRecord] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)  # "worker:1 failed: ..." lines
     stopped_early: bool = False

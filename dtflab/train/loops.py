@@ -305,7 +305,8 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
     built = graphs.async_graph(problem, plan, devices, seed, slow_devices)
     sessions = [_session(cluster.target(*_split(_task_name(d))), built.graph) for d in devices]
     sessions[0].run(built.init)
-    history = RunHistory(name or f"async parameter server ({len(devices)} workers)", "async")
+    history = RunHistory(name or f"async parameter server ({len(devices)} workers)", "async",
+                         workers=[_task_name(d) for d in devices])
     stop = threading.Event()
 
     def worker_loop(i, session, tower, started):

@@ -72,7 +72,7 @@ def ps_strategy(problem, cluster, *, steps: int = 200, seed: int = 0, background
         return strategy.run(replica, args=(x, t))
 
     history = RunHistory(name or f"ParameterServerStrategy ({len(cluster.addresses['worker'])} workers)",
-                         "ps_strategy")
+                         "ps_strategy", workers=["any worker"])
     stop = threading.Event()
 
     def body():

@@ -119,4 +119,10 @@ class PlacementEditor:
     def _ipython_display_(self):
         from IPython.display import display
 
+        from dtflab.viz.output import load_bokehjs
+
+        # The embedded BokehModel renders with the page's BokehJS. %load_ext dtflab loads it
+        # in an earlier cell; loading it here, in the same output, can lose the race.
+        load_bokehjs()
+
         display(self.widget)

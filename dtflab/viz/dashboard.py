@@ -49,6 +49,11 @@ class Dashboard:
             self.speed_fig.line("time", "speed", source=source, color=PALETTE[i % len(PALETTE)],
                                 legend_label=run.history.name, line_width=2)
         self.speed_fig.legend.location = "bottom_right"
+        # Every line exists before the figure is shown: renderers added to a displayed
+        # BokehModel never reach the page (only changes to existing sources do).
+        for i, run in enumerate(runs):
+            for worker in run.history.workers:
+                self._loss_source(i, worker)
         self.seen = [0] * len(runs)
         self._staleness = collections.Counter()
         self._recent = [collections.deque() for _ in runs]
@@ -76,6 +81,12 @@ class Dashboard:
 
     def _ipython_display_(self):
         from IPython.display import display
+
+        from dtflab.viz.output import load_bokehjs
+
+        # The embedded BokehModel renders with the page's BokehJS. %load_ext dtflab loads it
+        # in an earlier cell; loading it here, in the same output, can lose the race.
+        load_bokehjs()
 
         display(self.widget if self.widget is not None else self.figures)
 

@@ -18,14 +18,30 @@ def in_notebook() -> bool:
 
 def show(obj) -> None:
     """Inline in a Jupyter kernel (JupyterLab needs jupyter_bokeh, a dtflab dependency);
-    elsewhere Bokeh opens a browser tab."""
-    global _notebook_ready
-    from bokeh.io import output_notebook, show as bokeh_show
+    elsewhere Bokeh opens a browser tab.
 
-    if in_notebook() and not _notebook_ready:
-        output_notebook(hide_banner=True)
-        _notebook_ready = True
+    BokehJS is inlined into the notebook rather than fetched from Bokeh's CDN: classrooms,
+    hubs and CI machines often cannot reach it (the plot then fails with a JS timeout).
+    """
+    from bokeh.io import show as bokeh_show
+
+    load_bokehjs()
     bokeh_show(obj)
+
+
+def load_bokehjs() -> None:
+    """Load BokehJS (inlined) into the notebook page, once per kernel.
+
+    Needed before showing a plot, and before displaying a widget that embeds one
+    (``jupyter_bokeh.BokehModel`` uses the page's BokehJS: without it, its view fails).
+    """
+    global _notebook_ready
+    if in_notebook() and not _notebook_ready:
+        from bokeh.io import output_notebook
+        from bokeh.resources import INLINE
+
+        output_notebook(resources=INLINE, hide_banner=True)
+        _notebook_ready = True
 
 
 def save_html(obj, path, title: str = "dtflab") -> str:

@@ -1,0 +1,193 @@
+"""What a person sees: JupyterLab in headless Chromium runs the tutorials.
+
+Starts `jupyter lab` on 127.0.0.1 (temporary config, token, root), drives Debian's chromium
+through Playwright (``executable_path``: no test tool downloads a browser), runs every cell
+and checks the cluster panel, the step views, the live loss plot and its Stop button, and
+the browser console. Screenshots go to the folder printed at the start of the tier
+(``DTFLAB_SCREENSHOTS``, default ``./screenshots``).
+"""
+
+import io
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import free_ports, wait_until
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parents[1]
+SHOTS = Path(os.environ.get("DTFLAB_SCREENSHOTS", ROOT / "screenshots"))
+BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+if not Path(CHROMIUM).exists():
+    pytestmark.append(pytest.mark.skip(
+        reason=f"BROWSER TIER NOT RUN: no chromium at {CHROMIUM}; install it with "
+               f"`apt-get install chromium` (.ci/run does)"))
+
+LIVE_CELL = """# (added by the browser test) a long run to watch, stopped with the Stop button
+live = train.async_parameter_server(problem, dtflab.start_cluster(ps=1, workers=2, backend="inprocess"),
+                                    steps=1_000_000, background=True, name="live")
+live_dashboard = Dashboard(live, interval_s=0.25)
+live_dashboard"""
+
+ALL_EXECUTED = """() => { const nb = window.jupyterapp.shell.currentWidget;
+    const cells = nb.content.widgets.filter(c => c.model.type === 'code');
+    return nb.sessionContext.session.kernel.status === 'idle'
+        && cells.every(c => c.model.executionCount !== null); }"""
+KERNEL_IDLE = """() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+    const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+    return !!k && k.status === 'idle'; }"""
+ERROR_OUTPUTS = """() => window.jupyterapp.shell.currentWidget.content.widgets
+    .filter(c => c.model.type === 'code')
+    .flatMap(c => c.model.outputs.toJSON())
+    .filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue)"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def announce_screenshots():
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    print(f"\nbrowser tier: screenshots in {SHOTS}")
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A JupyterLab server on 127.0.0.1 with a copy of the notebooks; stopped afterwards."""
+    root, config = tmp_path / "root", tmp_path / "config"
+    shutil.copytree(ROOT / "notebooks", root / "notebooks")
+    (config / "labconfig").mkdir(parents=True)
+    (config / "labconfig" / "page_config.json").write_text(json.dumps(
+        {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
+    (port,), token = free_ports(1), secrets.token_hex(16)
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               IPYTHONDIR=str(tmp_path / "ipython"))
+    log = open(tmp_path / "lab.log", "wb")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+         f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True",
+         "--ServerApp.allow_root=True"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+
+    def up():
+        try:
+            return urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2).status == 200
+        except OSError:
+            return False
+
+    try:
+        assert wait_until(up, timeout=90), (tmp_path / "lab.log").read_text()[-3000:]
+        yield url, token, root
+    finally:
+        server.terminate()  # shuts its kernels down; their task processes follow them
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+@pytest.fixture
+def page():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.console_errors = []
+        page.on("console", lambda m: m.type == "error" and page.console_errors.append(m.text))
+        page.on("pageerror", lambda e: page.console_errors.append(str(e)))
+        yield page
+        browser.close()
+
+
+def open_and_run_all(page, url, token, notebook):
+    page.goto(f"{url}/lab/tree/notebooks/{notebook}?token={token}")
+    page.wait_for_selector(".jp-Notebook", timeout=90_000)
+    page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    page.wait_for_function(ALL_EXECUTED, timeout=600_000, polling=1000)
+    assert page.evaluate(ERROR_OUTPUTS) == []
+
+
+def ink(png: bytes) -> int:
+    """How many pixels of a screenshot are not (near) white: 0 means nothing was drawn."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("L")
+    return sum(1 for value in image.getdata() if value < 200)
+
+
+def cell_containing(page, text):
+    index = page.evaluate("""(text) => window.jupyterapp.shell.currentWidget.content.widgets
+        .findIndex(c => c.model.sharedModel.getSource().includes(text))""", text)
+    assert index >= 0, f"no cell contains {text!r}"
+    return page.locator(".jp-Notebook .jp-Cell").nth(index)
+
+
+def test_quickstart_shows_the_cluster_panel_row_by_row(lab, page):
+    url, token, _ = lab
+    open_and_run_all(page, url, token, "00_quickstart.ipynb")
+    panel = cell_containing(page, "%dtf_cluster start 3").locator(".dtflab-cluster-panel").first
+    panel.scroll_into_view_if_needed()
+    rows = panel.locator("tr.dtflab-task")
+    assert rows.count() == 3
+    assert [rows.nth(i).get_attribute("data-task") for i in range(3)] == ["ps:0", "worker:0", "worker:1"]
+    # The notebook ended by stopping this cluster: the panel followed.
+    assert {rows.nth(i).get_attribute("data-state") for i in range(3)} == {"stopped"}
+    legacy_cell = cell_containing(page, "--name legacy")
+    legacy_cell.scroll_into_view_if_needed()
+    legacy = legacy_cell.locator("tr.dtflab-task")
+    assert legacy.count() == 3
+    assert {legacy.nth(i).get_attribute("data-state") for i in range(3)} == {"running"}
+    assert legacy.first.locator("td.dtflab-state").text_content().strip() == "running"
+    panel.screenshot(path=str(SHOTS / "cluster_panel.png"))
+    cell_containing(page, "--name legacy").screenshot(path=str(SHOTS / "cluster_panel_running.png"))
+    assert page.console_errors == []
+
+
+def test_data_parallel_views_render_and_the_live_plot_streams_until_stopped(lab, page):
+    url, token, root = lab
+    path = root / "notebooks" / "03_sync_data_parallelism.ipynb"
+    notebook = json.loads(path.read_text())
+    notebook["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                              "source": LIVE_CELL})
+    path.write_text(json.dumps(notebook))
+    open_and_run_all(page, url, token, path.name)
+
+    views = cell_containing(page, "step.show()")
+    views.scroll_into_view_if_needed()
+    page.wait_for_timeout(1000)
+    assert views.locator("canvas").count() >= 3  # partition graph, timeline, transfer matrix
+    shot = views.locator(".jp-OutputArea").screenshot(path=str(SHOTS / "step_views.png"))
+    assert ink(shot) > 20_000, "the partition graph and timeline drew nothing"
+
+    live = cell_containing(page, "added by the browser test")
+    live.scroll_into_view_if_needed()
+    plot = live.locator("canvas").first
+    plot.wait_for(timeout=60_000)
+    page.wait_for_timeout(1500)  # let the first render finish: compare drawn states only
+    first = plot.screenshot()
+    assert wait_until(lambda: plot.screenshot() != first, timeout=30, interval=0.5), \
+        "the live loss plot did not change while training ran"
+    live.screenshot(path=str(SHOTS / "live_dashboard.png"))
+    live.get_by_role("button", name="Stop").click()
+    status = live.locator(".widget-html-content").last
+    assert wait_until(lambda: "steps in" in status.inner_text(), timeout=60), status.inner_text()
+    assert live.get_by_role("button", name="Stop").is_disabled()
+    page.wait_for_timeout(1000)
+    still = plot.screenshot()
+    page.wait_for_timeout(1500)
+    assert plot.screenshot() == still, "the plot kept changing after Stop"
+    live.screenshot(path=str(SHOTS / "live_dashboard_stopped.png"))
+    assert page.console_errors == []
