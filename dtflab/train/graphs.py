@@ -43,22 +43,19 @@ def delay_op(seconds: float):
 
 def single_graph(problem, seed: int, device: str | None = None) -> TrainGraph:
     """Everything in one place (``device=None``: wherever the session runs)."""
-    tf = import_tf()
-    graph = tf.Graph()
-    with graph.as_default(), tf.device(device):
-        x, t = problem.placeholders()
-        variables = problem.create_variables(seed)
-        loss = problem.loss(problem.forward(variables, x), t)
-        train = problem.optimizer().minimize(loss)
-        init = tf.compat.v1.global_variables_initializer()
-    return TrainGraph(graph, init, train, loss, (x, t), variables=variables)
+    return _one_replica_graph(problem, seed, lambda tf: tf.device(device))
 
 
 def model_parallel_graph(problem, plan, seed: int) -> TrainGraph:
     """Variables where ``plan`` puts them; every other op on ``plan.compute``."""
+    return _one_replica_graph(problem, seed, lambda tf: plan.scope())
+
+
+def _one_replica_graph(problem, seed: int, placement) -> TrainGraph:
+    """One copy of the model built under ``placement(tf)``, a device context."""
     tf = import_tf()
     graph = tf.Graph()
-    with graph.as_default(), plan.scope():
+    with graph.as_default(), placement(tf):
         x, t = problem.placeholders()
         variables = problem.create_variables(seed)
         loss = problem.loss(problem.forward(variables, x), t)

@@ -199,7 +199,25 @@ def single(problem, *, steps: int = 200, seed: int = 0, cluster=None, device: st
     """One process does everything (no cluster), or one task does (``cluster`` + ``device``)."""
     built = graphs.single_graph(problem, seed, device)
     target = cluster.target(*_task_name(device).split(":")) if cluster is not None and device else ""
-    history = RunHistory(name or "single", "single")
+    return _run_one_replica(built, target, RunHistory(name or "single", "single"), problem,
+                            steps, seed, cluster, background, callbacks, trace_step)
+
+
+def model_parallel(problem, cluster, plan: PlacementPlan | None = None, *, steps: int = 200,
+                   seed: int = 0, background: bool = False, callbacks=(), name: str | None = None,
+                   trace_step: int | None = None):
+    """Variables spread over the ps tasks by layer (or by ``plan``); compute on one task."""
+    plan = plan or PlacementPlan.by_layer(cluster, job="ps")
+    built = graphs.model_parallel_graph(problem, plan, seed)
+    job, index = _task_name(plan.compute).split(":")
+    history = RunHistory(name or "model parallel", "model_parallel")
+    return _run_one_replica(built, cluster.target(job, int(index)), history, problem, steps, seed,
+                            cluster, background, callbacks, trace_step)
+
+
+def _run_one_replica(built, target, history, problem, steps, seed, cluster, background,
+                     callbacks, trace_step):
+    """The loop shared by single and model parallel: one copy of the model, one session."""
     session = _session(target, built.graph)
     session.run(built.init)
     x, t = built.inputs
@@ -220,29 +238,6 @@ def _with_train(built):
     tf = import_tf()
     with built.graph.as_default(), tf.control_dependencies([built.train]):
         return tf.identity(built.loss)
-
-
-def model_parallel(problem, cluster, plan: PlacementPlan | None = None, *, steps: int = 200,
-                   seed: int = 0, background: bool = False, callbacks=(), name: str | None = None,
-                   trace_step: int | None = None):
-    """Variables spread over the ps tasks by layer (or by ``plan``); compute on one task."""
-    plan = plan or PlacementPlan.by_layer(cluster, job="ps")
-    built = graphs.model_parallel_graph(problem, plan, seed)
-    job, index = _task_name(plan.compute).split(":")
-    session = _session(cluster.target(job, int(index)), built.graph)
-    session.run(built.init)
-    x, t = built.inputs
-    history = RunHistory(name or "model parallel", "model_parallel")
-    stop = threading.Event()
-
-    def feeds(step):
-        xs, ts = problem.batch(step, seed)
-        return {x: xs, t: ts}
-
-    fetch = _with_train(built)
-    body = lambda: _sync_loop(history, session, fetch, feeds, problem, steps, seed, callbacks,
-                              stop, cluster, trace_step=trace_step)
-    return _launch(history, body, background, stop)
 
 
 def _workers(cluster, workers):
