@@ -1,5 +1,6 @@
 """The ``dtflab`` console command.
 
+$ dtflab lab                      # JupyterLab on the tutorials
 $ dtflab server --cluster_spec 'master|localhost:2222,ps|localhost:2223' --job_name master --task_index 0
 $ dtflab cluster start 3
 """
@@ -17,7 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
     from dtflab.cluster.server import build_parser as server_parser
 
     parser = argparse.ArgumentParser(prog="dtflab", description="Distributed TensorFlow task servers.")
-    commands = parser.add_subparsers(dest="command", metavar="{server,cluster}")
+    commands = parser.add_subparsers(dest="command", metavar="{lab,server,cluster}")
+    commands.add_parser("lab", help="open JupyterLab on the tutorial notebooks (extra arguments "
+                                    "go to jupyter lab, e.g. --no-browser --port 8899)")
     commands.add_parser("server", parents=[server_parser()], add_help=False,
                         help="run one task server with the 2016 flags (foreground)")
     cluster = commands.add_parser("cluster", help="run a whole cluster (foreground)")
@@ -72,9 +75,31 @@ def run_cluster(args) -> int:
     return 0
 
 
+def run_lab(extra: list[str]) -> int:
+    """JupyterLab on the clone's notebooks/; --allow-root only when running as root."""
+    import os
+    from pathlib import Path
+
+    notebooks = Path(__file__).resolve().parents[1] / "notebooks"
+    if not notebooks.is_dir():
+        print(f"dtflab: error: no tutorials at {notebooks}; run `dtflab lab` from an install made "
+              f"with `pip install -e .` in a clone of the repository", file=sys.stderr)
+        return 2
+    command = [sys.executable, "-m", "jupyterlab", str(notebooks), *extra]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        print("dtflab: running as root: passing --allow-root to jupyter lab", file=sys.stderr)
+        command.append("--allow-root")
+    os.execv(sys.executable, command)
+    return 0  # not reached
+
+
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "lab":
+        return run_lab(extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "server":
         from dtflab.cluster.server import serve
 

@@ -128,3 +128,28 @@ def test_cluster_start_bad_input_is_one_line_and_starts_nothing(argv, message):
     assert out.returncode == 2
     assert re.search(message, out.stderr), out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_lab_opens_jupyterlab_on_the_tutorials(tmp_path):
+    import urllib.request
+    import json as json_
+
+    (port,) = free_ports(1)
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
+    lab = subprocess.Popen(DTFLAB + ["lab", "--no-browser", f"--ServerApp.port={port}",
+                                     "--IdentityProvider.token=t", "--ServerApp.ip=127.0.0.1"],
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def listing():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/contents?token=t", timeout=2) as r:
+                    return [item["name"] for item in json_.load(r)["content"]]
+            except OSError:
+                return None
+
+        assert wait_until(lambda: listing() is not None, timeout=90)
+        assert "00_quickstart.ipynb" in listing()
+    finally:
+        lab.terminate()
+        lab.wait(timeout=30)
