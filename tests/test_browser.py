@@ -128,6 +128,16 @@ def ink(png: bytes) -> int:
     return sum(histogram[:200])
 
 
+def shot(page, locator, path=None) -> bytes:
+    """A screenshot of ``locator`` clipped from the page. Unlike ``locator.screenshot`` it does
+    not wait for the element to hold still: JupyterLab's windowed notebook keeps re-laying
+    cells out while a live plot below streams, which can stall that wait."""
+    locator.scroll_into_view_if_needed()
+    box = locator.bounding_box()
+    assert box and box["width"] > 0 and box["height"] > 0, "the element is not on the page"
+    return page.screenshot(path=path, clip=box)
+
+
 def cell_containing(page, text):
     index = page.evaluate("""(text) => window.jupyterapp.shell.currentWidget.content.widgets
         .findIndex(c => c.model.sharedModel.getSource().includes(text))""", text)
@@ -151,8 +161,8 @@ def test_quickstart_shows_the_cluster_panel_row_by_row(lab, page):
     assert legacy.count() == 3
     assert {legacy.nth(i).get_attribute("data-state") for i in range(3)} == {"running"}
     assert legacy.first.locator("td.dtflab-state").text_content().strip() == "running"
-    panel.screenshot(path=str(SHOTS / "cluster_panel.png"))
-    cell_containing(page, "--name legacy").screenshot(path=str(SHOTS / "cluster_panel_running.png"))
+    shot(page, panel, str(SHOTS / "cluster_panel.png"))
+    shot(page, legacy_cell, str(SHOTS / "cluster_panel_running.png"))
     assert page.console_errors == []
 
 
@@ -169,25 +179,27 @@ def test_data_parallel_views_render_and_the_live_plot_streams_until_stopped(lab,
     views.scroll_into_view_if_needed()
     page.wait_for_timeout(1000)
     assert views.locator("canvas").count() >= 3  # partition graph, timeline, transfer matrix
-    shot = views.locator(".jp-OutputArea").screenshot(path=str(SHOTS / "step_views.png"))
-    assert ink(shot) > 20_000, "the partition graph and timeline drew nothing"
+    drawn = shot(page, views.locator(".jp-OutputArea"), str(SHOTS / "step_views.png"))
+    assert ink(drawn) > 20_000, "the partition graph and timeline drew nothing"
 
     live = cell_containing(page, "added by the browser test")
     live.scroll_into_view_if_needed()
     plot = live.locator("canvas").first
     plot.wait_for(timeout=60_000)
     page.wait_for_timeout(1500)  # let the first render finish: compare drawn states only
-    first = plot.screenshot()
-    assert wait_until(lambda: plot.screenshot() != first, timeout=30, interval=0.5), \
+    first = shot(page, plot)
+    assert wait_until(lambda: shot(page, plot) != first, timeout=30, interval=0.5), \
         "the live loss plot did not change while training ran"
-    live.screenshot(path=str(SHOTS / "live_dashboard.png"))
+    shot(page, live, str(SHOTS / "live_dashboard.png"))
     live.get_by_role("button", name="Stop").click()
     status = live.locator(".widget-html-content").last
     assert wait_until(lambda: "steps in" in status.inner_text(), timeout=60), status.inner_text()
     assert live.get_by_role("button", name="Stop").is_disabled()
-    page.wait_for_timeout(1000)
-    still = plot.screenshot()
-    page.wait_for_timeout(1500)
-    assert plot.screenshot() == still, "the plot kept changing after Stop"
-    live.screenshot(path=str(SHOTS / "live_dashboard_stopped.png"))
+    def settled():  # the page may still be drawing the last update when Stop takes effect
+        before = shot(page, plot)
+        page.wait_for_timeout(1500)
+        return shot(page, plot) == before
+
+    assert wait_until(settled, timeout=15, interval=0.1), "the plot kept changing after Stop"
+    shot(page, live, str(SHOTS / "live_dashboard_stopped.png"))
     assert page.console_errors == []
