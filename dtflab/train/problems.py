@@ -54,18 +54,22 @@ class Problem:
             t = tf.compat.v1.placeholder(tf.int64, [None], name="t")
         return x, t
 
-    def create_variables(self, seed: int = 0) -> list:
-        """``[w1, b1, w2, b2, ...]`` with initial values fixed by ``seed`` (not by TF's RNG),
-        so every loop starts from the same parameters."""
-        tf = import_tf()
+    def initial_values(self, seed: int = 0) -> list[tuple[str, np.ndarray]]:
+        """``[("w1", array), ("b1", array), ...]``: Glorot-uniform weights (TF's default) and
+        zero biases, fixed by ``seed`` (not by TF's RNG), so every loop starts alike."""
         rng = np.random.default_rng(seed)
-        variables = []
+        values = []
         for i, (n_in, n_out) in enumerate(zip(self.layers, self.layers[1:]), start=1):
-            limit = np.sqrt(6.0 / (n_in + n_out))  # Glorot uniform, TF's default
-            w = rng.uniform(-limit, limit, (n_in, n_out)).astype(np.float32)
-            variables.append(tf.compat.v1.get_variable(f"w{i}", initializer=w))
-            variables.append(tf.compat.v1.get_variable(f"b{i}", initializer=np.zeros(n_out, np.float32)))
-        return variables
+            limit = np.sqrt(6.0 / (n_in + n_out))
+            values.append((f"w{i}", rng.uniform(-limit, limit, (n_in, n_out)).astype(np.float32)))
+            values.append((f"b{i}", np.zeros(n_out, np.float32)))
+        return values
+
+    def create_variables(self, seed: int = 0) -> list:
+        """``[w1, b1, w2, b2, ...]`` as tf.compat.v1 variables with :meth:`initial_values`."""
+        tf = import_tf()
+        return [tf.compat.v1.get_variable(name, initializer=value)
+                for name, value in self.initial_values(seed)]
 
     def forward(self, variables, x):
         tf = import_tf()

@@ -101,13 +101,5 @@ def ps_strategy(problem, cluster, *, steps: int = 200, seed: int = 0, background
 
 def _variables(problem, seed):
     """The problem's variables as TF2 variables (same initial values as the graph loops)."""
-    import numpy as np
-
     tf = import_tf()
-    rng = np.random.default_rng(seed)
-    variables = []
-    for i, (n_in, n_out) in enumerate(zip(problem.layers, problem.layers[1:]), start=1):
-        limit = np.sqrt(6.0 / (n_in + n_out))
-        variables.append(tf.Variable(rng.uniform(-limit, limit, (n_in, n_out)).astype(np.float32), name=f"w{i}"))
-        variables.append(tf.Variable(np.zeros(n_out, np.float32), name=f"b{i}"))
-    return variables
+    return [tf.Variable(value, name=name) for name, value in problem.initial_values(seed)]
