@@ -10,10 +10,22 @@ from __future__ import annotations
 
 from dtflab.cluster import Cluster, TaskInfo, TaskState, start_cluster
 from dtflab.errors import DtflabError, NotSupportedError, TaskError
-from dtflab.placement import PlacementPlan
-from dtflab import train
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # Imported on first use: a task server imports dtflab and must stay single-threaded until
+    # it has joined its private network (numpy starts threads on import).
+    if name == "train":
+        import dtflab.train
+
+        return dtflab.train
+    if name == "PlacementPlan":
+        from dtflab.placement import PlacementPlan
+
+        return PlacementPlan
+    raise AttributeError(f"module 'dtflab' has no attribute {name!r}")
 
 
 def trace(session, fetches, feed_dict=None, **run_kwargs):

@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--jobs", help="any jobs and counts, e.g. master=1,ps=2")
     start.add_argument("--spec", help="the 2016 cluster spec, e.g. 'master|localhost:2222,ps|localhost:2223'")
     start.add_argument("--scheduler", help="an existing Dask scheduler, e.g. tcp://10.0.0.5:8786")
+    start.add_argument("--network", help="private (default for local: this machine only) or "
+                                          "host (other hosts can reach the tasks)")
     start.add_argument("--timeout", type=float, default=60.0,
                        help="seconds to wait for every task to listen (default 60)")
     return parser
@@ -50,7 +52,7 @@ def run_cluster(args) -> int:
     try:
         cluster = start_cluster(args.n, backend=args.backend, ps=args.ps, workers=args.workers,
                                 jobs=args.jobs, spec=args.spec, timeout=args.timeout,
-                                scheduler=args.scheduler)
+                                scheduler=args.scheduler, network=args.network)
     except (ValueError, DtflabError) as exc:
         print(f"dtflab: error: {exc}", file=sys.stderr)
         return 2
@@ -60,6 +62,12 @@ def run_cluster(args) -> int:
         for task in cluster.tasks:
             pid = f" (pid {task.pid})" if task.pid else ""
             print(f"  {task.name:<12} {cluster.target(task.job, task.index)}{pid}", flush=True)
+        if cluster.exposed:
+            print(f"dtflab: WARNING: reachable from other hosts at {', '.join(cluster.exposed)}; "
+                  f"anyone who reaches them can run code as you ({cluster.exposure_reason}); "
+                  f"see the README's Security section", file=sys.stderr, flush=True)
+        else:
+            print("network: private (reachable from this machine's loopback only)", flush=True)
         reported = set()
         try:
             while True:

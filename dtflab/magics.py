@@ -18,7 +18,7 @@ from dtflab.cluster.spec import parse_count
 from dtflab.errors import NotSupportedError, did_you_mean
 
 COMMANDS = ("start", "status", "stop", "kill", "restart", "spec", "logs")
-START_ONLY = ("backend", "ps", "workers", "jobs", "spec", "replace", "timeout", "scheduler")
+START_ONLY = ("backend", "ps", "workers", "jobs", "spec", "replace", "timeout", "scheduler", "network")
 
 
 @magics_class
@@ -48,6 +48,8 @@ class ClusterMagics(Magics):
     @argument("--timeout", help="start: seconds to wait for every task to listen (default 60)")
     @argument("--scheduler", help="start: an existing Dask scheduler, e.g. tcp://10.0.0.5:8786 "
                                   "(implies --backend dask)")
+    @argument("--network", help="start: private (the local backend's default: reachable from "
+                                "this machine only) or host (other hosts can reach the tasks)")
     @line_magic
     def dtf_cluster(self, line: str = ""):
         """Start, inspect, break and stop a TensorFlow cluster of task servers.
@@ -82,7 +84,7 @@ class ClusterMagics(Magics):
 
     def _start(self, args):
         options = dict(backend=args.backend, ps=args.ps, workers=args.workers, jobs=args.jobs,
-                       spec=args.spec, scheduler=args.scheduler)
+                       spec=args.spec, scheduler=args.scheduler, network=args.network)
         if args.timeout is not None:
             try:
                 options["timeout"] = float(args.timeout)
@@ -217,7 +219,7 @@ def _split(line: str) -> list[str]:
 def line_tail(args) -> str:
     """The start arguments, as the user would retype them."""
     parts = [args.task] if args.task else []
-    for option in ("backend", "ps", "workers", "jobs", "spec", "timeout", "scheduler"):
+    for option in ("backend", "ps", "workers", "jobs", "spec", "timeout", "scheduler", "network"):
         value = getattr(args, option)
         if value is not None:
             parts.append(f"--{option} {shlex.quote(str(value))}")

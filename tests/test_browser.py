@@ -187,12 +187,14 @@ def test_data_parallel_views_render_and_the_live_plot_streams_until_stopped(lab,
     plot = live.locator("canvas").first
     plot.wait_for(timeout=60_000)
     page.wait_for_timeout(1500)  # let the first render finish: compare drawn states only
+    status = live.locator(".widget-html-content").last
     first = shot(page, plot)
-    assert wait_until(lambda: shot(page, plot) != first, timeout=30, interval=0.5), \
-        "the live loss plot did not change while training ran"
+    if not wait_until(lambda: shot(page, plot) != first, timeout=60, interval=0.5):
+        shot(page, live, str(SHOTS / "live_dashboard_unchanged.png"))
+        pytest.fail(f"the live loss plot did not change in 60 s; the run says {status.inner_text()!r}, "
+                    f"the browser console {page.console_errors}")
     shot(page, live, str(SHOTS / "live_dashboard.png"))
     live.get_by_role("button", name="Stop").click()
-    status = live.locator(".widget-html-content").last
     assert wait_until(lambda: "steps in" in status.inner_text(), timeout=60), status.inner_text()
     assert live.get_by_role("button", name="Stop").is_disabled()
     def settled():  # the page may still be drawing the last update when Stop takes effect

@@ -106,15 +106,18 @@ def test_legacy_spec_with_two_ps_tasks_starts(start_cluster):
     assert run_constant(cluster.target("master"), "/job:ps/task:1", "ps1") == b"ps1"
 
 
-def test_a_port_in_use_fails_with_the_task_and_starts_nothing():
+@pytest.mark.parametrize("network, failed", [
+    ("private", "could not start"),  # the gate finds the port taken
+    ("host", r"exited while starting \(exit code 75\)"),  # the task server does
+])
+def test_a_port_in_use_fails_with_the_task_and_starts_nothing(network, failed):
     with socket.socket() as taken:
         taken.bind(("", 0))
         taken.listen()
         port = taken.getsockname()[1]
         (free,) = free_ports(1)
-        with pytest.raises(PortInUseError, match=rf"ps:0 exited while starting \(exit code 75\): "
-                                                 rf".*port {port} of ps:0 is already in use"):
-            dtflab.start_cluster(spec=f"worker|127.0.0.1:{free},ps|127.0.0.1:{port}")
+        with pytest.raises(PortInUseError, match=rf"ps:0 {failed}: .*port {port} of ps:0 is already in use"):
+            dtflab.start_cluster(spec=f"worker|127.0.0.1:{free},ps|127.0.0.1:{port}", network=network)
 
 
 def test_a_port_taken_after_choosing_is_chosen_again(monkeypatch, start_cluster):

@@ -97,6 +97,39 @@ def test_a_killed_worker_ends_a_sync_run_with_its_name_and_async_carries_on(star
     assert wait_until(lambda: not closers(), timeout=loops.OPERATION_TIMEOUT_MS / 1000 + 5)
 
 
+@pytest.mark.parametrize("kill_after", [65, 74])  # two points between checkpoints
+def test_a_ps_killed_during_async_training_is_restored_and_costs_at_most_k_updates(
+        start_cluster, tmp_path, kill_after):
+    K = 20
+    cluster = start_cluster(ps=1, workers=2)
+    run = train.async_parameter_server(PROBLEM, cluster, steps=150, seed=1, checkpoint_every=K,
+                                       checkpoint_dir=str(tmp_path), background=True)
+    assert wait_until(lambda: max((r.step for r in run.history.since(0)), default=0) >= kill_after,
+                      timeout=120, interval=0.005), run.history.summary()
+    cluster.kill("ps", 0)
+    # Updates acknowledged before the kill are recorded within moments; none can succeed
+    # again until the ps is restarted, which takes seconds.
+    time.sleep(1.0)
+    before = run.history.since(0)
+    reached = max(r.step for r in before) + 1  # updates acknowledged before the ps died
+    history = run.wait(timeout=180)
+    assert not history.failures, history.failures
+    seen = {id(r) for r in before}
+    after = [r for r in history.records if id(r) not in seen]
+    resumed = min(r.step for r in after)  # the first update after the restore is resumed + 1
+    lost = reached - resumed
+    assert 0 <= lost <= K, (reached, resumed)
+    assert len(history.recoveries) == 1, history.summary()
+    recovery = history.recoveries[0]
+    assert (recovery.task, recovery.failed_at, recovery.resumed_from) == ("ps:0", reached, resumed)
+    assert recovery.lost == lost
+    assert len(list(tmp_path.glob("model-*.index"))) >= 1
+    # Every worker made all its updates, and training still converged after the restore.
+    assert history.steps_per_worker == {"worker:0": 150, "worker:1": 150}
+    assert history.final_loss() < ASYNC_BELOW
+    assert str(cluster.tasks[0].state) == "running"
+
+
 def test_dashboard_streams_while_training_and_stop_keeps_the_history(cluster):
     run = train.async_parameter_server(PROBLEM, cluster, steps=100_000, background=True)
     dashboard = Dashboard(run, interval_s=0.1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dtflab.cluster.base import Cluster
+from dtflab.cluster.network import PRIVATE, check_network
 from dtflab.cluster.spec import resolve_layout
 from dtflab.cluster.task import TaskInfo, TaskState
 from dtflab.errors import did_you_mean
@@ -25,7 +26,7 @@ def backend_names() -> list[str]:
 
 
 def check_request(n=None, *, backend=None, ps=None, workers=None, jobs=None, spec=None,
-                  timeout: float = 60.0, scheduler=None, client=None):
+                  timeout: float = 60.0, scheduler=None, client=None, network=None):
     """The backend class and layout for a start request, or a ValueError; starts nothing."""
     backends = _backends()
     on_dask = scheduler is not None or client is not None
@@ -38,6 +39,11 @@ def check_request(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
     if name not in backends:
         raise ValueError(f"unknown backend {backend!r}{did_you_mean(backend, backends)}; "
                          f"choose one of: {', '.join(sorted(backends))}")
+    if network is not None:
+        check_network(network)
+        if network == PRIVATE and name != "local":
+            raise ValueError(f"the {name} backend cannot keep its task servers on a private "
+                             f"network; use backend 'local' for network 'private'")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     return backends[name], resolve_layout(n, ps=ps, workers=workers, jobs=jobs, spec=spec)
@@ -46,7 +52,7 @@ def check_request(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
 def start_cluster(n=None, *, backend=None, ps=None, workers=None, jobs=None, spec=None,
                   timeout: float = 60.0, inter_op_threads: int | None = None,
                   intra_op_threads: int | None = None, scheduler: str | None = None,
-                  client=None) -> Cluster:
+                  client=None, network: str | None = None) -> Cluster:
     """Start a cluster of TensorFlow task servers and return it once every task listens.
 
     In [1]: cluster = dtflab.start_cluster(3)                  # ps:0, worker:0, worker:1
@@ -59,11 +65,17 @@ def start_cluster(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
     unless ``spec`` names them. ``timeout`` (seconds) bounds the wait for every task to listen
     (and, on Dask, for enough workers). ``scheduler`` (an address) or ``client`` (a
     ``dask.distributed.Client``) put the tasks on an existing Dask cluster.
+
+    ``network``: ``"private"`` (the local backend's default) keeps the task servers reachable
+    from this machine only; ``"host"`` lets other hosts reach them, as the inprocess and Dask
+    backends always do. ``cluster.exposed`` lists what other hosts can reach.
     """
     cluster_class, layout = check_request(n, backend=backend, ps=ps, workers=workers, jobs=jobs,
                                           spec=spec, timeout=timeout, scheduler=scheduler,
-                                          client=client)
+                                          client=client, network=network)
     options = dict(scheduler=scheduler, client=client) if cluster_class.backend == "dask" else {}
+    if cluster_class.backend == "local" and network is not None:
+        options["network"] = network
     cluster = cluster_class(layout, timeout=timeout, inter_op_threads=inter_op_threads,
                             intra_op_threads=intra_op_threads, **options)
     return cluster.start()

@@ -48,6 +48,9 @@ class Cluster:
         self._states: dict[tuple[str, int], TaskState] = {
             (job, index): TaskState.STARTING for job, tasks in layout.items()
             for index in range(len(tasks))}
+        #: Why other hosts can reach the task servers (see ``exposed``).
+        self.exposure_reason = (f"the {self.backend} backend's task servers listen on every "
+                                f"interface (TensorFlow binds 0.0.0.0)")
         self._lock = threading.RLock()
         self._watchers: list = []  # callables run after every change of state (panels)
         self._panel = None
@@ -160,6 +163,25 @@ class Cluster:
                 infos.append(TaskInfo(job, index, address, state, pid, memory,
                                       self._task_host(job, index)))
         return infos
+
+    @property
+    def exposed(self) -> list[str]:
+        """Addresses at which other hosts can reach this cluster's task servers ([] if none).
+
+        TensorFlow's gRPC server runs any graph it is sent, unauthenticated: an address listed
+        here lets anyone who reaches it run code as you. ``exposure_reason`` says why.
+        """
+        from dtflab.cluster.network import outside_addresses
+
+        if self.stopped:
+            return []
+        exposed = []
+        for tasks in self.addresses.values():
+            for address in tasks:
+                host, port = address.rsplit(":", 1)
+                on_this_machine = host == "localhost" or host.startswith("127.")
+                exposed += [f"{ip}:{port}" for ip in outside_addresses()] if on_this_machine else [address]
+        return exposed
 
     def logs(self, job: str, index: int | None = None) -> str:
         """Everything one task has printed (TensorFlow's log lines included)."""

@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dtflab.cluster import network
 from dtflab.cluster.base import Cluster
 from dtflab.cluster.ports import free_ports
 from dtflab.cluster.server import EXIT_PORT_IN_USE
@@ -20,6 +21,8 @@ from dtflab.errors import PortInUseError, TaskError
 
 STOP_GRACE_S = 2.0
 LOG_TAIL_LINES = 12
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+_no_private_network: str | None = None  # why this machine refused one, once seen
 
 
 class LocalCluster(Cluster):
@@ -30,12 +33,18 @@ class LocalCluster(Cluster):
     Children run in their own session, so Ctrl-C in a terminal reaches only this process, which
     then stops them. Their output goes to a log file per task (``cluster.logs``); the files are
     read into memory and deleted at stop.
+
+    ``network="private"`` (the default) puts the tasks in a network namespace of their own,
+    reachable only from this machine's loopback (see ``dtflab.cluster.network``);
+    ``network="host"`` leaves them on every interface, as TensorFlow alone would.
     """
 
     backend = "local"
 
-    def __init__(self, layout, **kwargs):
+    def __init__(self, layout, *, network: str = network.PRIVATE, **kwargs):
         super().__init__(layout, **kwargs)
+        self.network = network
+        self._gate: subprocess.Popen | None = None
         self._processes: dict[tuple[str, int], subprocess.Popen] = {}
         self._log_dir = Path(tempfile.mkdtemp(prefix="dtflab-logs-"))
         self._final_logs: dict[tuple[str, int], str] = {}
@@ -48,12 +57,14 @@ class LocalCluster(Cluster):
         self.profiler_ports = dict(zip(keys, free_ports(len(keys))))
         pending = {}
         try:
+            self._open_gate()
             for job, addresses in self.addresses.items():
                 for index in range(len(addresses)):
                     pending[job, index] = self._launch(job, index)
             self._await_ready(pending)
         except BaseException:
             self._terminate(list(self._processes))
+            self._close_gate()
             raise
         finally:
             for _, ready_fd in pending.values():
@@ -62,6 +73,7 @@ class LocalCluster(Cluster):
 
     def _stop_all(self) -> None:
         self._terminate(list(self._processes))
+        self._close_gate()
         for key in self._states:
             self._final_logs[key] = self._read_log(*key)
         shutil.rmtree(self._log_dir, ignore_errors=True)
@@ -110,15 +122,12 @@ class LocalCluster(Cluster):
             "--intra_op_threads", str(self.intra_op_threads),
             "--profiler_port", str(self.profiler_ports.get((job, index), 0)),
             "--ready_fd", str(ready_write), "--exit_with_parent",
-        ]
-        env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="1")  # warnings to the log
-        package_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        ] + (["--netns", str(self._gate.pid)] if self._gate is not None else [])
         try:
             with open(self._log_path(job, index), "ab") as log:
                 process = subprocess.Popen(
                     command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                    pass_fds=(ready_write,), start_new_session=True, env=env)
+                    pass_fds=(ready_write,), start_new_session=True, env=_child_env())
         except BaseException:
             os.close(ready_fd)
             raise
@@ -175,6 +184,70 @@ class LocalCluster(Cluster):
                 process.kill()
                 process.wait()
 
+    # -- the private network -----------------------------------------------------------------
+
+    @property
+    def exposed(self) -> list[str]:
+        if self._gate is not None:
+            return []
+        return super().exposed
+
+    def _open_gate(self) -> None:
+        """Start the gate (see ``dtflab.cluster.network``), or say why the tasks are exposed."""
+        global _no_private_network
+        if self.network != network.PRIVATE:
+            self.exposure_reason = "started with network='host'"
+            return
+        hosts = {address.rsplit(":", 1)[0] for tasks in self.addresses.values() for address in tasks}
+        if not hosts <= set(LOOPBACK_HOSTS):
+            self.exposure_reason = "its spec names hosts other than localhost"
+            return
+        if _no_private_network:
+            self.exposure_reason = _no_private_network
+            return
+        owners = {int(address.rsplit(":", 1)[1]): key for key in self._states
+                  for address in [self.addresses[key[0]][key[1]]]}
+        owners.update({port: key for key, port in self.profiler_ports.items()})
+        ready_fd, ready_write = os.pipe()
+        try:
+            with open(self._log_dir / "gate.log", "ab") as log:
+                gate = subprocess.Popen(
+                    [sys.executable, "-m", "dtflab.cluster.network", "--ports",
+                     ",".join(map(str, owners)), "--ready_fd", str(ready_write)],
+                    stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                    pass_fds=(ready_write,), start_new_session=True, env=_child_env())
+        finally:
+            os.close(ready_write)
+        with os.fdopen(ready_fd) as ready:
+            answered = selectors.DefaultSelector()
+            answered.register(ready, selectors.EVENT_READ)
+            line = ready.readline() if answered.select(timeout=self.timeout) else "silent"
+            answered.close()
+        word, _, rest = line.strip().partition(" ")
+        if word == "ready":
+            self._gate, self.exposure_reason = gate, ""
+            return
+        _close_stdin(gate)
+        code = gate.wait()
+        if word == "port-in-use":
+            job, index = owners[int(rest)]
+            raise PortInUseError(job, index, "could not start", log_tail=(
+                f"port {rest} of {job}:{index} is already in use; choose another port"))
+        log_tail = (self._log_dir / "gate.log").read_text(errors="replace").strip()
+        reason = rest if word == "unavailable" else f"its gate exited ({code}): {log_tail[-300:]}"
+        _no_private_network = self.exposure_reason = (
+            f"this machine refused a private network namespace: {reason}")
+
+    def _close_gate(self) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            _close_stdin(gate)
+            try:
+                gate.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                gate.kill()
+                gate.wait()
+
     # -- logs --------------------------------------------------------------------------------
 
     def _log_path(self, job: str, index: int) -> Path:
@@ -188,6 +261,13 @@ class LocalCluster(Cluster):
 
     def _log_tail(self, job: str, index: int) -> str:
         return "\n".join(self._read_log(job, index).splitlines()[-LOG_TAIL_LINES:])
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="1")  # warnings to the log
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    return env
 
 
 def _close_stdin(process: subprocess.Popen) -> None:

@@ -3,7 +3,8 @@
 Takes the 2016 server's flags (``--cluster_spec``, ``--job_name``, ``--task_index``). The local
 backend adds ``--ready_fd`` (write one line there once the port listens) and
 ``--exit_with_parent`` (end when the owning process ends, even by SIGKILL: standard input
-reaching EOF or the parent pid changing, whichever is seen first, within 0.25 s).
+reaching EOF or the parent pid changing, whichever is seen first, within 0.25 s) and
+``--netns`` (join the private network of the gate with this pid: ``dtflab.cluster.network``).
 
 Exit codes: 0 stopped, 2 bad flags, 75 port already in use, 1 anything else.
 """
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--verbose", action="store_true", help="show TensorFlow's own log lines")
     parser.add_argument("--ready_fd", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--exit_with_parent", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--netns", type=int, default=None, help=argparse.SUPPRESS)
     return parser
 
 
@@ -100,6 +102,14 @@ def exit_with_parent() -> None:
 
 def serve(args) -> int:
     """Run the task server; returns only on bad flags or a port in use (the exit code)."""
+    if args.netns is not None:  # first: joining a user namespace needs a single thread
+        from dtflab.cluster.network import join
+
+        try:
+            join(args.netns)
+        except OSError as exc:
+            print(f"dtflab server: {exc.strerror}", file=sys.stderr)
+            return 1
     if not args.exit_with_parent:
         return _serve(args)
     exit_with_parent()

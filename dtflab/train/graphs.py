@@ -19,6 +19,7 @@ class TrainGraph:
     inputs: tuple = ()
     towers: list = field(default_factory=list)
     variables: list = field(default_factory=list)
+    global_step: object = None  # async: the count of applied updates, on the ps
 
 
 @dataclass
@@ -163,4 +164,4 @@ def async_graph(problem, plan, workers: list[str], seed: int, slow: dict | None 
                     after = counter_lock.execute(increment)
             towers.append(Tower(device, x, t, loss, run=after, fetch=(loss, before, after)))
         init = tf.compat.v1.global_variables_initializer()
-    return TrainGraph(graph, init, None, None, (), towers, variables)
+    return TrainGraph(graph, init, None, None, (), towers, variables, global_step)

@@ -32,6 +32,7 @@ class RunHistory:
     workers: list[str] = field(default_factory=lambda: ["all"])  # who adds records
     records: list[StepRecord] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)  # "worker:1 failed: ..." lines
+    recoveries: list = field(default_factory=list)  # train.checkpoints.Recovery, one per ps failure
     stopped_early: bool = False
     wall_s: float = 0.0
     trace: object = None  # the StepTrace of the step asked for with trace_step=, if any
@@ -86,6 +87,8 @@ class RunHistory:
             text += f", mean staleness {sum(self.staleness) / len(self.staleness):.2f}"
         if self.failures:
             text += "; " + "; ".join(self.failures)
+        if self.recoveries:
+            text += "; " + "; ".join(map(str, self.recoveries))
         return text
 
     def __repr__(self) -> str:

@@ -289,41 +289,108 @@ def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
 
 def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
                            workers: int | None = None, slow: dict | None = None,
+                           checkpoint_every: int | None = None, checkpoint_dir: str | None = None,
                            background: bool = False, callbacks=(), name: str | None = None):
     """Downpour SGD: each worker runs its own loop (``steps`` each) and applies its gradients
     on the ps without waiting. A worker that dies is reported in ``history.failures`` and the
-    others carry on."""
+    others carry on.
+
+    ``checkpoint_every=K`` writes the ps variables to ``checkpoint_dir`` (default: a new
+    temporary folder) every K updates; when a ps dies, the loop restarts it, restores the
+    newest checkpoint and goes on, losing at most K updates (``history.recoveries`` says how
+    many). Restarting needs a backend that can (local, dask); see ``train.checkpoints``.
+    """
+    import tempfile
+
+    from dtflab.train.checkpoints import Checkpoints, Recovery
+
     tf = import_tf()
     devices = _workers(cluster, workers)
     plan = _ps_plan(cluster)
     slow_devices = {_device(task): seconds for task, seconds in (slow or {}).items()}
     built = graphs.async_graph(problem, plan, devices, seed, slow_devices)
-    sessions = [_session(cluster.target(*_split(_task_name(d))), built.graph) for d in devices]
+    checkpoints = None
+    if checkpoint_every is not None:
+        folder = checkpoint_dir or tempfile.mkdtemp(prefix="dtflab-checkpoints-")
+        checkpoints = Checkpoints(built.graph, built.global_step, folder, checkpoint_every,
+                                  len(devices))
+    targets = [cluster.target(*_split(_task_name(d))) for d in devices]
+    sessions = [_session(target, built.graph) for target in targets]
     sessions[0].run(built.init)
     history = RunHistory(name or f"async parameter server ({len(devices)} workers)", "async",
                          workers=[_task_name(d) for d in devices])
     stop = threading.Event()
+    ps_jobs = {job for job in cluster.addresses if job not in {_split(_task_name(d))[0] for d in devices}}
+    epoch = [0]  # recoveries so far; a session made before the last one is stale
+    recovering = threading.Lock()
+    if checkpoints is not None:
+        checkpoints.begin_update()
+        checkpoints.end_update(0)
+        checkpoints.save(sessions[0])  # step 0: a failure before the first K loses < K too
+
+    def recover(task, seen_epoch):
+        """Restart a dead ps and restore the newest checkpoint (once, whoever asks first)."""
+        with recovering:
+            if epoch[0] != seen_epoch:
+                return
+            with checkpoints.held():
+                failed_at, began = checkpoints.seen_step, time.perf_counter()
+                cluster.restart(*task)
+                with _session(targets[0], built.graph) as session:
+                    resumed = checkpoints.restore(session)
+                history.recoveries.append(Recovery(f"{task[0]}:{task[1]}", failed_at, resumed,
+                                                   time.perf_counter() - began))
+            epoch[0] += 1
+
+    def one_update(session, tower, feed):
+        if checkpoints is None:
+            return run_step(session, tower.fetch, feed, cluster)
+        checkpoints.begin_update()
+        try:
+            result = run_step(session, tower.fetch, feed, cluster)
+        except BaseException:
+            checkpoints.end_update(None)
+            raise
+        if checkpoints.end_update(int(result[2])):
+            checkpoints.save(session)
+        return result
 
     def worker_loop(i, session, tower, started):
         name_ = _task_name(tower.device)
-        try:
-            for local_step in range(steps):
-                if stop.is_set():
-                    history.stopped_early = True
-                    return
-                xs, ts = problem.batch(local_step * len(devices) + i, seed)
-                loss, before, after = run_step(session, tower.fetch, {tower.x: xs, tower.t: ts}, cluster)
-                record = StepRecord(int(after) - 1, name_, float(loss) / len(xs),
-                                    time.perf_counter() - started, len(xs), int(after - before - 1))
-                history.add(record)
-                for callback in callbacks:
-                    callback.on_step(history, record)
-        except tf.errors.OpError as error:
-            job, index = failed_task(cluster, error)
-            history.failures.append(f"{name_} stopped: {job}:{index} failed "
-                                    f"({type(error).__name__}); the other workers carried on")
-            _close(session, failed=True)
-            return
+        session_epoch, local_step = epoch[0], 0
+        while local_step < steps:
+            if stop.is_set():
+                history.stopped_early = True
+                break
+            xs, ts = problem.batch(local_step * len(devices) + i, seed)
+            try:
+                loss, before, after = one_update(session, tower, {tower.x: xs, tower.t: ts})
+            except tf.errors.OpError as error:
+                if checkpoints is not None:
+                    with recovering:  # let a recovery in progress finish first
+                        stale = session_epoch != epoch[0]
+                job, index = failed_task(cluster, error)
+                if checkpoints is not None and (stale or job in ps_jobs):
+                    _close(session, failed=True)
+                    try:
+                        if not stale:
+                            recover((job, index), session_epoch)
+                    except Exception as failure:  # the restart or restore failed: give up
+                        history.failures.append(f"{name_} stopped: could not recover {job}:{index} "
+                                                f"({failure})")
+                        return
+                    session_epoch, session = epoch[0], _session(targets[i], built.graph)
+                    continue  # the same batch again
+                history.failures.append(f"{name_} stopped: {job}:{index} failed "
+                                        f"({type(error).__name__}); the other workers carried on")
+                _close(session, failed=True)
+                return
+            record = StepRecord(int(after) - 1, name_, float(loss) / len(xs),
+                                time.perf_counter() - started, len(xs), int(after - before - 1))
+            history.add(record)
+            for callback in callbacks:
+                callback.on_step(history, record)
+            local_step += 1
         _close(session)
 
     def body():

@@ -30,7 +30,8 @@ def render_html(cluster) -> str:
         backend=cluster.backend, tasks=tasks, summary=summary,
         show_pid=any(task.pid is not None for task in tasks) or cluster.backend == "local",
         show_host=any(task.host for task in tasks), note=NOTES.get(cluster.backend, ""),
-        dashboard=getattr(cluster, "dashboard_link", None))
+        dashboard=getattr(cluster, "dashboard_link", None), exposed=cluster.exposed,
+        max_exposed=6, reason=cluster.exposure_reason)
 
 
 def ClusterPanel(cluster):

@@ -1,0 +1,204 @@
+"""Nobody in: another host cannot reach a local cluster; a cluster it can reach says so.
+
+The other host is a network namespace this module creates (``ip netns add``), joined to this
+machine by a veth pair: from inside it, this machine is ``HOST_IP``. Creating it needs root
+(CAP_NET_ADMIN) and iproute2; ``.ci/run`` runs as root and installs iproute2. Only this
+machine's own addresses and the test's own namespace are ever targeted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from conftest import wait_until
+from test_cli import DTFLAB, stop, wait_for_line
+
+IP = shutil.which("ip") or "/usr/sbin/ip"
+REACH = """import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()
+except OSError as exc:
+    sys.exit(f"unreachable: {exc}")
+print("reached")
+"""
+
+
+@pytest.fixture(scope="module")
+def other_host():
+    """(namespace, HOST_IP): a second host on a veth link to this machine; removed afterwards."""
+    if os.geteuid() != 0 or not os.path.exists(IP):
+        pytest.skip("EXPOSURE TESTS NOT RUN: creating a test network namespace needs root and "
+                    "iproute2 (`apt-get install iproute2`; .ci/run runs as root)")
+    tag = secrets.token_hex(3)
+    namespace, here, there = f"dtflab-{tag}", f"dth{tag}", f"dto{tag}"
+    subnet = f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(250)}"
+    host_ip, other_ip = f"{subnet}.1", f"{subnet}.2"
+
+    def ip(*args, namespaced=False):
+        prefix = [IP, "netns", "exec", namespace, IP] if namespaced else [IP]
+        subprocess.run(prefix + list(args), check=True, capture_output=True, timeout=30)
+
+    try:
+        ip("netns", "add", namespace)
+        ip("link", "add", here, "type", "veth", "peer", "name", there)
+        ip("link", "set", there, "netns", namespace)
+        ip("addr", "add", f"{host_ip}/30", "dev", here)
+        ip("link", "set", here, "up")
+        ip("addr", "add", f"{other_ip}/30", "dev", there, namespaced=True)
+        ip("link", "set", there, "up", namespaced=True)
+        ip("link", "set", "lo", "up", namespaced=True)
+        yield namespace, host_ip
+    finally:
+        subprocess.run([IP, "netns", "del", namespace], capture_output=True)  # deletes the pair
+        subprocess.run([IP, "link", "del", here], capture_output=True)
+
+
+def reaches(other_host, port) -> bool:
+    """Whether a TCP connection from the other host to this machine's veth address succeeds."""
+    namespace, host_ip = other_host
+    out = subprocess.run([IP, "netns", "exec", namespace, sys.executable, "-c", REACH, host_ip,
+                          str(port)], capture_output=True, text=True, timeout=30)
+    return out.returncode == 0
+
+
+def ports_of(cluster) -> list[int]:
+    tasks = [int(a.rsplit(":", 1)[1]) for tasks in cluster.addresses.values() for a in tasks]
+    return tasks + list(getattr(cluster, "profiler_ports", {}).values())
+
+
+def run_across_tasks(cluster) -> float:
+    """A graph with a variable on ps:0 read by worker:0, run from this process."""
+    from dtflab._quiet import import_tf
+
+    tf = import_tf()
+    with tf.Graph().as_default():
+        with tf.device("/job:ps/task:0"):
+            v = tf.compat.v1.Variable(tf.fill([256, 256], 0.5))
+        with tf.device("/job:worker/task:0"):
+            total = tf.reduce_sum(v * 2.0)
+        config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=30_000)
+        with tf.compat.v1.Session(cluster.target("worker", 0), config=config) as session:
+            session.run(v.initializer)
+            return float(session.run(total))
+
+
+def test_the_other_host_reaches_what_this_machine_exposes(other_host):
+    # The control: without it, "unreachable" below could mean a broken link.
+    listener = socket.create_server(("0.0.0.0", 0))
+    try:
+        assert reaches(other_host, listener.getsockname()[1])
+    finally:
+        listener.close()
+
+
+def test_a_local_cluster_is_out_of_reach_of_other_hosts_and_works_here(other_host, start_cluster):
+    cluster = start_cluster(3)
+    assert cluster.exposed == []
+    ports = ports_of(cluster)
+    assert len(ports) == 6  # three tasks, three profiler servers
+    assert not any(reaches(other_host, port) for port in ports)
+    assert run_across_tasks(cluster) == 256 * 256
+    # The tasks listen inside their own namespace: nothing of theirs is on this machine's
+    # interfaces, only the gate on 127.0.0.1.
+    task_pids = {task.pid for task in cluster.tasks}
+    listening = [c for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
+                 and c.laddr.port in ports]
+    assert {c.laddr.ip for c in listening} == {"127.0.0.1"}
+    assert not {c.pid for c in listening} & task_pids
+    from dtflab.ui.panel import render_html
+
+    assert "Reachable from other hosts" not in render_html(cluster)
+
+
+def test_a_host_network_cluster_is_reachable_and_names_the_addresses(other_host, start_cluster):
+    _, host_ip = other_host
+    cluster = start_cluster(ps=1, workers=1, network="host")
+    port = int(cluster.addresses["worker"][0].rsplit(":", 1)[1])
+    assert reaches(other_host, port)  # the danger is real...
+    assert f"{host_ip}:{port}" in cluster.exposed  # ...and named
+    assert run_across_tasks(cluster) == 256 * 256
+    from dtflab.ui.panel import render_html
+
+    html = render_html(cluster)
+    assert "Reachable from other hosts" in html and f"{host_ip}:" in html
+
+
+def test_an_inprocess_cluster_names_what_it_exposes(other_host, start_cluster):
+    _, host_ip = other_host
+    cluster = start_cluster(2, backend="inprocess")
+    port = int(cluster.addresses["worker"][0].rsplit(":", 1)[1])
+    assert f"{host_ip}:{port}" in cluster.exposed
+    assert "inprocess backend" in cluster.exposure_reason
+    assert reaches(other_host, port)
+
+
+def test_the_cli_warns_on_stderr_with_the_exposed_addresses(other_host):
+    _, host_ip = other_host
+    process = subprocess.Popen(DTFLAB + ["cluster", "start", "1", "--network", "host"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line, _ = wait_for_line(process, r"worker:0 ")
+        port = re.search(r"127\.0\.0\.1:(\d+)", line).group(1)
+        warning = process.stderr.readline()
+        assert warning.startswith("dtflab: WARNING: reachable from other hosts at "), warning
+        assert f"{host_ip}:{port}" in warning
+    finally:
+        stop(process)
+        process.stderr.close()
+
+
+def test_the_cli_says_private_by_default():
+    process = subprocess.Popen(DTFLAB + ["cluster", "start", "1"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(process, r"^network: private \(reachable from this machine's loopback only\)")
+        children = psutil.Process(process.pid).children()
+        assert len(children) == 2  # the task and its gate
+    finally:
+        stop(process)
+        process.stderr.close()
+    assert wait_until(lambda: not any(psutil.pid_exists(c.pid) for c in children), timeout=5)
+
+
+def test_a_private_network_asked_of_another_backend_is_refused():
+    import dtflab
+
+    with pytest.raises(ValueError, match=r"the inprocess backend cannot keep its task servers on a "
+                                         r"private network; use backend 'local'"):
+        dtflab.start_cluster(2, backend="inprocess", network="private")
+    with pytest.raises(ValueError, match=r"unknown network 'lan'; choose 'private'"):
+        dtflab.start_cluster(2, network="lan")
+
+
+def test_a_gate_port_taken_meanwhile_is_chosen_again(start_cluster, monkeypatch):
+    # A port taken on 127.0.0.1 between choosing and the gate binding it: chosen again.
+    import dtflab.cluster.base as base
+
+    taken = []
+    real_choose = base.choose_ports
+
+    def choose_then_take(layout):
+        addresses = real_choose(layout)
+        if not taken:
+            port = int(addresses["ps"][0].rsplit(":", 1)[1])
+            taken.append(socket.create_server(("127.0.0.1", port)))
+        return addresses
+
+    monkeypatch.setattr(base, "choose_ports", choose_then_take)
+    try:
+        cluster = start_cluster(2)
+        held = taken[0].getsockname()[1]
+        assert held not in ports_of(cluster)
+        assert cluster.exposed == []
+    finally:
+        for sock in taken:
+            sock.close()
