@@ -90,7 +90,7 @@ def test_task_names(text, expected):
     (dict(spec=""), r"the cluster spec is empty"),
     (dict(spec="master:2222"), r"bad cluster spec entry 'master:2222': write job\|host:port"),
     (dict(spec="master|localhost"), r"bad address 'localhost': write it as host:port"),
-    (dict(spec="ps|localhost:99999"), r"bad port in 'localhost:99999': a port is a number from 1 to 65535"),
+    (dict(spec="ps|localhost:99999"), r"bad port in 'localhost:99999': use a port from 1 to 65535, for example localhost:2222"),
     (dict(spec="ps|localhost:abc"), r"bad port in 'localhost:abc'"),
     (dict(spec="ps|localhost:2222,worker|localhost:2222"),
      r"ps:0 and worker:0 both use localhost:2222; give each task its own port"),

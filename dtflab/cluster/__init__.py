@@ -45,7 +45,8 @@ def check_request(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
             raise ValueError(f"the {name} backend cannot keep its task servers on a private "
                              f"network; use backend 'local' for network 'private'")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}; "
+                         f"for example 120")
     return backends[name], resolve_layout(n, ps=ps, workers=workers, jobs=jobs, spec=spec)
 
 

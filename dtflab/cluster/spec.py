@@ -32,7 +32,7 @@ Layout = dict[str, list[Address]]
 def parse_count(value, what: str, *, minimum: int = 1) -> int:
     """An integer count from an int or a string, or a ValueError that names the bad value."""
     if isinstance(value, bool):
-        raise ValueError(f"{what} must be a whole number, got {value!r}")
+        raise ValueError(f"{what} must be a whole number, got {value!r}; for example 3")
     if isinstance(value, str):
         text = value.strip()
         if not re.fullmatch(r"[+-]?\d+", text):
@@ -41,7 +41,7 @@ def parse_count(value, what: str, *, minimum: int = 1) -> int:
     if not isinstance(value, int):
         raise ValueError(f"{what} must be a whole number, got {value!r}; for example 3")
     if value < minimum:
-        raise ValueError(f"{what} must be at least {minimum}, got {value}")
+        raise ValueError(f"{what} must be at least {minimum}, got {value}; use {minimum} or more")
     if value > MAX_TASKS:
         raise ValueError(
             f"{what} of {value} is more than the {MAX_TASKS} task servers dtflab starts on "
@@ -66,7 +66,8 @@ def parse_address(text: str) -> Address:
         raise ValueError(f"bad address {text!r}: write it as host:port, for example localhost:2222")
     port_text = match["port"]
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-        raise ValueError(f"bad port in {text!r}: a port is a number from 1 to 65535")
+        raise ValueError(f"bad port in {text!r}: use a port from 1 to 65535, for example "
+                         f"{match['host']}:2222")
     return match["host"], int(port_text)
 
 

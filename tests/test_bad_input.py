@@ -1,0 +1,159 @@
+"""Bad input: a one-line error that names the bad value and the fix, and nothing left behind.
+
+Each case goes through a real entry point: the magic in an IPython shell, the ``dtflab``
+command, ``dtflab.start_cluster``, ``PlacementPlan``. It runs twice (the first call warms up
+lazy imports); around the second, the test compares this process's child processes, threads
+and file descriptors, the listening ports of this process tree, orphaned dtflab processes
+anywhere on the machine, dtflab's log folders and its running clusters: all must be unchanged.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+
+import dtflab
+from dtflab.cluster import base
+from dtflab.placement import PlacementPlan
+
+from test_cli import DTFLAB
+
+DEVICES = ["/job:ps/task:0", "/job:ps/task:1", "/job:worker/task:0"]
+
+
+@dataclass
+class Case:
+    id: str
+    run: Callable  # (shell) -> the error message; fails the test if nothing was refused
+    value: str  # the bad value, as the message must show it
+    fix: str  # a regex for the fix the message must give
+
+
+def magic(line):
+    def run(ip):
+        with pytest.raises(UsageError) as error:
+            ip.run_line_magic("dtf_cluster", line)
+        assert "cluster" not in ip.user_ns
+        return str(error.value)
+    return run
+
+
+def command(*argv):
+    def run(_):
+        out = subprocess.run(DTFLAB + list(argv), capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2, out
+        assert out.stdout == "", out.stdout
+        return out.stderr.rstrip("\n")
+    return run
+
+
+def api(call):
+    def run(_):
+        with pytest.raises(ValueError) as error:
+            call()
+        return str(error.value)
+    return run
+
+
+CASES = [
+    # the magic
+    Case("magic-unknown-command", magic("strat 3"), "'strat'", r"did you mean 'start'\?"),
+    Case("magic-not-a-number", magic("start x"), "got 'x'", r"for example 3"),
+    Case("magic-zero", magic("start 0"), "got 0", r"use 1 or more"),
+    Case("magic-negative", magic("start -3"), "got -3", r"use 1 or more"),
+    Case("magic-huge", magic("start 100000"), "100000", r"use a smaller count, or --backend dask"),
+    Case("magic-unknown-backend", magic("start 3 --backend dsak"), "'dsak'",
+         r"did you mean 'dask'\?\); choose one of: dask, inprocess, local"),
+    Case("magic-negative-ps", magic("start --ps -1"), "got -1", r"use 0 or more"),
+    Case("magic-workers-not-a-number", magic("start --workers two"), "got 'two'", r"for example 3"),
+    Case("magic-job-without-count", magic("start --jobs master"), "'master'", r"write job=count"),
+    Case("magic-port-out-of-range", magic("start --spec 'ps|localhost:70000'"), "'localhost:70000'",
+         r"use a port from 1 to 65535"),
+    Case("magic-duplicate-port", magic("start --spec 'ps|localhost:2222,ps|localhost:2222'"),
+         "localhost:2222", r"give each task its own port"),
+    Case("magic-spec-without-bar", magic("start --spec 'ps:localhost:2222'"), "'ps:localhost:2222'",
+         r"write job\|host:port"),
+    Case("magic-timeout-not-a-number", magic("start --timeout soon"), "got 'soon'", r"e\.g\. --timeout 120"),
+    Case("magic-unknown-network", magic("start --network lan"), "'lan'", r"choose 'private'"),
+    Case("magic-private-inprocess", magic("start 2 --backend inprocess --network private"), "inprocess",
+         r"use backend 'local'"),
+    # the command line
+    Case("cli-zero", command("cluster", "start", "0"), "got 0", r"use 1 or more"),
+    Case("cli-unknown-backend", command("cluster", "start", "--backend", "kubernetes"), "'kubernetes'",
+         r"choose one of: dask, inprocess, local"),
+    Case("cli-job-twice", command("cluster", "start", "--jobs", "ps=1,ps=2"), "'ps'", r"give each job once"),
+    Case("cli-port-zero", command("cluster", "start", "--spec", "ps|localhost:0"), "'localhost:0'",
+         r"use a port from 1 to 65535"),
+    Case("cli-scheduler-without-scheme", command("cluster", "start", "--scheduler", "localhost:8786"),
+         "'localhost:8786'", r"write it as tcp://host:port"),
+    Case("cli-server-unknown-job", command("server", "--cluster_spec", "ps|localhost:2222", "--job_name",
+                                           "worker"), "'worker'", r"its jobs are: ps"),
+    Case("cli-server-task-out-of-range", command("server", "--cluster_spec", "ps|localhost:2222",
+                                                 "--job_name", "ps", "--task_index", "3"),
+         "--task_index 3", r"indices 0\.\.0"),
+    # the Python API
+    Case("api-fraction", api(lambda: dtflab.start_cluster(2.5)), "got 2.5", r"for example 3"),
+    Case("api-bool", api(lambda: dtflab.start_cluster(True)), "got True", r"for example 3"),
+    Case("api-unknown-backend", api(lambda: dtflab.start_cluster(backend="gpu")), "'gpu'", r"choose one of"),
+    Case("api-empty", api(lambda: dtflab.start_cluster(ps=0, workers=0)), "ps=0 and workers=0",
+         r"ask for at least one task"),
+    Case("api-job-name", api(lambda: dtflab.start_cluster(jobs="9lives=1")), "'9lives'",
+         r"starts with a letter"),
+    Case("api-address-not-a-list", api(lambda: dtflab.start_cluster(spec={"ps": "localhost:2222"})),
+         "'localhost:2222'", r"needs a list of host:port addresses"),
+    Case("api-zero-timeout", api(lambda: dtflab.start_cluster(3, timeout=0)), "got 0", r"for example 120"),
+    Case("api-unknown-network", api(lambda: dtflab.start_cluster(3, network="lan")), "'lan'",
+         r"choose 'private'"),
+    # placement
+    Case("placement-unknown-device", api(lambda: PlacementPlan(devices=DEVICES).assign("w1", "/job:ps/task:5")),
+         "'/job:ps/task:5'", r"this cluster has: /job:ps/task:0, /job:ps/task:1, /job:worker/task:0"),
+    Case("placement-unknown-job", api(lambda: PlacementPlan.round_robin(None, devices=DEVICES, job="pss")),
+         "'pss'", r"did you mean 'ps'\?\); its jobs are: ps, worker"),
+    Case("placement-unknown-strategy", api(lambda: PlacementPlan(devices=DEVICES).use_strategy("greedyy")),
+         "'greedyy'", r"did you mean 'greedy'\?"),
+    Case("placement-device-not-a-string", api(lambda: PlacementPlan(devices=DEVICES).assign("w1", 3)),
+         "got 3", r"a device is a string like '/job:ps/task:0'"),
+]
+
+
+def leftovers() -> dict:
+    me = psutil.Process()
+    tree = {me.pid} | {child.pid for child in me.children(recursive=True)
+                       if child.status() != psutil.STATUS_ZOMBIE}
+    orphans = set()
+    for process in psutil.process_iter(["cmdline", "ppid"]):
+        if process.info["ppid"] == 1 and any("dtflab" in part for part in process.info["cmdline"] or ()):
+            orphans.add(process.pid)
+    listening = {c.laddr.port for c in psutil.net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN and c.pid in tree | orphans}
+    return {"processes": tree, "orphaned dtflab processes": orphans, "listening ports": listening,
+            "threads": {thread.ident for thread in threading.enumerate()},
+            "fds": len(os.listdir("/proc/self/fd")),
+            "log folders": set(glob.glob(os.path.join(tempfile.gettempdir(), "dtflab-*"))),
+            "running clusters": len(list(base._running))}
+
+
+def test_there_are_enough_cases_across_every_entry_point():
+    kinds = {case.id.split("-")[0] for case in CASES}
+    assert len(CASES) >= 25 and kinds == {"magic", "cli", "api", "placement"}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_bad_input_is_one_line_naming_the_value_and_the_fix_and_leaves_nothing(ip, case):
+    case.run(ip)  # warm-up: lazy imports open files and start nothing of ours
+    before = leftovers()
+    message = case.run(ip)
+    assert leftovers() == before
+    assert "\n" not in message.strip(), message
+    assert case.value in message, message
+    assert re.search(case.fix, message), message
