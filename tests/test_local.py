@@ -142,6 +142,28 @@ def test_a_port_taken_after_choosing_is_chosen_again(monkeypatch, start_cluster)
         assert all(t.state is TaskState.RUNNING for t in cluster.tasks)
 
 
+def test_a_task_that_crashes_while_starting_is_named_with_its_stderr_and_the_others_stop(monkeypatch):
+    import dtflab.cluster.local as local
+
+    real_popen, started = subprocess.Popen, []
+
+    def popen(command, **kwargs):  # worker:1 dies as a broken install would, on stderr
+        if "dtflab.cluster.server" in command and command[command.index("--job_name") + 1:][:3] == \
+                ["worker", "--task_index", "1"]:
+            command = [sys.executable, "-c", "import sys, time; time.sleep(1); "
+                       "sys.exit('ImportError: libtensorflow_framework.so.2: cannot open shared object file')"]
+        process = real_popen(command, **kwargs)
+        started.append(process)
+        return process
+
+    monkeypatch.setattr(local.subprocess, "Popen", popen)
+    with pytest.raises(TaskError, match=r"^worker:1 exited while starting \(exit code 1\): ImportError: "
+                                        r"libtensorflow_framework\.so\.2: cannot open shared object file$"):
+        dtflab.start_cluster(3)
+    assert len(started) == 4  # the gate and three tasks, every one of them ended
+    assert all(process.poll() is not None for process in started)
+
+
 def test_start_deadline_names_the_task_and_leaves_nothing():
     with pytest.raises(TaskError, match=r"did not start within 0.01 s"):
         dtflab.start_cluster(2, timeout=0.01)
@@ -164,8 +186,10 @@ def test_tasks_die_within_5s_when_the_owner_is_killed_with_sigkill():
          "time.sleep(600)\n"],
         stdout=subprocess.PIPE, text=True)
     try:
-        pids = json.loads(owner.stdout.readline())
-        assert len(pids) == 3 and all(psutil.pid_exists(pid) for pid in pids)
+        tasks = json.loads(owner.stdout.readline())
+        pids = [child.pid for child in psutil.Process(owner.pid).children(recursive=True)]
+        assert len(tasks) == 3 and set(tasks) < set(pids)  # and the gate of their private network
+        assert len(pids) == 4 and all(psutil.pid_exists(pid) for pid in pids)
     finally:
         owner.kill()
         owner.wait()

@@ -150,13 +150,18 @@ class Dashboard:
                                       "count": [self._staleness[k] for k in keys]}
 
     def _update_loop(self) -> None:
-        while not self._closed.is_set():
-            finished = all(run.done for run in self.runs)
+        try:
+            while not self._closed.is_set():
+                finished = all(run.done for run in self.runs)
+                self._push()
+                if finished:
+                    break
+                self._closed.wait(self.interval_s)
             self._push()
-            if finished:
-                break
-            self._closed.wait(self.interval_s)
-        self._push()
+        except Exception as exc:  # say so on the page rather than freeze without a word
+            if self.widget is not None:
+                self.status.value = f"the dashboard stopped updating: {type(exc).__name__}: {exc}"
+            raise
         if self.widget is not None:
             errors = [f"{run.history.name}: {run.error}" for run in self.runs if run.error]
             summaries = [run.history.summary() for run in self.runs]
