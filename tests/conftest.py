@@ -108,6 +108,19 @@ def ip(ipython_dir):
     shell.user_ns.pop("cluster", None)
 
 
+def run_constant(target, device, value="Hello, distributed TensorFlow!"):
+    """Run a constant placed on ``device`` through a session on ``target``; returns its value."""
+    from dtflab._quiet import import_tf
+
+    tf = import_tf()
+    with tf.Graph().as_default():
+        with tf.device(device):
+            constant = tf.constant(value)
+        config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=20000)
+        with tf.compat.v1.Session(target, config=config) as session:
+            return session.run(constant)
+
+
 def python_script(code: str) -> list[str]:
     """argv that runs ``code`` in a fresh interpreter of this environment."""
     return [sys.executable, "-c", code]

@@ -126,6 +126,12 @@ CASES = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def own_temp_folder(tmp_path, monkeypatch):
+    """dtflab's temporary folders go to a folder of this test's, where no one else writes."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
 def leftovers() -> dict:
     me = psutil.Process()
     tree = {me.pid} | {child.pid for child in me.children(recursive=True)

@@ -14,7 +14,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 

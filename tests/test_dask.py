@@ -15,20 +15,9 @@ from dtflab.errors import DtflabError
 from dtflab.tracing import short_device
 from dtflab.tracing.examples import exp_regression as exp_regression_graph
 
-from conftest import wait_until
+from conftest import run_constant, wait_until
 
 pytestmark = pytest.mark.slow
-
-def run_constant(target, device):
-    from dtflab._quiet import import_tf
-
-    tf = import_tf()
-    with tf.Graph().as_default():
-        with tf.device(device):
-            value = tf.constant(device)
-        config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=20000)
-        with tf.compat.v1.Session(target, config=config) as session:
-            return session.run(value).decode()
 
 
 @pytest.fixture
@@ -73,7 +62,7 @@ def test_a_local_dask_cluster_hosts_one_task_per_worker(start_cluster):
     assert len({t.host for t in tasks}) == 3 and all(t.host.startswith("tcp://127.0.0.1:") for t in tasks)
     assert all(t.pid and t.memory_mb > 50 for t in tasks)
     for task in tasks:
-        assert run_constant(cluster.target("ps"), task.device) == task.device
+        assert run_constant(cluster.target("ps"), task.device, task.device).decode() == task.device
     assert cluster.dashboard_link.startswith("http://127.0.0.1:")
     html = cluster._repr_html_()
     assert "Dask worker" in html and cluster.dashboard_link in html
@@ -106,7 +95,7 @@ def test_an_external_cluster_trains_kills_restarts_and_survives_stop(external_da
         cluster.restart("worker:0")
         task = cluster.tasks[2]
         assert task.state is TaskState.RUNNING and task.pid != old_pid
-        assert run_constant(cluster.target("ps", 1), "/job:worker/task:0") == "/job:worker/task:0"
+        assert run_constant(cluster.target("ps", 1), "/job:worker/task:0", "w0") == b"w0"
     finally:
         task_pids = [t.pid for t in cluster.tasks if t.pid]
         cluster.stop()

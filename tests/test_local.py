@@ -15,20 +15,9 @@ from dtflab.cluster import base
 from dtflab.cluster.task import TaskState
 from dtflab.errors import PortInUseError, TaskError
 
-from conftest import free_ports, wait_until
+from conftest import free_ports, run_constant, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-def run_constant(target, device, value="Hello, distributed TensorFlow!"):
-    from dtflab._quiet import import_tf
-
-    tf = import_tf()
-    with tf.Graph().as_default():
-        with tf.device(device):
-            constant = tf.constant(value)
-        with tf.compat.v1.Session(target, config=tf.compat.v1.ConfigProto(operation_timeout_in_ms=20000)) as session:
-            return session.run(constant)
 
 
 def test_start_3_is_one_ps_and_two_workers_each_its_own_process(start_cluster):

@@ -8,6 +8,7 @@ machine's own addresses and the test's own namespace are ever targeted.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -167,6 +168,45 @@ def test_the_cli_says_private_by_default():
         stop(process)
         process.stderr.close()
     assert wait_until(lambda: not any(psutil.pid_exists(c.pid) for c in children), timeout=5)
+
+
+REFUSED = """import json, sys, dtflab
+from dtflab.errors import NotSupportedError
+from dtflab.ui.panel import render_html
+try:
+    dtflab.start_cluster(1, network="private")
+except NotSupportedError as error:
+    print(json.dumps({"asked": str(error)}), flush=True)
+with dtflab.start_cluster(2) as cluster:
+    print(json.dumps({"exposed": cluster.exposed, "reason": cluster.exposure_reason,
+                      "port": cluster.addresses["worker"][0].rsplit(":", 1)[1],
+                      "warned": "Reachable from other hosts" in render_html(cluster)}), flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_where_the_os_refuses_a_private_network_the_cluster_says_so(other_host):
+    # A real refusal: in a user namespace whose limit of nested user namespaces is 0, the
+    # gate's unshare() fails with ENOSPC, as it fails on hosts that switch them off.
+    _, host_ip = other_host
+    refuse = 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$0" -c "$1"'
+    owner = subprocess.Popen(["unshare", "--user", "--map-root-user", "sh", "-c", refuse,
+                              sys.executable, REFUSED], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        asked = json.loads(owner.stdout.readline())["asked"]
+        assert asked.startswith("no private network for this cluster: this machine refused a "
+                                "private network namespace (unshare(CLONE_NEWUSER|CLONE_NEWNET) "
+                                "failed: No space left on device); start it with network='host'"), asked
+        report = json.loads(owner.stdout.readline())
+        assert report["reason"].startswith("this machine refused a private network namespace")
+        assert f"{host_ip}:{report['port']}" in report["exposed"] and report["warned"]
+        assert reaches(other_host, int(report["port"]))  # the warning tells the truth
+    finally:
+        owner.stdin.close()
+        assert owner.wait(timeout=60) == 0, owner.stderr.read()[-2000:]
+        owner.stdout.close()
+        owner.stderr.close()
 
 
 def test_a_private_network_asked_of_another_backend_is_refused():

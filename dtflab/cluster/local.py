@@ -12,12 +12,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from dtflab.cluster import network
 from dtflab.cluster.base import Cluster
+from dtflab.cluster.network import HOST, PRIVATE
 from dtflab.cluster.ports import free_ports
 from dtflab.cluster.server import EXIT_PORT_IN_USE
 from dtflab.cluster.task import TaskState
-from dtflab.errors import PortInUseError, TaskError
+from dtflab.errors import DtflabError, NotSupportedError, PortInUseError, TaskError
 
 STOP_GRACE_S = 2.0
 LOG_TAIL_LINES = 12
@@ -35,15 +35,18 @@ class LocalCluster(Cluster):
     read into memory and deleted at stop.
 
     ``network="private"`` (the default) puts the tasks in a network namespace of their own,
-    reachable only from this machine's loopback (see ``dtflab.cluster.network``);
-    ``network="host"`` leaves them on every interface, as TensorFlow alone would.
+    reachable only from this machine's loopback (see ``dtflab.cluster.network``); where the
+    OS refuses one, the default falls back to the host network with ``exposed`` saying so,
+    while an explicit "private" raises. ``network="host"`` leaves the tasks on every
+    interface, as TensorFlow alone would.
     """
 
     backend = "local"
 
-    def __init__(self, layout, *, network: str = network.PRIVATE, **kwargs):
+    def __init__(self, layout, *, network: str | None = None, **kwargs):
         super().__init__(layout, **kwargs)
-        self.network = network
+        self.network = network or PRIVATE
+        self._private_asked = network == PRIVATE  # if so, no quiet fall back to the host network
         self._gate: subprocess.Popen | None = None
         self._processes: dict[tuple[str, int], subprocess.Popen] = {}
         self._log_dir = Path(tempfile.mkdtemp(prefix="dtflab-logs-"))
@@ -194,19 +197,25 @@ class LocalCluster(Cluster):
 
     def _open_gate(self) -> None:
         """Start the gate (see ``dtflab.cluster.network``), or say why the tasks are exposed."""
-        global _no_private_network
-        if self.network != network.PRIVATE:
+        if self.network == HOST:
             self.exposure_reason = "started with network='host'"
             return
         hosts = {address.rsplit(":", 1)[0] for tasks in self.addresses.values() for address in tasks}
-        if not hosts <= set(LOOPBACK_HOSTS):
-            self.exposure_reason = "its spec names hosts other than localhost"
-            return
-        if _no_private_network:
-            self.exposure_reason = _no_private_network
-            return
-        owners = {int(address.rsplit(":", 1)[1]): key for key in self._states
-                  for address in [self.addresses[key[0]][key[1]]]}
+        refused = ("its spec names hosts other than localhost" if not hosts <= set(LOOPBACK_HOSTS)
+                   else _no_private_network)
+        if refused is None:
+            refused = self._start_gate()
+        if refused is not None:
+            if self._private_asked:
+                raise NotSupportedError(f"no private network for this cluster: {refused}; start it "
+                                        f"with network='host' (other hosts can reach it)")
+            self.exposure_reason = refused
+
+    def _start_gate(self) -> str | None:
+        """Start the gate; None once it runs, else why this machine refused."""
+        global _no_private_network
+        owners = {int(self.addresses[job][index].rsplit(":", 1)[1]): (job, index)
+                  for job, index in self._states}
         owners.update({port: key for key, port in self.profiler_ports.items()})
         ready_fd, ready_write = os.pipe()
         try:
@@ -218,25 +227,31 @@ class LocalCluster(Cluster):
                     pass_fds=(ready_write,), start_new_session=True, env=_child_env())
         finally:
             os.close(ready_write)
-        with os.fdopen(ready_fd) as ready:
-            answered = selectors.DefaultSelector()
+        self._gate = gate
+        with os.fdopen(ready_fd) as ready, selectors.DefaultSelector() as answered:
             answered.register(ready, selectors.EVENT_READ)
-            line = ready.readline() if answered.select(timeout=self.timeout) else "silent"
-            answered.close()
-        word, _, rest = line.strip().partition(" ")
+            line = ready.readline() if answered.select(timeout=self.timeout) else None
+        silent = line is None
+        word, _, rest = (line or "").strip().partition(" ")
         if word == "ready":
-            self._gate, self.exposure_reason = gate, ""
-            return
-        _close_stdin(gate)
-        code = gate.wait()
+            self.exposure_reason = ""
+            return None
+        self._close_gate()
+        if silent:
+            job, index = next(iter(self._states))
+            raise TaskError(job, index, f"did not start within {self.timeout:g} s (the gate of its "
+                                        f"private network did not answer)")
         if word == "port-in-use":
             job, index = owners[int(rest)]
             raise PortInUseError(job, index, "could not start", log_tail=(
                 f"port {rest} of {job}:{index} is already in use; choose another port"))
-        log_tail = (self._log_dir / "gate.log").read_text(errors="replace").strip()
-        reason = rest if word == "unavailable" else f"its gate exited ({code}): {log_tail[-300:]}"
-        _no_private_network = self.exposure_reason = (
-            f"this machine refused a private network namespace: {reason}")
+        if word == "unavailable":  # the OS said no: it will say no again
+            _no_private_network = f"this machine refused a private network namespace ({rest})"
+            return _no_private_network
+        log = (self._log_dir / "gate.log").read_text(errors="replace").strip()
+        raise DtflabError(f"the gate of the cluster's private network failed "
+                          f"(exit code {gate.returncode}): {log[-300:] or 'no answer'}; "
+                          f"start with network='host' to go without it")
 
     def _close_gate(self) -> None:
         gate, self._gate = self._gate, None

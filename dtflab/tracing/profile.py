@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 from dtflab._quiet import import_tf, quiet_fds
@@ -40,7 +39,7 @@ def profile(cluster, fn, *args, duration_ms: int = 1000, **kwargs) -> StepTrace:
         raise NotSupportedError(
             f"dtflab.profile needs task servers that run the TensorFlow profiler; the "
             f"{cluster.backend} backend has none: start the cluster with --backend local")
-    tf = import_tf()
+    import_tf()  # quietly, before the profiler client imports it
     from tensorflow.python.profiler import profiler_client
 
     fn(*args, **kwargs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
+import shutil
 import threading
 import time
 
@@ -295,8 +296,8 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
     on the ps without waiting. A worker that dies is reported in ``history.failures`` and the
     others carry on.
 
-    ``checkpoint_every=K`` writes the ps variables to ``checkpoint_dir`` (default: a new
-    temporary folder) every K updates; when a ps dies, the loop restarts it, restores the
+    ``checkpoint_every=K`` writes the ps variables to ``checkpoint_dir`` (default: a temporary
+    folder, deleted when the run ends) every K updates; when a ps dies, the loop restarts it, restores the
     newest checkpoint and goes on, losing at most K updates (``history.recoveries`` says how
     many). Restarting needs a backend that can (local, dask); see ``train.checkpoints``.
     """
@@ -324,8 +325,6 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
     epoch = [0]  # recoveries so far; a session made before the last one is stale
     recovering = threading.Lock()
     if checkpoints is not None:
-        checkpoints.begin_update()
-        checkpoints.end_update(0)
         checkpoints.save(sessions[0])  # step 0: a failure before the first K loses < K too
 
     def recover(task, seen_epoch):
@@ -404,8 +403,10 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
             thread.start()
         for thread in threads:
             thread.join()
-        with history._lock:
-            history.records.sort(key=lambda r: r.step)
+        if checkpoints is not None and checkpoint_dir is None:
+            shutil.rmtree(checkpoints.folder, ignore_errors=True)  # ours, not the user's
+        with history._lock:  # in step order, except that a restore sends the steps back
+            history.records.sort(key=(lambda r: r.time_s) if history.recoveries else (lambda r: r.step))
         _finish(history, started, callbacks)
         if len(history.failures) == len(devices):
             raise TaskError(*failed_task(cluster, "")[:2], "left no worker running")
