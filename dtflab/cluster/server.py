@@ -160,6 +160,14 @@ def _serve(args) -> int:
             print(f"dtflab server: no profiler on port {args.profiler_port}: {exc}", file=sys.stderr)
     target = server.target.decode() if isinstance(server.target, bytes) else server.target
     print(f"dtflab server: {job}:{index} serving {target} (pid {os.getpid()})", flush=True)
+    if ready is None:  # run by hand: on the host network, as in 2016
+        from dtflab.cluster.network import outside_addresses
+
+        exposed = ", ".join(f"{ip}:{port}" for ip in outside_addresses())
+        if exposed:
+            print(f"dtflab server: WARNING: reachable from other hosts at {exposed}; anyone who "
+                  f"reaches it can run code as you (see the README's Security section)",
+                  file=sys.stderr, flush=True)
     if ready is not None:
         ready.write(f"ready {os.getpid()}\n")
         ready.close()
