@@ -187,6 +187,12 @@ class Cluster:
         """Everything one task has printed (TensorFlow's log lines included)."""
         return self._task_logs(*self._task(job, index))
 
+    def let_tasks_reach(self, port: int) -> None:
+        """Make port ``port`` of this process reachable from the tasks at 127.0.0.1:``port``
+        (a TF2 client or chief listens there and the tasks call it back). Nothing to do
+        where the tasks share this machine's network; the local backend's private network
+        opens a way back for that port alone."""
+
     def connect(self, job_name: str = "client") -> list[str]:
         """Make this cluster's devices usable from eager TF2 code in this process.
 
@@ -195,10 +201,14 @@ class Cluster:
         for the life of the process: connect once per kernel, or restart the kernel.
         """
         from dtflab._quiet import import_tf, quiet_fds
+        from dtflab.cluster.ports import free_ports
 
         tf = import_tf()
+        (port,) = free_ports(1)
+        self.let_tasks_reach(port)
+        spec = tf.train.ClusterSpec(dict(self.addresses, **{job_name: [f"127.0.0.1:{port}"]}))
         with quiet_fds():
-            tf.config.experimental_connect_to_cluster(self.spec, job_name=job_name)
+            tf.config.experimental_connect_to_cluster(spec, job_name=job_name)
         return [device.name for device in tf.config.list_logical_devices()
                 if any(f"/job:{job}/" in device.name for job in self.addresses)]
 

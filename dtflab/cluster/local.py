@@ -48,6 +48,7 @@ class LocalCluster(Cluster):
         self.network = network or PRIVATE
         self._private_asked = network == PRIVATE  # if so, no quiet fall back to the host network
         self._gate: subprocess.Popen | None = None
+        self._gate_answers = None  # the gate's answers: "ready PID", "ok PORT", ...
         self._processes: dict[tuple[str, int], subprocess.Popen] = {}
         self._log_dir = Path(tempfile.mkdtemp(prefix="dtflab-logs-"))
         self._final_logs: dict[tuple[str, int], str] = {}
@@ -227,12 +228,10 @@ class LocalCluster(Cluster):
                     pass_fds=(ready_write,), start_new_session=True, env=_child_env())
         finally:
             os.close(ready_write)
-        self._gate = gate
-        with os.fdopen(ready_fd) as ready, selectors.DefaultSelector() as answered:
-            answered.register(ready, selectors.EVENT_READ)
-            line = ready.readline() if answered.select(timeout=self.timeout) else None
+        self._gate, self._gate_answers = gate, os.fdopen(ready_fd, "rb", buffering=0)
+        line = self._gate_answer(self.timeout)
         silent = line is None
-        word, _, rest = (line or "").strip().partition(" ")
+        word, _, rest = (line or "").partition(" ")
         if word == "ready":
             self.exposure_reason = ""
             return None
@@ -253,8 +252,30 @@ class LocalCluster(Cluster):
                           f"(exit code {gate.returncode}): {log[-300:] or 'no answer'}; "
                           f"start with network='host' to go without it")
 
+    def let_tasks_reach(self, port: int) -> None:
+        with self._lock:
+            if self._gate is None:
+                return
+            self._gate.stdin.write(f"reverse {port}\n".encode())
+            self._gate.stdin.flush()
+            answer = self._gate_answer(10.0)
+        if answer != f"ok {port}":
+            raise DtflabError(f"the tasks cannot reach port {port} of this process: "
+                              f"{answer or 'the gate of their private network did not answer'}")
+
+    def _gate_answer(self, timeout: float) -> str | None:
+        """The gate's next line, or None if it said nothing within ``timeout`` seconds."""
+        with selectors.DefaultSelector() as answered:
+            answered.register(self._gate_answers, selectors.EVENT_READ)
+            if not answered.select(timeout=timeout):
+                return None
+        return self._gate_answers.readline().decode(errors="replace").strip()
+
     def _close_gate(self) -> None:
         gate, self._gate = self._gate, None
+        if self._gate_answers is not None:
+            self._gate_answers.close()
+            self._gate_answers = None
         if gate is not None:
             _close_stdin(gate)
             try:

@@ -7,7 +7,10 @@ dtflab.cluster.network``) that
 1. binds ``127.0.0.1:<port>`` on this machine for every task port: the cluster's only doors;
 2. moves itself into a new user and network namespace (``unshare(CLONE_NEWUSER|CLONE_NEWNET)``,
    no root needed), whose only interface is a loopback of its own;
-3. forwards each connection accepted at a door to the same port on that private loopback.
+3. forwards each connection accepted at a door to the same port on that private loopback,
+   and, for ports the cluster opens on request (a TF2 client's or a chief's, which the tasks
+   call back), the other way: through a helper process it forked before moving, which stays
+   on this machine's network and hands over connected sockets (SCM_RIGHTS).
 
 Each task server joins the gate's namespaces (``setns``) before it starts, so its ``0.0.0.0``
 is the private loopback: tasks reach each other there directly, and this machine reaches them
@@ -31,6 +34,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 
 EXIT_PORT_IN_USE = 75
 EXIT_UNAVAILABLE = 76
@@ -114,32 +118,88 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
         sink.shutdown(socket.SHUT_WR)
 
 
-def _forward(client: socket.socket, port: int) -> None:
-    # Created after unshare, so this socket lives in the private namespace.
-    try:
+def _splice(a: socket.socket, b: socket.socket) -> None:
+    """Copy bytes both ways until both sides are done, then close both."""
+    for sock in (a, b):
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    back = threading.Thread(target=_pump, args=(b, a), daemon=True)
+    back.start()
+    _pump(a, b)
+    back.join()
+    a.close()
+    b.close()
+
+
+def _accept_forever(listener: socket.socket, handle, port: int) -> None:
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=handle, args=(conn, port), daemon=True,
+                         name=f"dtflab-gate-{port}").start()
+
+
+def _into_namespace(client: socket.socket, port: int) -> None:
+    """A connection at a door on this machine: on to the task inside the namespace."""
+    try:  # created after unshare, so this socket lives in the private namespace
         inside = socket.create_connection(("127.0.0.1", port), timeout=5)
     except OSError:
         client.close()  # the task is not listening (yet, or any more): the client retries
         return
-    inside.settimeout(None)
-    for sock in (client, inside):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    back = threading.Thread(target=_pump, args=(inside, client), daemon=True)
-    back.start()
-    _pump(client, inside)
-    back.join()
-    client.close()
-    inside.close()
+    _splice(client, inside)
 
 
-def _serve_door(door: socket.socket, port: int) -> None:
-    while True:
-        client, _ = door.accept()
-        threading.Thread(target=_forward, args=(client, port), daemon=True,
-                         name=f"dtflab-gate-{port}").start()
+class _Outside:
+    """A helper process left on this machine's network: it connects to 127.0.0.1:<port> here
+    and hands the socket over (SCM_RIGHTS), so tasks can reach back to their client."""
+
+    def __init__(self):
+        self.channel, theirs = socket.socketpair()
+        self.pid = os.fork()  # before unshare and before any thread
+        if self.pid == 0:
+            keep = theirs.fileno()
+            os.closerange(3, keep)  # nothing of the gate's: its pipes must close with it
+            os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+            self._serve(theirs)
+        theirs.close()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _serve(channel: socket.socket) -> None:
+        while len(request := channel.recv(2)) == 2:
+            (port,) = struct.unpack("!H", request)
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+                    socket.send_fds(channel, [b"1"], [conn.fileno()])
+            except OSError:
+                channel.sendall(b"0")
+        os._exit(0)
+
+    def connect(self, port: int) -> socket.socket | None:
+        with self._lock:
+            self.channel.sendall(struct.pack("!H", port))
+            answer, fds, _, _ = socket.recv_fds(self.channel, 1, 1)
+        return socket.socket(fileno=fds[0]) if answer == b"1" and fds else None
+
+    def close(self) -> None:
+        self.channel.close()
+        os.waitpid(self.pid, 0)
 
 
-def gate(ports: list[int], ready) -> int:
+def _back_out(outside: _Outside):
+    def handle(inside: socket.socket, port: int) -> None:
+        """A task connecting to 127.0.0.1:<port> in the namespace: on to this machine's."""
+        here = outside.connect(port)
+        if here is None:
+            inside.close()
+            return
+        _splice(inside, here)
+    return handle
+
+
+def gate(ports: list[int], ready, commands) -> int:
+    """Serve the doors; read ``reverse PORT`` lines from ``commands`` (answering ``ok PORT`` on
+    ``ready``) until it closes or the parent dies, then exit."""
+    outside = _Outside()
     doors = []
     for port in ports:
         door = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -149,6 +209,7 @@ def gate(ports: list[int], ready) -> int:
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 ready.write(f"port-in-use {port}\n")
+                outside.close()
                 return EXIT_PORT_IN_USE
             raise
         door.listen(64)
@@ -157,15 +218,31 @@ def gate(ports: list[int], ready) -> int:
         _private_namespace()
     except OSError as exc:
         ready.write(f"unavailable {exc.strerror or exc}\n")
+        outside.close()
         return EXIT_UNAVAILABLE
-    from dtflab.cluster.server import exit_with_parent
+    parent = os.getppid()
 
-    exit_with_parent()
+    def watch_parent():
+        while os.getppid() == parent:
+            time.sleep(0.25)
+        os._exit(0)  # the helper sees its channel close and exits too
+
+    threading.Thread(target=watch_parent, daemon=True).start()
     for door, port in zip(doors, ports):
-        threading.Thread(target=_serve_door, args=(door, port), daemon=True).start()
+        threading.Thread(target=_accept_forever, args=(door, _into_namespace, port), daemon=True).start()
     ready.write(f"ready {os.getpid()}\n")
-    ready.close()
-    threading.Event().wait()
+    for line in commands:
+        word, _, port = line.strip().partition(" ")
+        if word == "reverse" and port.isdigit():
+            try:
+                listener = socket.create_server(("127.0.0.1", int(port)))  # inside the namespace
+            except OSError as exc:
+                ready.write(f"failed {port} {exc.strerror}\n")
+                continue
+            threading.Thread(target=_accept_forever, args=(listener, _back_out(outside), int(port)),
+                             daemon=True).start()
+            ready.write(f"ok {port}\n")
+    outside.close()
     return 0
 
 
@@ -175,10 +252,10 @@ def main(argv=None) -> int:
     parser.add_argument("--ready_fd", type=int, required=True)
     args = parser.parse_args(argv)
     ready = os.fdopen(args.ready_fd, "w", buffering=1)
-    code = gate([int(p) for p in args.ports.split(",") if p], ready)
+    code = gate([int(p) for p in args.ports.split(",") if p], ready, sys.stdin)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)  # the stdin watcher holds stdin's lock
+    os._exit(code)  # without waiting for the daemon threads that serve connections
 
 
 if __name__ == "__main__":

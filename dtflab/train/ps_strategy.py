@@ -30,6 +30,7 @@ def strategy_for(cluster):
                              f"has: {', '.join(cluster.addresses)}; start one with --ps 1 --workers 2")
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")  # what TF recommends for it
     (port,) = free_ports(1)
+    cluster.let_tasks_reach(port)
     spec = dict(cluster.addresses, chief=[f"127.0.0.1:{port}"])
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
