@@ -50,7 +50,8 @@ NETWORKS = (PRIVATE, HOST)
 # -- used by the cluster (this machine's side) ---------------------------------------------------
 
 def outside_addresses() -> list[str]:
-    """This machine's IPv4 addresses other than loopback: where other hosts can reach it."""
+    """This machine's addresses other than loopback, where other hosts can reach it, ready to
+    put before ``:port`` (IPv6 in brackets: TensorFlow's server takes both families)."""
     import psutil
 
     found = []
@@ -58,6 +59,8 @@ def outside_addresses() -> list[str]:
         for address in addresses:
             if address.family == socket.AF_INET and not address.address.startswith("127."):
                 found.append(address.address)
+            elif address.family == socket.AF_INET6 and address.address != "::1":
+                found.append(f"[{address.address}]")
     return sorted(set(found))
 
 

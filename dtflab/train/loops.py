@@ -297,9 +297,10 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
     others carry on.
 
     ``checkpoint_every=K`` writes the ps variables to ``checkpoint_dir`` (default: a temporary
-    folder, deleted when the run ends) every K updates; when a ps dies, the loop restarts it, restores the
-    newest checkpoint and goes on, losing at most K updates (``history.recoveries`` says how
-    many). Restarting needs a backend that can (local, dask); see ``train.checkpoints``.
+    folder, deleted when the run ends) every K updates; when a ps dies, the loop restarts it,
+    restores the newest checkpoint and goes on, losing at most K updates
+    (``history.recoveries`` says how many). Restarting needs a backend that can (local, dask);
+    see ``train.checkpoints``.
     """
     import tempfile
 
