@@ -34,8 +34,8 @@ if not Path(CHROMIUM).exists():
                f"`apt-get install chromium` (.ci/run does)"))
 
 LIVE_CELL = """# (added by the browser test) a long run to watch, stopped with the Stop button
-live = train.async_parameter_server(problem, dtflab.start_cluster(ps=1, workers=2),
-                                    steps=1_000_000, background=True, name="live")
+live = train.sync_data_parallel(problem, dtflab.start_cluster(ps=1, workers=2),
+                                steps=1_000_000, background=True, name="live")
 live_dashboard = Dashboard(live, interval_s=0.25)
 live_dashboard"""
 
