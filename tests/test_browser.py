@@ -127,11 +127,18 @@ def ink(png: bytes) -> int:
     return sum(histogram[:200])
 
 
+def reveal(locator):
+    """Scrolls ``locator`` into view without Playwright's wait for it to hold still: while a
+    live plot streams, JupyterLab's windowed notebook keeps re-laying cells out, and on a busy
+    machine that wait ran out (CI: "waiting for element to be stable", 9 s)."""
+    locator.wait_for(state="attached")
+    locator.evaluate("e => e.scrollIntoView({block: 'nearest'})")
+
+
 def shot(page, locator, path=None) -> bytes:
-    """A screenshot of ``locator`` clipped from the page. Unlike ``locator.screenshot`` it does
-    not wait for the element to hold still: JupyterLab's windowed notebook keeps re-laying
-    cells out while a live plot below streams, which can stall that wait."""
-    locator.scroll_into_view_if_needed()
+    """A screenshot of ``locator`` clipped from the page, taken without waiting for the element
+    to hold still (see ``reveal``)."""
+    reveal(locator)
     box = locator.bounding_box()
     assert box and box["width"] > 0 and box["height"] > 0, "the element is not on the page"
     return page.screenshot(path=path, clip=box)
@@ -148,14 +155,14 @@ def test_quickstart_shows_the_cluster_panel_row_by_row(lab, page):
     url, token, _ = lab
     open_and_run_all(page, url, token, "00_quickstart.ipynb")
     panel = cell_containing(page, "%dtf_cluster start 3").locator(".dtflab-cluster-panel").first
-    panel.scroll_into_view_if_needed()
+    reveal(panel)
     rows = panel.locator("tr.dtflab-task")
     assert rows.count() == 3
     assert [rows.nth(i).get_attribute("data-task") for i in range(3)] == ["ps:0", "worker:0", "worker:1"]
     # The notebook ended by stopping this cluster: the panel followed.
     assert {rows.nth(i).get_attribute("data-state") for i in range(3)} == {"stopped"}
     legacy_cell = cell_containing(page, "--name legacy")
-    legacy_cell.scroll_into_view_if_needed()
+    reveal(legacy_cell)
     legacy = legacy_cell.locator("tr.dtflab-task")
     assert legacy.count() == 3
     assert {legacy.nth(i).get_attribute("data-state") for i in range(3)} == {"running"}
@@ -175,14 +182,14 @@ def test_data_parallel_views_render_and_the_live_plot_streams_until_stopped(lab,
     open_and_run_all(page, url, token, path.name)
 
     views = cell_containing(page, "step.show()")
-    views.scroll_into_view_if_needed()
+    reveal(views)
     page.wait_for_timeout(1000)
     assert views.locator("canvas").count() >= 3  # partition graph, timeline, transfer matrix
     drawn = shot(page, views.locator(".jp-OutputArea"), str(SHOTS / "step_views.png"))
     assert ink(drawn) > 20_000, "the partition graph and timeline drew nothing"
 
     live = cell_containing(page, "added by the browser test")
-    live.scroll_into_view_if_needed()
+    reveal(live)
     plot = live.locator("canvas").first
     plot.wait_for(timeout=60_000)
     page.wait_for_timeout(1500)  # let the first render finish: compare drawn states only
@@ -193,7 +200,7 @@ def test_data_parallel_views_render_and_the_live_plot_streams_until_stopped(lab,
         pytest.fail(f"the live loss plot did not change in 60 s; the run says {status.inner_text()!r}, "
                     f"the browser console {page.console_errors}")
     shot(page, live, str(SHOTS / "live_dashboard.png"))
-    live.get_by_role("button", name="Stop").click()
+    live.get_by_role("button", name="Stop").dispatch_event("click")  # no wait for a still layout
     assert wait_until(lambda: "steps in" in status.inner_text(), timeout=60), status.inner_text()
     assert live.get_by_role("button", name="Stop").is_disabled()
     def settled():  # the page may still be drawing the last update when Stop takes effect
