@@ -56,8 +56,7 @@ def one_cycle(backend: str) -> tuple[float, set[int], list[int]]:
     tasks = cluster.tasks
     assert all(str(task.state) == "running" for task in tasks), tasks
     pids = [task.pid for task in tasks if task.pid]
-    ports = {int(a.rsplit(":", 1)[1]) for addresses in cluster.addresses.values() for a in addresses}
-    ports |= set(getattr(cluster, "profiler_ports", {}).values())
+    ports = set(cluster.ports)
     cluster.stop()
     elapsed = time.perf_counter() - start
     deadline = time.monotonic() + 5

@@ -43,7 +43,7 @@ def test_every_task_runs_the_hello_constant(start_cluster):
 def test_stop_ends_every_process_and_frees_every_port(start_cluster):
     cluster = start_cluster(3)
     pids = [t.pid for t in cluster.tasks]
-    ports = [int(a.rsplit(":", 1)[1]) for tasks in cluster.addresses.values() for a in tasks]
+    ports = cluster.ports
     cluster.stop()
     assert all(not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
                for pid in pids)

@@ -71,11 +71,6 @@ def reaches(other_host, port) -> bool:
     return out.returncode == 0
 
 
-def ports_of(cluster) -> list[int]:
-    tasks = [int(a.rsplit(":", 1)[1]) for tasks in cluster.addresses.values() for a in tasks]
-    return tasks + list(getattr(cluster, "profiler_ports", {}).values())
-
-
 def run_across_tasks(cluster) -> float:
     """A graph with a variable on ps:0 read by worker:0, run from this process."""
     from dtflab._quiet import import_tf
@@ -104,7 +99,7 @@ def test_the_other_host_reaches_what_this_machine_exposes(other_host):
 def test_a_local_cluster_is_out_of_reach_of_other_hosts_and_works_here(other_host, start_cluster):
     cluster = start_cluster(3)
     assert cluster.exposed == []
-    ports = ports_of(cluster)
+    ports = cluster.ports
     assert len(ports) == 6  # three tasks, three profiler servers
     assert not any(reaches(other_host, port) for port in ports)
     assert run_across_tasks(cluster) == 256 * 256
@@ -123,7 +118,7 @@ def test_a_local_cluster_is_out_of_reach_of_other_hosts_and_works_here(other_hos
 def test_a_host_network_cluster_is_reachable_and_names_the_addresses(other_host, start_cluster):
     _, host_ip = other_host
     cluster = start_cluster(ps=1, workers=1, network="host")
-    port = int(cluster.addresses["worker"][0].rsplit(":", 1)[1])
+    port = cluster.endpoints["worker", 0][1]
     assert reaches(other_host, port)  # the danger is real...
     assert f"{host_ip}:{port}" in cluster.exposed  # ...and named
     assert run_across_tasks(cluster) == 256 * 256
@@ -136,7 +131,7 @@ def test_a_host_network_cluster_is_reachable_and_names_the_addresses(other_host,
 def test_an_inprocess_cluster_names_what_it_exposes(other_host, start_cluster):
     _, host_ip = other_host
     cluster = start_cluster(2, backend="inprocess")
-    port = int(cluster.addresses["worker"][0].rsplit(":", 1)[1])
+    port = cluster.endpoints["worker", 0][1]
     assert f"{host_ip}:{port}" in cluster.exposed
     assert "inprocess backend" in cluster.exposure_reason
     assert reaches(other_host, port)
@@ -179,7 +174,7 @@ except NotSupportedError as error:
     print(json.dumps({"asked": str(error)}), flush=True)
 with dtflab.start_cluster(2) as cluster:
     print(json.dumps({"exposed": cluster.exposed, "reason": cluster.exposure_reason,
-                      "port": cluster.addresses["worker"][0].rsplit(":", 1)[1],
+                      "port": str(cluster.endpoints["worker", 0][1]),
                       "warned": "Reachable from other hosts" in render_html(cluster)}), flush=True)
     sys.stdin.readline()
 """
@@ -222,6 +217,7 @@ def test_a_private_network_asked_of_another_backend_is_refused():
 def test_a_gate_port_taken_meanwhile_is_chosen_again(start_cluster, monkeypatch):
     # A port taken on 127.0.0.1 between choosing and the gate binding it: chosen again.
     import dtflab.cluster.base as base
+    from dtflab.cluster.spec import parse_address
 
     taken = []
     real_choose = base.choose_ports
@@ -229,7 +225,7 @@ def test_a_gate_port_taken_meanwhile_is_chosen_again(start_cluster, monkeypatch)
     def choose_then_take(layout):
         addresses = real_choose(layout)
         if not taken:
-            port = int(addresses["ps"][0].rsplit(":", 1)[1])
+            port = parse_address(addresses["ps"][0])[1]
             taken.append(socket.create_server(("127.0.0.1", port)))
         return addresses
 
@@ -237,7 +233,7 @@ def test_a_gate_port_taken_meanwhile_is_chosen_again(start_cluster, monkeypatch)
     try:
         cluster = start_cluster(2)
         held = taken[0].getsockname()[1]
-        assert held not in ports_of(cluster)
+        assert held not in cluster.ports
         assert cluster.exposed == []
     finally:
         for sock in taken:

@@ -7,7 +7,7 @@ import threading
 import weakref
 
 from dtflab.cluster.ports import choose_ports
-from dtflab.cluster.spec import Layout, layout_to_legacy_spec, parse_task
+from dtflab.cluster.spec import Layout, layout_to_legacy_spec, parse_address, parse_task
 from dtflab.cluster.task import TaskInfo, TaskState
 from dtflab.errors import NotSupportedError, PortInUseError
 
@@ -145,6 +145,18 @@ class Cluster:
         """The cluster as the 2016 server's ``--cluster_spec`` string."""
         return layout_to_legacy_spec(self.addresses)
 
+    @property
+    def endpoints(self) -> dict[tuple[str, int], tuple[str, int]]:
+        """Each task's ``(host, port)``, keyed by ``(job, index)``."""
+        return {(job, index): parse_address(address)
+                for job, tasks in self.addresses.items() for index, address in enumerate(tasks)}
+
+    @property
+    def ports(self) -> list[int]:
+        """Every port of this machine the cluster listens on (the local backend adds each
+        task's profiler port)."""
+        return [port for _, port in self.endpoints.values()]
+
     def target(self, job: str, index: int | None = None) -> str:
         """The session target of one task, ``"grpc://host:port"``."""
         job, index = self._task(job, index)
@@ -175,12 +187,13 @@ class Cluster:
 
         if self.stopped:
             return []
-        exposed = []
-        for tasks in self.addresses.values():
-            for address in tasks:
-                host, port = address.rsplit(":", 1)
-                on_this_machine = host == "localhost" or host.startswith("127.")
-                exposed += [f"{ip}:{port}" for ip in outside_addresses()] if on_this_machine else [address]
+        exposed, outside = [], None
+        for host, port in self.endpoints.values():
+            if host == "localhost" or host.startswith("127."):  # TF listens on every interface
+                outside = outside_addresses() if outside is None else outside
+                exposed += [f"{ip}:{port}" for ip in outside]
+            else:
+                exposed.append(f"{host}:{port}")
         return exposed
 
     def logs(self, job: str, index: int | None = None) -> str:

@@ -35,10 +35,9 @@ class InProcessCluster(Cluster):
         tf = import_tf()
         # A server that fails to bind has already cost nothing, but one that started cannot be
         # undone, so check every port before creating any.
-        for job, addresses in self.addresses.items():
-            for index, address in enumerate(addresses):
-                if not port_is_free(int(address.rsplit(":", 1)[1])):
-                    raise PortInUseError(job, index, f"cannot listen on {address}: port in use")
+        for (job, index), (host, port) in self.endpoints.items():
+            if not port_is_free(port):
+                raise PortInUseError(job, index, f"cannot listen on {host}:{port}: port in use")
         spec = self.spec
         config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=self.inter_op_threads,
                                           intra_op_parallelism_threads=self.intra_op_threads)

@@ -118,25 +118,14 @@ class LocalCluster(Cluster):
     # -- processes ---------------------------------------------------------------------------
 
     def _launch(self, job: str, index: int) -> tuple[subprocess.Popen, int]:
-        ready_fd, ready_write = os.pipe()
-        command = [
-            sys.executable, "-m", "dtflab.cluster.server",
+        process, ready_fd = _spawn([
+            "dtflab.cluster.server",
             "--cluster_spec", self.legacy_spec, "--job_name", job, "--task_index", str(index),
             "--inter_op_threads", str(self.inter_op_threads),
             "--intra_op_threads", str(self.intra_op_threads),
-            "--profiler_port", str(self.profiler_ports.get((job, index), 0)),
-            "--ready_fd", str(ready_write), "--exit_with_parent",
-        ] + (["--netns", str(self._gate.pid)] if self._gate is not None else [])
-        try:
-            with open(self._log_path(job, index), "ab") as log:
-                process = subprocess.Popen(
-                    command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                    pass_fds=(ready_write,), start_new_session=True, env=_child_env())
-        except BaseException:
-            os.close(ready_fd)
-            raise
-        finally:
-            os.close(ready_write)
+            "--profiler_port", str(self.profiler_ports.get((job, index), 0)), "--exit_with_parent",
+        ] + (["--netns", str(self._gate.pid)] if self._gate is not None else []),
+            self._log_path(job, index))
         self._processes[job, index] = process
         self._states[job, index] = TaskState.STARTING
         return process, ready_fd
@@ -188,6 +177,10 @@ class LocalCluster(Cluster):
                 process.kill()
                 process.wait()
 
+    @property
+    def ports(self) -> list[int]:
+        return super().ports + list(self.profiler_ports.values())
+
     # -- the private network -----------------------------------------------------------------
 
     @property
@@ -201,7 +194,7 @@ class LocalCluster(Cluster):
         if self.network == HOST:
             self.exposure_reason = "started with network='host'"
             return
-        hosts = {address.rsplit(":", 1)[0] for tasks in self.addresses.values() for address in tasks}
+        hosts = {host for host, _ in self.endpoints.values()}
         refused = ("its spec names hosts other than localhost" if not hosts <= set(LOOPBACK_HOSTS)
                    else _no_private_network)
         if refused is None:
@@ -215,19 +208,10 @@ class LocalCluster(Cluster):
     def _start_gate(self) -> str | None:
         """Start the gate; None once it runs, else why this machine refused."""
         global _no_private_network
-        owners = {int(self.addresses[job][index].rsplit(":", 1)[1]): (job, index)
-                  for job, index in self._states}
+        owners = {port: key for key, (_, port) in self.endpoints.items()}
         owners.update({port: key for key, port in self.profiler_ports.items()})
-        ready_fd, ready_write = os.pipe()
-        try:
-            with open(self._log_dir / "gate.log", "ab") as log:
-                gate = subprocess.Popen(
-                    [sys.executable, "-m", "dtflab.cluster.network", "--ports",
-                     ",".join(map(str, owners)), "--ready_fd", str(ready_write)],
-                    stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                    pass_fds=(ready_write,), start_new_session=True, env=_child_env())
-        finally:
-            os.close(ready_write)
+        gate, ready_fd = _spawn(["dtflab.cluster.network", "--ports", ",".join(map(str, owners))],
+                                self._log_dir / "gate.log")
         self._gate, self._gate_answers = gate, os.fdopen(ready_fd, "rb", buffering=0)
         line = self._gate_answer(self.timeout)
         silent = line is None
@@ -297,6 +281,24 @@ class LocalCluster(Cluster):
 
     def _log_tail(self, job: str, index: int) -> str:
         return "\n".join(self._read_log(job, index).splitlines()[-LOG_TAIL_LINES:])
+
+
+def _spawn(module_and_args: list[str], log_path: Path) -> tuple[subprocess.Popen, int]:
+    """Start ``python -m MODULE ARGS --ready_fd N`` in a session of its own, output to
+    ``log_path``, stdin a pipe; returns the process and the read end of its readiness pipe."""
+    ready_fd, ready_write = os.pipe()
+    try:
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", *module_and_args, "--ready_fd", str(ready_write)],
+                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                pass_fds=(ready_write,), start_new_session=True, env=_child_env())
+    except BaseException:
+        os.close(ready_fd)
+        raise
+    finally:
+        os.close(ready_write)
+    return process, ready_fd
 
 
 def _child_env() -> dict[str, str]:

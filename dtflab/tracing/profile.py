@@ -55,7 +55,7 @@ def profile(cluster, fn, *args, duration_ms: int = 1000, **kwargs) -> StepTrace:
             failure.append(exc)
 
     by_port = {port: key for key, port in ports.items()}
-    host = {key: cluster.addresses[key[0]][key[1]].rsplit(":", 1)[0] for key in ports}
+    host = {key: cluster.endpoints[key][0] for key in ports}
     service = ",".join(f"grpc://{host[key]}:{port}" for key, port in ports.items())
     worker = threading.Thread(target=keep_calling, name="dtflab-profile", daemon=True)
     with tempfile.TemporaryDirectory(prefix="dtflab-profile-") as logdir:
