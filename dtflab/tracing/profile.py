@@ -55,7 +55,8 @@ def profile(cluster, fn, *args, duration_ms: int = 1000, **kwargs) -> StepTrace:
             failure.append(exc)
 
     by_port = {port: key for key, port in ports.items()}
-    host = {key: cluster.endpoints[key][0] for key in ports}
+    endpoints = cluster.endpoints  # parsed once, not once per task
+    host = {key: endpoints[key][0] for key in ports}
     service = ",".join(f"grpc://{host[key]}:{port}" for key, port in ports.items())
     worker = threading.Thread(target=keep_calling, name="dtflab-profile", daemon=True)
     with tempfile.TemporaryDirectory(prefix="dtflab-profile-") as logdir:
