@@ -8,7 +8,7 @@ Importing dtflab is cheap: TensorFlow is imported only when a cluster needs it.
 
 from __future__ import annotations
 
-from dtflab.cluster import Cluster, TaskInfo, TaskState, start_cluster
+from dtflab.cluster import Cluster, TaskInfo, TaskState, run, start_cluster
 from dtflab.errors import DtflabError, NotSupportedError, TaskError
 
 __version__ = "0.1.0"
@@ -63,5 +63,6 @@ def load_ipython_extension(ipython) -> None:
     register(ipython)
 
 
-__all__ = ["Cluster", "PlacementPlan", "compare", "train", "TaskInfo", "TaskState", "start_cluster", "trace", "profile", "tf_log", "DtflabError",
+__all__ = ["Cluster", "PlacementPlan", "compare", "train", "TaskInfo", "TaskState", "start_cluster", "run",
+           "trace", "profile", "tf_log", "DtflabError",
            "NotSupportedError", "TaskError", "__version__"]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dtflab.cluster.base import Cluster
+from dtflab.cluster.launch import START_METHODS
 from dtflab.cluster.network import PRIVATE, check_network
-from dtflab.cluster.spec import resolve_layout
+from dtflab.cluster.programs import Program
+from dtflab.cluster.spec import parse_count, resolve_layout
 from dtflab.cluster.task import TaskInfo, TaskState
 from dtflab.errors import did_you_mean
 
@@ -26,7 +28,8 @@ def backend_names() -> list[str]:
 
 
 def check_request(n=None, *, backend=None, ps=None, workers=None, jobs=None, spec=None,
-                  timeout: float = 60.0, scheduler=None, client=None, network=None):
+                  timeout: float = 60.0, scheduler=None, client=None, network=None,
+                  start_method=None):
     """The backend class and layout for a start request, or a ValueError; starts nothing."""
     backends = _backends()
     on_dask = scheduler is not None or client is not None
@@ -44,6 +47,12 @@ def check_request(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
         if network == PRIVATE and name != "local":
             raise ValueError(f"the {name} backend cannot keep its task servers on a private "
                              f"network; use backend 'local' for network 'private'")
+    if start_method is not None and start_method not in START_METHODS:
+        raise ValueError(f"unknown start_method {start_method!r}{did_you_mean(start_method, START_METHODS)}; "
+                         f"choose 'fork' (from a warm TensorFlow) or 'spawn' (a fresh interpreter)")
+    if start_method is not None and name != "local":
+        raise ValueError(f"start_method applies to the local backend only, not {name!r}; "
+                         f"leave it out")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}; "
                          f"for example 120")
@@ -53,7 +62,8 @@ def check_request(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
 def start_cluster(n=None, *, backend=None, ps=None, workers=None, jobs=None, spec=None,
                   timeout: float = 60.0, inter_op_threads: int | None = None,
                   intra_op_threads: int | None = None, scheduler: str | None = None,
-                  client=None, network: str | None = None) -> Cluster:
+                  client=None, network: str | None = None, start_method: str | None = None,
+                  programs: dict[str, Program] | None = None) -> Cluster:
     """Start a cluster of TensorFlow task servers and return it once every task listens.
 
     In [1]: cluster = dtflab.start_cluster(3)                  # ps:0, worker:0, worker:1
@@ -70,16 +80,52 @@ def start_cluster(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
     ``network``: ``"private"`` (the local backend's default) keeps the task servers reachable
     from this machine only; ``"host"`` lets other hosts reach them, as the inprocess and Dask
     backends always do. ``cluster.exposed`` lists what other hosts can reach.
+
+    ``start_method`` (local backend): ``"fork"`` (the default on Linux: tasks are forked from
+    this process's warm fork server) or ``"spawn"`` (each task imports TensorFlow anew).
+    ``programs``: ``{job: Program}``, jobs whose tasks run a program (see ``dtflab.run``).
     """
     cluster_class, layout = check_request(n, backend=backend, ps=ps, workers=workers, jobs=jobs,
                                           spec=spec, timeout=timeout, scheduler=scheduler,
-                                          client=client, network=network)
+                                          client=client, network=network,
+                                          start_method=start_method)
+    unknown = sorted(set(programs or {}) - set(layout))
+    if unknown:
+        raise ValueError(f"programs name job {unknown[0]!r}, which the cluster lacks; its jobs "
+                         f"are: {', '.join(layout)}")
     options = dict(scheduler=scheduler, client=client) if cluster_class.backend == "dask" else {}
-    if cluster_class.backend == "local" and network is not None:
-        options["network"] = network
+    if cluster_class.backend == "local":
+        options.update(network=network, start_method=start_method)
     cluster = cluster_class(layout, timeout=timeout, inter_op_threads=inter_op_threads,
-                            intra_op_threads=intra_op_threads, **options)
+                            intra_op_threads=intra_op_threads, programs=programs, **options)
     return cluster.start()
 
 
-__all__ = ["Cluster", "TaskInfo", "TaskState", "start_cluster", "backend_names", "DEFAULT_BACKEND"]
+def run(script, *args, workers=2, ps=0, chief: bool = False, backend=None, network=None,
+        timeout: float = 60.0, start_method=None, scheduler=None, client=None,
+        cwd: str | None = None) -> Cluster:
+    """Run ``script`` as every worker's program (and the chief's, with ``chief=True``) beside
+    ``ps`` bare task servers; returns the running cluster at once.
+
+    In [1]: cluster = dtflab.run("mwms.py", "--steps=20", workers=2)
+    In [2]: cluster.wait()                                # {'worker:0': 0, 'worker:1': 0}
+    In [3]: dtflab.run("trainer.py", "--ps_hosts={ps_hosts}", "--worker_hosts={worker_hosts}",
+       ...:            "--job_name={job_name}", "--task_index={task_index}", workers=2, ps=1)
+
+    Each program runs as ``python SCRIPT ARGS`` would, from ``cwd`` (default: this process's
+    working directory), with ``TF_CONFIG`` set for its task; placeholders in ``args`` are
+    described in ``dtflab.cluster.programs``. ``cluster.logs("worker:0")`` holds its output.
+    """
+    workers = parse_count(workers, "workers")
+    ps = parse_count(ps, "ps", minimum=0)
+    program = Program.checked(script, args, cwd)
+    counts = {"chief": 1 if chief else 0, "ps": ps, "worker": workers}
+    jobs = {job: count for job, count in counts.items() if count}
+    programs = {job: program for job in ("chief", "worker") if job in jobs}
+    return start_cluster(jobs=jobs, backend=backend, network=network, timeout=timeout,
+                         start_method=start_method, scheduler=scheduler, client=client,
+                         programs=programs)
+
+
+__all__ = ["Cluster", "Program", "TaskInfo", "TaskState", "start_cluster", "run", "backend_names",
+           "DEFAULT_BACKEND"]

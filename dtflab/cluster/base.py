@@ -9,14 +9,19 @@ import weakref
 from dtflab.cluster.ports import choose_ports
 from dtflab.cluster.spec import Layout, layout_to_legacy_spec, parse_address, parse_task
 from dtflab.cluster.task import TaskInfo, TaskState
-from dtflab.errors import NotSupportedError, PortInUseError
+from dtflab.errors import NotSupportedError, PortInUseError, TaskError
 
 _running: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 PORT_ATTEMPTS = 3
 
 
 class Cluster:
-    """A TensorFlow cluster of task servers: start, status, kill/restart a task, stop.
+    """A TensorFlow cluster: start, status, kill/restart a task, wait for its programs, stop.
+
+    Each task is a bare task server, or, for the jobs named in ``programs``, a copy of the
+    user's program (``dtflab.cluster.programs``) that gets ``TF_CONFIG`` and starts its own
+    server. Lifecycle of a task: starting -> running -> exited (on its own, with a code) |
+    killed (``kill``) | stopped (``stop``); ``restart`` starts it again on the same address.
 
     A backend subclass provides:
 
@@ -25,19 +30,27 @@ class Cluster:
       (``PortInUseError`` when a port was taken);
     - ``_stop_all()``;
     - ``_task_state(job, index) -> (TaskState, pid or None)`` and ``_task_logs(job, index)``;
-    - optionally ``_kill_task`` / ``_start_task`` (default: refuse with ``NotSupportedError``)
-      and ``_task_host`` for tasks that run elsewhere.
+    - optionally ``_kill_task`` / ``_start_task`` (default: refuse with ``NotSupportedError``),
+      ``_task_host`` for tasks that run elsewhere, ``_task_details`` (exit code, how it
+      started) and ``_server_args`` (extra flags for a task server).
 
-    It gets for free: ``spec``, ``target()``, ``tasks``, free ports chosen at start and chosen
-    again when one is taken meanwhile, ``connect()``, the status panel and HTML repr, use as a
-    context manager, and a stop at interpreter exit.
+    It gets for free: ``spec``, ``target()``, ``tasks``, what each task runs
+    (``_task_command``), free ports chosen at start and chosen again when one is taken
+    meanwhile, ``wait()``, ``connect()``, the status panel and HTML repr, use as a context
+    manager, and a stop at interpreter exit.
     """
 
     backend = "base"
+    #: How task processes start: "fork" (from a warm fork server), "spawn", or None where
+    #: tasks are not processes of this machine.
+    start_method: str | None = None
 
     def __init__(self, layout: Layout, *, timeout: float = 60.0,
-                 inter_op_threads: int | None = None, intra_op_threads: int | None = None):
+                 inter_op_threads: int | None = None, intra_op_threads: int | None = None,
+                 programs: dict | None = None):
         self._layout = layout
+        #: job -> ``Program`` for the jobs whose tasks run the user's program.
+        self.programs = dict(programs or {})
         self.timeout = timeout
         n_tasks = sum(len(tasks) for tasks in layout.values())
         #: Threads per task for independent ops. Defaults to tasks + 1: ParameterServerStrategy
@@ -127,6 +140,35 @@ class Cluster:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def wait(self, timeout: float | None = None, *, check: bool = True) -> dict[str, int | None]:
+        """Wait until every program task has ended; returns each one's exit code by name.
+
+        With ``check`` (the default), a program that exited with a code other than 0, or was
+        killed, raises ``TaskError`` (``worker:1 exited with code 1`` and its last lines).
+        ``timeout`` (seconds) raises ``TimeoutError`` naming the programs still running.
+        """
+        import time
+
+        if not self.programs:
+            raise NotSupportedError("this cluster runs no programs, so there is nothing to wait "
+                                    "for; start one with dtflab.run(...) or %dtf_cluster run")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            infos = [t for t in self.tasks if t.job in self.programs]
+            running = [t.name for t in infos if t.state in (TaskState.RUNNING, TaskState.STARTING)]
+            if not running:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"{', '.join(running)} still running after {timeout:g} s")
+            time.sleep(0.1)
+        if check:
+            for info in infos:
+                if info.state is TaskState.KILLED or info.exit_code not in (0, None):
+                    what = "was killed" if info.state is TaskState.KILLED else info.status
+                    raise TaskError(info.job, info.index, what,
+                                    log_tail=self._task_log_tail(info.job, info.index))
+        return {info.name: info.exit_code for info in infos}
+
     # -- what the user reads -----------------------------------------------------------------
 
     @property
@@ -172,8 +214,11 @@ class Cluster:
             for index, address in enumerate(addresses):
                 state, pid = self._task_state(job, index)
                 memory = self._task_memory(job, index, pid) if state is TaskState.RUNNING else None
+                program = self.programs.get(job)
                 infos.append(TaskInfo(job, index, address, state, pid, memory,
-                                      self._task_host(job, index)))
+                                      self._task_host(job, index),
+                                      program=program.name if program else None,
+                                      **self._task_details(job, index)))
         return infos
 
     @property
@@ -246,7 +291,8 @@ class Cluster:
     def __repr__(self) -> str:
         jobs = ", ".join(f"{job}:{len(tasks)}" for job, tasks in self._layout.items())
         status = "stopped" if self.stopped else "running"
-        return f"<{type(self).__name__} {self.backend} ({jobs}) {status}>"
+        started = f", tasks {self.start_method}ed" if self.start_method else ""
+        return f"<{type(self).__name__} {self.backend} ({jobs}) {status}{started}>"
 
     # -- for backends ----------------------------------------------------------------------
 
@@ -264,6 +310,28 @@ class Cluster:
 
     def _task_host(self, job: str, index: int) -> str | None:
         return None
+
+    def _task_details(self, job: str, index: int) -> dict:
+        """``exit_code`` and ``started_by`` of one task, where the backend knows them."""
+        return {}
+
+    def _task_log_tail(self, job: str, index: int, lines: int = 12) -> str:
+        return "\n".join(self._task_logs(job, index).splitlines()[-lines:])
+
+    def _server_args(self, job: str, index: int) -> list[str]:
+        return []
+
+    def _task_command(self, job: str, index: int):
+        """What task ``job:index`` runs: its program, or a bare task server."""
+        from dtflab.cluster.task import Command
+
+        if job in self.programs:
+            return self.programs[job].command(self.addresses, job, index)
+        return Command("dtflab.cluster.server", [
+            "--cluster_spec", self.legacy_spec, "--job_name", job, "--task_index", str(index),
+            "--inter_op_threads", str(self.inter_op_threads),
+            "--intra_op_threads", str(self.intra_op_threads), "--exit_with_parent",
+            *self._server_args(job, index)])
 
     def _poll(self) -> None:
         """Refresh what ``_task_state`` reads, once per ``tasks`` (remote backends batch here)."""

@@ -14,6 +14,7 @@ from dtflab.cluster.task import TaskState
 from dtflab.errors import DtflabError, PortInUseError, TaskError
 
 WAIT_REPORT_S = 5.0  # how often the wait for workers says how many have come
+NOT_POLLED = (False, None, None, None)  # (alive, pid, pss_mb, exit_code) of a task not seen
 
 
 class DaskCluster(Cluster):
@@ -23,7 +24,8 @@ class DaskCluster(Cluster):
     each), and closed again at stop. With them an existing cluster is used, and stop leaves
     it and its workers running. Roles go to workers in order of their addresses; each worker
     chooses its task's port and reports its own host, so tasks on different machines reach
-    each other. Task processes are children of their worker (see dask_worker.py).
+    each other. Task processes are children of their worker, spawned, not forked (see
+    dask_worker.py). Program tasks run a script at the same path on the worker's machine.
     """
 
     backend = "dask"
@@ -49,8 +51,8 @@ class DaskCluster(Cluster):
             reply = client.run(remote.reserve_port, port, workers=[worker])
             self.addresses.setdefault(job, [None] * len(self._layout[job]))[index] = reply[worker]
         by_worker = {worker: key for key, worker in self._roles.items()}
-        replies = client.run(remote.start_task, self._id, self.addresses, by_worker,
-                             self.inter_op_threads, self.intra_op_threads, self.timeout,
+        commands = {worker: (*key, self._task_command(*key)) for worker, key in by_worker.items()}
+        replies = client.run(remote.start_task, self._id, commands, self.timeout,
                              workers=list(by_worker))
         failed = [(by_worker[w], r) for w, r in replies.items() if not r.get("ok")]
         for key, reply in replies.items():
@@ -87,9 +89,9 @@ class DaskCluster(Cluster):
 
     def _start_task(self, job: str, index: int) -> None:
         worker = self._roles[job, index]
-        reply = self._client.run(remote.start_task, self._id, self.addresses,
-                                 {worker: (job, index)}, self.inter_op_threads,
-                                 self.intra_op_threads, self.timeout, workers=[worker])[worker]
+        commands = {worker: (job, index, self._task_command(job, index))}
+        reply = self._client.run(remote.start_task, self._id, commands, self.timeout,
+                                 workers=[worker])[worker]
         if not reply.get("ok"):
             error = PortInUseError if reply["port_in_use"] else TaskError
             raise error(job, index, f"could not restart on Dask worker {worker}: {reply['what']}",
@@ -107,13 +109,17 @@ class DaskCluster(Cluster):
 
     def _task_state(self, job: str, index: int):
         state = self._states[job, index]
-        alive, pid, _ = self._polled.get(f"{job}:{index}", (False, None, None))
+        alive, pid, _, _ = self._polled.get(f"{job}:{index}", NOT_POLLED)
         if state is TaskState.RUNNING and not alive:  # its process, or its worker, is gone
             self._states[job, index] = state = TaskState.EXITED
         return state, pid if alive else None
 
     def _task_memory(self, job: str, index: int, pid: int | None):
-        return self._polled.get(f"{job}:{index}", (False, None, None))[2]
+        return self._polled.get(f"{job}:{index}", NOT_POLLED)[2]
+
+    def _task_details(self, job: str, index: int) -> dict:
+        return {"exit_code": self._polled.get(f"{job}:{index}", NOT_POLLED)[3],
+                "started_by": "spawn"}
 
     def _task_logs(self, job: str, index: int) -> str:
         if (job, index) in self._final_logs:

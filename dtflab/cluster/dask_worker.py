@@ -1,9 +1,10 @@
 """What runs on Dask workers for the dask backend (called through ``Client.run``).
 
-Each worker hosts its task as a child process (``python -m dtflab.cluster.server``), managed
-by a LocalCluster object on that worker that launches only its own task: TensorFlow cannot
-stop a server inside a running process, so a server in the worker process itself could never
-be killed or stopped without restarting the Dask worker. The child ends with its worker.
+Each worker hosts its task as a child process (a ``Task``, spawned): TensorFlow cannot stop a
+server inside a running process, so a server in the worker process itself could never be
+killed or stopped without restarting the Dask worker. The child ends with its worker. The
+owner sends what each task runs (a ``Command``: a task server, or the user's program, whose
+script must be at the same path on the worker's machine).
 
 Functions return plain dicts (remote exceptions with custom arguments do not pickle well).
 dtflab must be importable on the workers (installed in their environment).
@@ -11,10 +12,14 @@ dtflab must be importable on the workers (installed in their environment).
 
 from __future__ import annotations
 
+import shutil
 import socket
+import tempfile
+from pathlib import Path
 from urllib.parse import urlparse
 
-_hosted: dict[str, object] = {}  # cluster id -> LocalCluster holding this worker's task
+_hosted: dict[str, dict] = {}  # cluster id -> {(job, index): Task} on this worker
+_log_dirs: dict[str, Path] = {}
 
 
 def worker_host(dask_worker) -> str:
@@ -31,64 +36,58 @@ def reserve_port(port: int | None = None, dask_worker=None) -> str:
     return f"{worker_host(dask_worker)}:{port}"
 
 
-def start_task(cluster_id: str, addresses: dict, roles: dict, inter_op: int, intra_op: int,
-               timeout: float, dask_worker=None) -> dict:
-    """Start the task ``roles[this worker]`` and wait until it listens."""
-    from dtflab.cluster.local import LocalCluster
-    from dtflab.cluster.spec import parse_legacy_spec, layout_to_legacy_spec
+def start_task(cluster_id: str, commands: dict, timeout: float, dask_worker=None) -> dict:
+    """Start this worker's task ``commands[worker address] = (job, index, Command)`` and wait
+    until it runs."""
+    from dtflab.cluster.launch import Spawner
+    from dtflab.cluster.task import Task, await_ready
     from dtflab.errors import PortInUseError, TaskError
 
-    role = roles.get(dask_worker.address)
-    if role is None:
+    if dask_worker.address not in commands:
         return {}
-    job, index = role
-    hosted = _hosted.get(cluster_id)
-    if hosted is None:
-        layout = parse_legacy_spec(layout_to_legacy_spec(addresses))
-        hosted = LocalCluster(layout, timeout=timeout, inter_op_threads=inter_op,
-                              intra_op_threads=intra_op)
-        hosted.addresses = addresses
-        _hosted[cluster_id] = hosted
+    job, index, command = commands[dask_worker.address]
+    log_dir = _log_dirs.setdefault(cluster_id, Path(tempfile.mkdtemp(prefix="dtflab-logs-")))
+    tasks = _hosted.setdefault(cluster_id, {})
+    task = tasks.setdefault((job, index), Task(job, index, log_dir / f"{job}-{index}.log"))
     try:
-        hosted._start_task(job, index)
-    except TaskError as exc:
+        await_ready({task: task.launch(Spawner(), command)}, timeout)
+    except (TaskError, OSError) as exc:
         return {"ok": False, "port_in_use": isinstance(exc, PortInUseError), "what": str(exc),
-                "exit_code": exc.exit_code, "log_tail": exc.log_tail}
-    return {"ok": True, "pid": hosted._processes[job, index].pid}
+                "log_tail": getattr(exc, "log_tail", "")}
+    return {"ok": True, "pid": task.pid}
 
 
 def kill_task(cluster_id: str, job: str, index: int, dask_worker=None) -> bool:
-    hosted = _hosted.get(cluster_id)
-    if hosted is None or (job, index) not in hosted._processes:
+    task = _hosted.get(cluster_id, {}).get((job, index))
+    if task is None:
         return False
-    hosted._kill_task(job, index)
+    task.kill()
     return True
 
 
 def stop_tasks(cluster_id: str, dask_worker=None) -> dict:
     """Stop this worker's tasks of the cluster; returns their logs."""
-    hosted = _hosted.pop(cluster_id, None)
-    if hosted is None:
-        return {}
-    keys = list(hosted._processes)
-    hosted._stop_all()
-    return {f"{job}:{index}": hosted._task_logs(job, index) for job, index in keys}
+    from dtflab.cluster.task import stop_all
+
+    tasks = _hosted.pop(cluster_id, {})
+    stop_all(tasks.values())
+    logs = {task.name: task.logs() for task in tasks.values()}
+    shutil.rmtree(_log_dirs.pop(cluster_id, ""), ignore_errors=True)
+    return logs
 
 
 def poll(cluster_id: str, dask_worker=None) -> dict:
-    """``{"job:index": (alive, pid, pss_mb)}`` for this worker's tasks."""
+    """``{"job:index": (alive, pid, pss_mb, exit_code)}`` for this worker's tasks."""
     from dtflab.cluster.memory import proportional_mb
 
-    hosted = _hosted.get(cluster_id)
-    if hosted is None:
-        return {}
     out = {}
-    for (job, index), process in list(hosted._processes.items()):
-        alive = process.poll() is None
-        out[f"{job}:{index}"] = (alive, process.pid, proportional_mb(process.pid) if alive else None)
+    for task in list(_hosted.get(cluster_id, {}).values()):
+        alive = task.alive
+        out[task.name] = (alive, task.pid, proportional_mb(task.pid) if alive else None,
+                          task.exit_code)
     return out
 
 
 def task_logs(cluster_id: str, job: str, index: int, dask_worker=None) -> str | None:
-    hosted = _hosted.get(cluster_id)
-    return None if hosted is None else hosted._task_logs(job, index)
+    task = _hosted.get(cluster_id, {}).get((job, index))
+    return None if task is None else task.logs()

@@ -5,6 +5,8 @@ backend adds ``--ready_fd`` (write one line there once the port listens) and
 ``--exit_with_parent`` (end when the owning process ends, even by SIGKILL: standard input
 reaching EOF or the parent pid changing, whichever is seen first, within 0.25 s) and
 ``--netns`` (join the private network of the gate with this pid: ``dtflab.cluster.network``).
+Ctrl-C and SIGTERM stop it with a "stopped" line and exit code 0, even while TensorFlow is
+still being imported.
 
 Exit codes: 0 stopped, 2 bad flags, 75 port already in use, 1 anything else.
 """
@@ -15,6 +17,7 @@ import argparse
 import contextlib
 import errno
 import os
+import signal
 import socket
 import sys
 import threading
@@ -80,14 +83,18 @@ def port_is_free(port: int) -> bool:
 
 
 def exit_with_parent() -> None:
-    """End this process as soon as the process that started it is gone."""
+    """End this process as soon as its owner is gone: standard input (a pipe from the owner)
+    reaches EOF, or, for a spawned process, its parent pid changes. A process forked by the
+    fork server watches standard input only: its parent is the fork server, not the owner."""
+    from dtflab.cluster import forkserver
+
     parent = os.getppid()
 
     def stdin_closed():
         try:
-            while sys.stdin.buffer.read(4096):
+            while os.read(0, 4096):  # the raw fd: no lock that would block interpreter exit
                 pass
-        except (OSError, ValueError):
+        except OSError:
             pass
         os._exit(0)
 
@@ -97,13 +104,23 @@ def exit_with_parent() -> None:
         os._exit(0)
 
     threading.Thread(target=stdin_closed, name="dtflab-stdin-watch", daemon=True).start()
-    threading.Thread(target=parent_changed, name="dtflab-parent-watch", daemon=True).start()
+    if not forkserver.forked:
+        threading.Thread(target=parent_changed, name="dtflab-parent-watch", daemon=True).start()
+
+
+_stop_requested = threading.Event()
+
+
+def _request_stop(*_) -> None:
+    _stop_requested.set()
 
 
 def serve(args) -> int:
     """Run the task server; returns only on bad flags or a port in use (the exit code)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):  # before anything slow: none is lost
+        signal.signal(signum, _request_stop)
     if args.netns is not None:  # first: joining a user namespace needs a single thread
-        from dtflab.cluster.network import join
+        from dtflab.cluster.netns import join
 
         try:
             join(args.netns)
@@ -114,7 +131,6 @@ def serve(args) -> int:
         return _serve(args)
     exit_with_parent()
     code = _serve(args)
-    # The stdin watcher holds stdin's lock: a normal interpreter shutdown would abort on it.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -171,11 +187,11 @@ def _serve(args) -> int:
     if ready is not None:
         ready.write(f"ready {os.getpid()}\n")
         ready.close()
-    try:
-        while True:  # not server.join(): a blocking C++ call that Ctrl-C cannot interrupt
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        print(f"dtflab server: {job}:{index} stopped", flush=True)
+    for signum in (signal.SIGINT, signal.SIGTERM):  # in case importing TensorFlow replaced them
+        signal.signal(signum, _request_stop)
+    while not _stop_requested.wait(0.5):  # not server.join(): Ctrl-C cannot interrupt it
+        pass
+    print(f"dtflab server: {job}:{index} stopped", flush=True)
     # TF servers cannot be shut down in process; leaving without running finalizers is the
     # only clean way out.
     sys.stdout.flush()

@@ -21,6 +21,10 @@ def _template(name: str):
     return env.get_template(name)
 
 
+STARTED = {"fork": "tasks forked from a warm TensorFlow",
+           "spawn": "tasks spawned (each imports TensorFlow)"}
+
+
 def render_html(cluster) -> str:
     """The status table of ``cluster`` as HTML (states and memory read now)."""
     tasks = cluster.tasks
@@ -31,7 +35,10 @@ def render_html(cluster) -> str:
         show_pid=any(task.pid is not None for task in tasks) or cluster.backend == "local",
         show_host=any(task.host for task in tasks), note=NOTES.get(cluster.backend, ""),
         dashboard=getattr(cluster, "dashboard_link", None), exposed=cluster.exposed,
-        max_exposed=6, reason=cluster.exposure_reason)
+        max_exposed=6, reason=cluster.exposure_reason,
+        show_program=any(task.program for task in tasks),
+        started=STARTED.get(cluster.start_method, ""),
+        why_not_fork=getattr(cluster, "why_not_fork", ""))
 
 
 def ClusterPanel(cluster):

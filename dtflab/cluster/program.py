@@ -1,0 +1,77 @@
+"""A program task: the user's script, run in a task process as ``python SCRIPT ARGS`` would.
+
+``sys.argv`` is ``[SCRIPT, *ARGS]``, the script's folder comes first on ``sys.path``,
+``__name__ == "__main__"``, the working directory is the caller's, and the environment carries
+``TF_CONFIG`` (set by the cluster). The process ends when its owner does (``--exit_with_parent``
+as for task servers). Exit code: the script's (``sys.exit``), 1 for an uncaught exception (its
+traceback goes to the task's log), 0 otherwise.
+
+Cannot: atexit handlers run, but non-daemon threads the script leaves running are not waited
+for (the process ends with ``os._exit``, as a forked child must).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import runpy
+import sys
+import traceback
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m dtflab.cluster.program")
+    parser.add_argument("--ready_fd", type=int, default=None)
+    parser.add_argument("--exit_with_parent", action="store_true")
+    parser.add_argument("--netns", type=int, default=None)
+    parser.add_argument("script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def run_script(script: str, args: list[str]) -> int:
+    """Run ``script`` as ``__main__``; returns its exit code."""
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    # Options come before the script; everything after it is the script's own.
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ready_fd = None
+    if "--ready_fd" in argv:  # appended by the launcher, after the script's arguments
+        at = len(argv) - 1 - argv[::-1].index("--ready_fd")
+        ready_fd, argv = int(argv[at + 1]), argv[:at] + argv[at + 2:]
+    args = build_parser().parse_args(argv)
+    if args.netns is not None:  # first: joining a user namespace needs a single thread
+        from dtflab.cluster.netns import join
+
+        join(args.netns)
+    if args.exit_with_parent:
+        from dtflab.cluster.server import exit_with_parent
+
+        exit_with_parent()
+    if ready_fd is not None:
+        with os.fdopen(ready_fd, "w") as ready:
+            ready.write(f"ready {os.getpid()}\n")
+    code = run_script(args.script, args.args)
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

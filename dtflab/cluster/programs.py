@@ -1,0 +1,82 @@
+"""What a program task runs: the user's script, its arguments with per-task placeholders, and
+the ``TF_CONFIG`` TensorFlow's strategies read.
+
+In the arguments, ``{ps_hosts}``, ``{worker_hosts}``, ``{chief_hosts}`` (comma-separated
+``host:port`` lists), ``{job_name}`` and ``{task_index}`` are replaced per task, so a 2016-2018
+trainer with ``--ps_hosts=... --job_name=... --task_index=...`` flags runs unchanged.
+``{{`` and ``}}`` are literal braces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+
+from dtflab.cluster.task import Command
+
+PLACEHOLDERS = ("ps_hosts", "worker_hosts", "chief_hosts", "job_name", "task_index")
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass(frozen=True)
+class Program:
+    """A user's script with its arguments, run from ``cwd`` (an absolute path)."""
+
+    script: str
+    args: tuple[str, ...] = ()
+    cwd: str = ""
+
+    @classmethod
+    def checked(cls, script, args=(), cwd: str | None = None) -> "Program":
+        """A ``Program`` after checking the script exists and every placeholder is known;
+        ``ValueError`` naming the bad value and the fix otherwise."""
+        cwd = os.path.abspath(cwd or os.getcwd())
+        if not isinstance(script, (str, os.PathLike)) or not str(script).strip():
+            raise ValueError(f"the script must be the path of a Python file, got {script!r}; "
+                             f"for example train.py")
+        path = os.path.join(cwd, os.fspath(script))
+        if not os.path.isfile(path):
+            where = "" if os.path.isabs(os.fspath(script)) else f" in {cwd}"
+            raise ValueError(f"no script {os.fspath(script)!r}{where}; give the path of a Python "
+                             f"file, for example train.py")
+        args = tuple(str(arg) for arg in args)
+        for arg in args:
+            for match in _PLACEHOLDER.finditer(arg):
+                name = match.group(1)
+                if name is not None and name not in PLACEHOLDERS:
+                    raise ValueError(
+                        f"unknown placeholder {{{name}}} in argument {arg!r}; use one of "
+                        f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)}, or write {{{{ and }}}} "
+                        f"for literal braces")
+        return cls(os.path.abspath(path), args, cwd)
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.script)
+
+    def arguments(self, addresses: dict[str, list[str]], job: str, index: int) -> list[str]:
+        """The arguments for task ``job:index``, placeholders replaced."""
+        values = {f"{j}_hosts": ",".join(addresses.get(j, [])) for j in ("ps", "worker", "chief")}
+        values.update(job_name=job, task_index=str(index))
+
+        def replace(match):
+            text = match.group(0)
+            return text[0] if match.group(1) is None else values[match.group(1)]
+
+        return [_PLACEHOLDER.sub(replace, arg) for arg in self.args]
+
+    def command(self, addresses: dict[str, list[str]], job: str, index: int) -> Command:
+        """How task ``job:index`` runs this program (see ``dtflab.cluster.program``)."""
+        return Command("dtflab.cluster.program",
+                       ["--exit_with_parent", self.script, *self.arguments(addresses, job, index)],
+                       env={"TF_CONFIG": tf_config(addresses, job, index),
+                            "DTFLAB_TASK": f"{job}:{index}"},
+                       cwd=self.cwd)
+
+
+def tf_config(addresses: dict[str, list[str]], job: str, index: int) -> str:
+    """``TF_CONFIG`` for task ``job:index`` of a cluster with these addresses."""
+    return json.dumps({"cluster": {j: list(tasks) for j, tasks in addresses.items()},
+                       "task": {"type": job, "index": index}})
