@@ -3,6 +3,9 @@
 $ dtflab lab                      # JupyterLab on the tutorials
 $ dtflab server --cluster_spec 'master|localhost:2222,ps|localhost:2223' --job_name master --task_index 0
 $ dtflab cluster start 3
+$ dtflab run --workers 2 train.py --steps 100
+$ dtflab run --workers 2 --ps 1 trainer.py --ps_hosts={ps_hosts} --worker_hosts={worker_hosts} \
+      --job_name={job_name} --task_index={task_index}
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dtflab.cluster.server import build_parser as server_parser
 
     parser = argparse.ArgumentParser(prog="dtflab", description="Distributed TensorFlow task servers.")
-    commands = parser.add_subparsers(dest="command", metavar="{lab,server,cluster}")
+    commands = parser.add_subparsers(dest="command", metavar="{lab,server,cluster,run}")
     commands.add_parser("lab", help="open JupyterLab on the tutorial notebooks (extra arguments "
                                     "go to jupyter lab, e.g. --no-browser --port 8899)")
     commands.add_parser("server", parents=[server_parser()], add_help=False,
@@ -37,7 +40,66 @@ def build_parser() -> argparse.ArgumentParser:
                                           "host (other hosts can reach the tasks)")
     start.add_argument("--timeout", type=float, default=60.0,
                        help="seconds to wait for every task to listen (default 60)")
+    run = commands.add_parser(
+        "run", help="run SCRIPT as every worker's program, with TF_CONFIG set (foreground)",
+        description="Run SCRIPT [ARGS...] as every worker task's program (and the chief's, with "
+                    "--chief), beside --ps bare task servers. Each output line is prefixed with "
+                    "its task; Ctrl-C or SIGTERM stops everything; the exit code is 0 only if "
+                    "every program exited 0. In ARGS, {ps_hosts}, {worker_hosts}, "
+                    "{chief_hosts}, {job_name} and {task_index} are replaced per task.")
+    run.add_argument("--workers", required=True, help="number of worker tasks running SCRIPT")
+    run.add_argument("--ps", default="0", help="number of bare task servers as job ps (default 0)")
+    run.add_argument("--chief", action="store_true", help="add a chief task running SCRIPT too")
+    run.add_argument("--backend", help="local (default) or dask")
+    run.add_argument("--scheduler", help="an existing Dask scheduler, e.g. tcp://10.0.0.5:8786")
+    run.add_argument("--network", help="private (default for local) or host")
+    run.add_argument("--start-method", dest="start_method",
+                     help="fork (default: from a warm TensorFlow) or spawn")
+    run.add_argument("--timeout", type=float, default=60.0,
+                     help="seconds to wait for every task to start (default 60)")
+    run.add_argument("script", help="the Python file every worker runs")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     return parser
+
+
+def run_programs(args) -> int:
+    """``dtflab run``: start, follow every program's output, stop; 0 if every program exited 0."""
+    from dtflab.cluster import run
+    from dtflab.cluster.follow import follow_programs
+    from dtflab.errors import DtflabError
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        cluster = run(args.script, *args.args, workers=args.workers, ps=args.ps, chief=args.chief,
+                      backend=args.backend, network=args.network, timeout=args.timeout,
+                      start_method=args.start_method, scheduler=args.scheduler)
+    except (ValueError, DtflabError) as exc:
+        print(f"dtflab: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dtflab: stopped", flush=True)
+        return 130
+    with cluster:
+        programs = [t.name for t in cluster.tasks if t.job in cluster.programs]
+        servers = [t.name for t in cluster.tasks if t.job not in cluster.programs]
+        print(f"dtflab: running {args.script} on {', '.join(programs)}"
+              + (f" beside task servers {', '.join(servers)}" if servers else "")
+              + f" (tasks {cluster.start_method}ed); Ctrl-C stops everything", flush=True)
+        try:
+            codes = follow_programs(cluster, write=lambda line: print(line, flush=True))
+        except KeyboardInterrupt:
+            print("dtflab: stopping", flush=True)
+            return 130
+    failed = {name: code for name, code in codes.items() if code != 0}
+    for name, code in failed.items():
+        print(f"dtflab: {name} exited with code {code}", file=sys.stderr, flush=True)
+    print(f"dtflab: {len(codes) - len(failed)} of {len(codes)} programs exited with code 0",
+          flush=True)
+    return 1 if failed else 0
+
+
+def _interrupt(*_):
+    raise KeyboardInterrupt
 
 
 def run_cluster(args) -> int:
@@ -45,10 +107,7 @@ def run_cluster(args) -> int:
     from dtflab.cluster.task import TaskState
     from dtflab.errors import DtflabError
 
-    def on_sigterm(*_):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         cluster = start_cluster(args.n, backend=args.backend, ps=args.ps, workers=args.workers,
                                 jobs=args.jobs, spec=args.spec, timeout=args.timeout,
@@ -114,6 +173,8 @@ def main(argv=None) -> int:
         return serve(args)
     if args.command == "cluster" and args.action == "start":
         return run_cluster(args)
+    if args.command == "run":
+        return run_programs(args)
     parser.print_help()
     return 2
 

@@ -1,23 +1,27 @@
-"""``%dtf_cluster`` and ``%%dtf_trace``: a thin skin over dtflab's Python API.
+"""``%dtf_cluster``, ``%%dtf_run`` and ``%%dtf_trace``: a thin skin over dtflab's Python API.
 
 In [1]: %load_ext dtflab
 In [2]: %dtf_cluster start 3
 In [3]: %dtf_cluster kill worker:1
+In [4]: %dtf_cluster run --workers 2 train.py --steps 100
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import shlex
+import tempfile
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_arguments
 
 from dtflab.cluster import Cluster, backend_names, check_request, start_cluster
 from dtflab.cluster.spec import parse_count
 from dtflab.errors import NotSupportedError, did_you_mean
 
-COMMANDS = ("start", "status", "stop", "kill", "restart", "spec", "logs")
+COMMANDS = ("start", "run", "status", "stop", "kill", "restart", "spec", "logs", "wait")
 START_ONLY = ("backend", "ps", "workers", "jobs", "spec", "replace", "timeout", "scheduler", "network")
 
 
@@ -31,7 +35,8 @@ class ClusterMagics(Magics):
 
     @magic_arguments()
     @argument("command", nargs="?",
-              help="start | status | stop | kill | restart | spec | logs")
+              help="start | run | status | stop | kill | restart | spec | logs | wait "
+                   "(run: see %%dtf_cluster run --help)")
     @argument("task", nargs="?",
               help="start: the task count, default 3 (one ps, the rest workers); "
                    "kill, restart, logs: JOB:TASK, e.g. worker:1")
@@ -59,8 +64,13 @@ class ClusterMagics(Magics):
         In [3]: %dtf_cluster kill worker:1
         In [4]: %dtf_cluster restart worker:1
         In [5]: %dtf_cluster stop
+        In [6]: %dtf_cluster run --workers 2 --ps 1 trainer.py --job_name={job_name}
+        In [7]: %dtf_cluster wait
         """
-        args = self.dtf_cluster.parser.parse_args(_split(line))
+        tokens = _split(line)
+        if tokens[:1] == ["run"]:
+            return self._run(tokens[1:])
+        args = self.dtf_cluster.parser.parse_args(tokens)
         if args.command is None:
             print(self.dtf_cluster.parser.format_help())
             return None
@@ -109,6 +119,32 @@ class ClusterMagics(Magics):
         self.shell.user_ns[args.name] = cluster
         return _show(cluster.panel())
 
+    def _run(self, tokens: list[str]):
+        """``%dtf_cluster run``: start program tasks (as ``dtflab run``), bind, show the panel."""
+        from dtflab.cluster import run
+        from dtflab.cluster.programs import Program
+
+        args = run_parser("%dtf_cluster run", with_script=True).parse_args(tokens)
+        options = _run_options(args)
+        running = self._find(args.name, required=False)
+        if running is not None and not running.stopped and not args.replace:
+            raise UsageError(f"a cluster named {args.name!r} is already running ({running!r}); "
+                             f"stop it with %dtf_cluster stop, or add --replace")
+        try:
+            Program.checked(args.script, args.args)  # before stopping the running cluster
+            if running is not None and not running.stopped:
+                running.stop()
+            cluster = run(args.script, *args.args, **options)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        self.clusters[args.name] = cluster
+        self.shell.user_ns[args.name] = cluster
+        return _show(cluster.panel())
+
+    def _wait(self, args):
+        codes = self._find(args.name).wait()
+        print(", ".join(f"{name}: exit code {code}" for name, code in codes.items()))
+
     def _status(self, args):
         return _show(self._find(args.name).panel())
 
@@ -152,6 +188,97 @@ class ClusterMagics(Magics):
         if args.task is None:
             raise UsageError(f"{args.command} needs a task, e.g. %dtf_cluster {args.command} worker:1")
         return args.task
+
+
+def run_parser(prog: str, *, with_script: bool) -> MagicArgumentParser:
+    """The options of ``%dtf_cluster run`` and ``%%dtf_run`` (those of ``dtflab run``)."""
+    parser = MagicArgumentParser(prog=prog, description="Run a program on every worker task, "
+                                 "with TF_CONFIG set for its task.")
+    parser.add_argument("--workers", default="2", help="worker tasks running the program (default 2)")
+    parser.add_argument("--ps", default="0", help="bare task servers as job ps (default 0)")
+    parser.add_argument("--chief", action="store_true", help="add a chief task running it too")
+    parser.add_argument("--backend", help="local (default) or dask")
+    parser.add_argument("--scheduler", help="an existing Dask scheduler (implies --backend dask)")
+    parser.add_argument("--network", help="private (default for local) or host")
+    parser.add_argument("--start-method", dest="start_method", help="fork (default) or spawn")
+    parser.add_argument("--timeout", default="60", help="seconds to wait for every task to start")
+    parser.add_argument("--name", default="cluster" if with_script else None,
+                        help="the notebook variable that receives the cluster")
+    if with_script:
+        parser.add_argument("--replace", action="store_true",
+                            help="stop the running cluster of that name first")
+        parser.add_argument("script", help="the Python file every worker runs")
+        parser.add_argument("args", nargs=argparse.REMAINDER,
+                            help="its arguments; {ps_hosts}, {worker_hosts}, {job_name}, "
+                                 "{task_index} are replaced per task")
+    return parser
+
+
+def _run_options(args) -> dict:
+    try:
+        timeout = float(args.timeout)
+    except ValueError:
+        raise UsageError(f"--timeout must be a number of seconds, got {args.timeout!r}; "
+                         f"e.g. --timeout 120") from None
+    return dict(workers=args.workers, ps=args.ps, chief=args.chief, backend=args.backend,
+                network=args.network, timeout=timeout, start_method=args.start_method,
+                scheduler=args.scheduler)
+
+
+@magics_class
+class RunMagics(Magics):
+    """``%%dtf_run``: the cell's code as every worker's program."""
+
+    @cell_magic
+    def dtf_run(self, line: str, cell: str):
+        """Run the cell as every worker's program (not in this kernel), its output labelled
+        and live; returns when every program has ended, then stops the cluster.
+
+        Options: --workers N (default 2), --ps M, --chief, --backend, --network,
+        --start-method, --timeout, --name (see ``%dtf_cluster run --help``).
+
+        In [1]: %%dtf_run --workers 2
+           ...: import json, os
+           ...: print(json.loads(os.environ["TF_CONFIG"])["task"])
+
+        The cell runs from this kernel's working directory, in a fresh process forked from a
+        warm TensorFlow: it sees none of the notebook's variables. Interrupting the kernel
+        stops every task. ``--name c`` keeps the stopped cluster (and its logs) in ``c``.
+        """
+        from dtflab.cluster import run
+        from dtflab.cluster.follow import follow_programs
+        from dtflab.errors import TaskError
+
+        args = run_parser("%%dtf_run", with_script=False).parse_args(_split(line))
+        if args.name is not None and not args.name.isidentifier():
+            raise UsageError(f"--name {args.name!r} is not a Python variable name; e.g. --name run1")
+        folder = tempfile.mkdtemp(prefix="dtflab-cell-")
+        script = os.path.join(folder, "cell.py")
+        with open(script, "w") as f:
+            f.write(cell)
+        try:
+            try:
+                cluster = run(script, **_run_options(args))
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+            if args.name:
+                self.shell.user_ns[args.name] = cluster
+            with cluster:
+                try:
+                    codes = follow_programs(cluster)
+                except KeyboardInterrupt:
+                    print("dtflab: interrupted; stopped every task")
+                    return None
+            failed = [name for name, code in codes.items() if code != 0]
+            if failed:
+                job, _, index = failed[0].partition(":")
+                raise TaskError(job, int(index), f"exited with code {codes[failed[0]]}",
+                                log_tail=cluster._task_log_tail(job, int(index)))
+        finally:
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+        return None
 
 
 @magics_class
@@ -244,4 +371,20 @@ def register(ipython) -> None:
     import_tf()
     load_bokehjs()
     ipython.register_magics(ClusterMagics)
+    ipython.register_magics(RunMagics)
     ipython.register_magics(TraceMagics)
+    warm_up()
+
+
+def warm_up() -> None:
+    """Start this kernel's private network and fork server now, so the first cluster starts
+    warm (the fork server imports TensorFlow in the background). Never fails: a later start
+    reports what went wrong."""
+    from dtflab.cluster.launch import fork_server
+    from dtflab.cluster.network import private_network
+
+    try:
+        network, _ = private_network(timeout=30.0)
+        fork_server(network.netns_pid if network is not None else None, wait=None)
+    except Exception:  # noqa: BLE001 - the first start says why, with the user's options
+        pass
