@@ -2,9 +2,13 @@
 
 "Ready" means every task answers a session run: one graph with an op on each task, fetched
 through task 0. The raw floor is three bare task-server processes started in parallel by a
-plain script (no dtflab). Runs are interleaved (raw, local, inprocess, raw, ...) so machine
-noise hits each alike; figures are medians. TensorFlow is imported in this process before any
-timing, as it is in a notebook kernel after ``%load_ext dtflab``.
+plain script (no dtflab). The local backend is timed cold (its fork server ended first, so the
+start pays one ``import tensorflow``) and warm (the fork server already running, as after
+``%load_ext dtflab``); ``restart_s`` is one task killed and started again until every task
+answers. Runs are interleaved (raw, cold, warm, inprocess, raw, ...) so machine noise hits
+each alike; figures are medians. TensorFlow is imported in this process before any timing, as
+it is in a notebook kernel after ``%load_ext dtflab``. ``pss_mb`` is the proportional memory
+of a warm 3-task local cluster plus its fork server.
 
     python benchmarks/cluster_start.py [--runs 5]
 
@@ -25,6 +29,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import dtflab  # noqa: E402
 from dtflab._quiet import import_tf  # noqa: E402
+from dtflab.cluster.launch import close_fork_servers, fork_server  # noqa: E402
 from dtflab.cluster.memory import proportional_mb  # noqa: E402
 from dtflab.cluster.ports import free_ports  # noqa: E402
 
@@ -75,7 +80,7 @@ def time_raw() -> float:
             process.wait()
 
 
-def time_backend(backend: str, memory: list | None = None) -> float:
+def time_backend(backend: str, memory: list | None = None, restarts: list | None = None) -> float:
     started = time.perf_counter()
     cluster = dtflab.start_cluster(3, backend=backend)
     try:
@@ -83,10 +88,22 @@ def time_backend(backend: str, memory: list | None = None) -> float:
         elapsed = time.perf_counter() - started
         if memory is not None:
             time.sleep(1.0)  # let the processes settle after their first step
-            memory.append(sum(task.memory_mb or 0 for task in cluster.tasks))
+            server = fork_server(cluster._launcher.netns_pid)
+            memory.append(sum(task.memory_mb or 0 for task in cluster.tasks)
+                          + (proportional_mb(server.process.pid) or 0))
+        if restarts is not None:
+            began = time.perf_counter()
+            cluster.restart("worker:1")
+            wait_until_every_task_answers(cluster.addresses)
+            restarts.append(time.perf_counter() - began)
         return elapsed
     finally:
         cluster.stop()
+
+
+def time_cold_local() -> float:
+    close_fork_servers()
+    return time_backend("local")
 
 
 KERNEL_LIKE = """
@@ -119,10 +136,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs per variant (default 5)")
     args = parser.parse_args()
-    raw, local, inprocess, memory = [], [], [], []
+    raw, local, warm, inprocess, memory, restart = [], [], [], [], [], []
     for _ in range(args.runs):
         raw.append(time_raw())
-        local.append(time_backend("local", memory))
+        local.append(time_cold_local())
+        warm.append(time_backend("local", memory, restart))
         inprocess.append(time_backend("inprocess"))
     median = statistics.median
     with dtflab.start_cluster(3) as cluster:  # so shared pages are divided as in real use
@@ -136,12 +154,16 @@ def main() -> None:
         "local_s": round(median(local), 3),
         "inprocess_s": round(median(inprocess), 3),
         "local_over_raw": round(median(local) / median(raw), 3),
-        "local_3_tasks_pss_mb": round(median(memory), 1),
+        "warm_local_s": round(median(warm), 3),
+        "warm_over_raw": round(median(warm) / median(raw), 3),
+        "restart_s": round(median(restart), 3),
+        "pss_mb": round(median(memory), 1),
         "kernel_pss_mb": kernel_mb,
         "local_3_tasks_plus_kernel_mb": round(median(memory) + kernel_mb, 1),
         "inprocess_3_tasks_kernel_pss_mb": kernel_inprocess_mb,
         "raw_s_all": [round(x, 3) for x in raw],
         "local_s_all": [round(x, 3) for x in local],
+        "warm_local_s_all": [round(x, 3) for x in warm],
         "cpus": os.cpu_count(),
         "tensorflow": tf.__version__,
     }))

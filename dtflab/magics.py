@@ -22,7 +22,8 @@ from dtflab.cluster.spec import parse_count
 from dtflab.errors import NotSupportedError, did_you_mean
 
 COMMANDS = ("start", "run", "status", "stop", "kill", "restart", "spec", "logs", "wait")
-START_ONLY = ("backend", "ps", "workers", "jobs", "spec", "replace", "timeout", "scheduler", "network")
+START_ONLY = ("backend", "ps", "workers", "jobs", "spec", "replace", "timeout", "scheduler", "network",
+              "start_method")
 
 
 @magics_class
@@ -55,6 +56,8 @@ class ClusterMagics(Magics):
                                   "(implies --backend dask)")
     @argument("--network", help="start: private (the local backend's default: reachable from "
                                 "this machine only) or host (other hosts can reach the tasks)")
+    @argument("--start-method", dest="start_method",
+              help="start: fork (the default: tasks forked from a warm TensorFlow) or spawn")
     @line_magic
     def dtf_cluster(self, line: str = ""):
         """Start, inspect, break and stop a TensorFlow cluster of task servers.
@@ -94,7 +97,8 @@ class ClusterMagics(Magics):
 
     def _start(self, args):
         options = dict(backend=args.backend, ps=args.ps, workers=args.workers, jobs=args.jobs,
-                       spec=args.spec, scheduler=args.scheduler, network=args.network)
+                       spec=args.spec, scheduler=args.scheduler, network=args.network,
+                       start_method=args.start_method)
         if args.timeout is not None:
             try:
                 options["timeout"] = float(args.timeout)
@@ -346,10 +350,11 @@ def _split(line: str) -> list[str]:
 def line_tail(args) -> str:
     """The start arguments, as the user would retype them."""
     parts = [args.task] if args.task else []
-    for option in ("backend", "ps", "workers", "jobs", "spec", "timeout", "scheduler", "network"):
+    for option in ("backend", "ps", "workers", "jobs", "spec", "timeout", "scheduler", "network",
+                   "start_method"):
         value = getattr(args, option)
         if value is not None:
-            parts.append(f"--{option} {shlex.quote(str(value))}")
+            parts.append(f"--{option.replace('_', '-')} {shlex.quote(str(value))}")
     if args.name != "cluster":
         parts.append(f"--name {args.name}")
     return " ".join(parts)

@@ -27,19 +27,50 @@ def wait_until(condition, timeout: float = 5.0, interval: float = 0.05) -> bool:
 #: Python's multiprocessing starts one resource tracker per process (here for Dask's spawned
 #: workers) and keeps it until that process exits, by design: not something a test left.
 PROCESS_SINGLETONS = ("multiprocessing.resource_tracker",)
+#: dtflab's own per-process services, kept for the life of the process by design: the private
+#: network's gate (with its helper: 2 processes) and one fork server per network (2 at most).
+KERNEL_SERVICES = {"dtflab.cluster.gate": 2, "dtflab.cluster.forkserver": 2}
 
 
-def _children() -> dict[int, str]:
-    out = {}
+def _children(services: bool = False) -> dict[int, str]:
+    """This process's live descendants, without the singletons and, unless ``services``,
+    without dtflab's per-process services (forked tasks inherit the fork server's command
+    line: a fork server is one whose parent is not one; what a fork server runs while it
+    warms up, ``uname -p`` say, is its own too)."""
+    commands = {}
     for child in psutil.Process().children(recursive=True):
         try:
-            command = " ".join(child.cmdline()[:6])
-            if child.status() != psutil.STATUS_ZOMBIE and not any(
-                    name in command for name in PROCESS_SINGLETONS):
-                out[child.pid] = command
+            if child.status() != psutil.STATUS_ZOMBIE:
+                commands[child.pid] = (" ".join(child.cmdline()[:6]), child.ppid())
         except psutil.Error:
             pass
-    return out
+
+    def service(pid):
+        command, parent = commands[pid]
+        parent_command = commands.get(parent, ("", 0))[0]
+        if "-m dtflab.cluster.gate" in command:
+            return True
+        if "-m dtflab.cluster.forkserver" in parent_command:
+            return "-m dtflab.cluster.forkserver" not in command  # not a task: its own helper
+        return "-m dtflab.cluster.forkserver" in command
+
+    return {pid: command for pid, (command, _) in commands.items()
+            if not any(name in command for name in PROCESS_SINGLETONS)
+            and (services or not service(pid))}
+
+
+def kernel_services() -> dict[str, list[int]]:
+    """The pids of dtflab's per-process services running now, by module: the gates (each with
+    its helper) and the fork servers (not the tasks they forked)."""
+    every, services = _children(services=True), _children()
+    found = {name: [] for name in KERNEL_SERVICES}
+    for pid, command in every.items():
+        for name in KERNEL_SERVICES:
+            if pid not in services and f"-m {name}" in command:
+                parent = psutil.Process(pid).ppid()
+                if name.endswith("gate") or f"-m {name}" not in every.get(parent, ""):
+                    found[name].append(pid)
+    return found
 
 
 def _threads() -> set[str]:
@@ -62,6 +93,8 @@ def no_leaks(request):
 
     wait_until(lambda: not leaked_processes() and not leaked_threads(), timeout=5)
     assert not leaked_processes(), f"test left processes running: {leaked_processes()}"
+    for name, pids in kernel_services().items():
+        assert len(pids) <= KERNEL_SERVICES[name], f"more than one {name} per network: {pids}"
     assert not leaked_threads(), f"test left threads running: {leaked_threads()}"
 
 

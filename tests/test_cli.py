@@ -108,10 +108,10 @@ def test_cluster_start_prints_targets_and_ctrl_c_stops_everything():
         assert re.search(r"cluster spec: ps\|127\.0\.0\.1:\d+,worker\|127\.0\.0\.1:\d+,worker\|127\.0\.0\.1:\d+", text)
         targets = dict(re.findall(r"^\s+(\S+)\s+(grpc://\S+) \(pid \d+\)$", text, re.M))
         assert sorted(targets) == ["ps:0", "worker:0", "worker:1"]
-        children = psutil.Process(process.pid).children()
+        children = psutil.Process(process.pid).children(recursive=True)
         pids = {int(pid) for pid in re.findall(r"\(pid (\d+)\)", text)}
         assert len(pids) == 3 and pids < {child.pid for child in children}
-        assert len(children) == 4  # and the gate to their private network
+        assert len(children) == 6  # and the gate to their private network, its helper, the fork server
         client = subprocess.run([sys.executable, "-c", HELLO_CLIENT, targets["worker:0"],
                                  "/job:ps/task:0"], capture_output=True, text=True, timeout=120)
         assert client.stdout.strip() == "Hello, distributed TensorFlow!", client.stderr[-2000:]

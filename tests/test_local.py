@@ -131,9 +131,29 @@ def test_a_port_taken_after_choosing_is_chosen_again(monkeypatch, start_cluster)
         assert all(t.state is TaskState.RUNNING for t in cluster.tasks)
 
 
-def test_a_task_that_crashes_while_starting_is_named_with_its_stderr_and_the_others_stop(monkeypatch):
-    import dtflab.cluster.local as local
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_task_that_crashes_while_starting_is_named_with_its_stderr_and_the_others_stop(
+        monkeypatch, start_method):
+    import dtflab.cluster.forkserver as forkserver
+    import dtflab.cluster.launch as launch
 
+    if start_method == "fork":  # the forked worker:1 is given flags it refuses, on stderr
+        real_launch, started = forkserver.ForkServer.launch, []
+
+        def fork(self, module, args, log_path, **kwargs):
+            if args[args.index("--job_name") + 1:][:3] == ["worker", "--task_index", "1"]:
+                args = ["--cluster_spec", "ps|localhost:1", "--job_name", "worker"]
+            process, ready = real_launch(self, module, args, log_path, **kwargs)
+            started.append(process)
+            return process, ready
+
+        monkeypatch.setattr(forkserver.ForkServer, "launch", fork)
+        with pytest.raises(TaskError, match=r"^worker:1 exited while starting \(exit code 2\): "
+                                            r"dtflab server: --job_name 'worker' is not in the "
+                                            r"cluster spec; its jobs are: ps$"):
+            dtflab.start_cluster(3)
+        assert len(started) == 3 and all(process.poll() is not None for process in started)
+        return
     real_popen, started = subprocess.Popen, []
 
     def popen(command, **kwargs):  # worker:1 dies as a broken install would, on stderr
@@ -145,11 +165,11 @@ def test_a_task_that_crashes_while_starting_is_named_with_its_stderr_and_the_oth
         started.append(process)
         return process
 
-    monkeypatch.setattr(local.subprocess, "Popen", popen)
+    monkeypatch.setattr(launch.subprocess, "Popen", popen)
     with pytest.raises(TaskError, match=r"^worker:1 exited while starting \(exit code 1\): ImportError: "
                                         r"libtensorflow_framework\.so\.2: cannot open shared object file$"):
-        dtflab.start_cluster(3)
-    assert len(started) == 4  # the gate and three tasks, every one of them ended
+        dtflab.start_cluster(3, start_method="spawn")
+    assert len(started) == 3  # three tasks (the gate is this process's, started before), all ended
     assert all(process.poll() is not None for process in started)
 
 
@@ -178,7 +198,7 @@ def test_tasks_die_within_5s_when_the_owner_is_killed_with_sigkill():
         tasks = json.loads(owner.stdout.readline())
         pids = [child.pid for child in psutil.Process(owner.pid).children(recursive=True)]
         assert len(tasks) == 3 and set(tasks) < set(pids)
-        assert len(pids) == 5  # and the gate of their private network, with its helper
+        assert len(pids) == 6  # and the gate of their private network, its helper, the fork server
         assert all(psutil.pid_exists(pid) for pid in pids)
     finally:
         owner.kill()

@@ -157,8 +157,8 @@ def test_the_cli_says_private_by_default():
                                stderr=subprocess.PIPE, text=True)
     try:
         wait_for_line(process, r"^network: private \(reachable from this machine's loopback only\)")
-        children = psutil.Process(process.pid).children()
-        assert len(children) == 2  # the task and its gate
+        children = psutil.Process(process.pid).children(recursive=True)
+        assert len(children) == 4  # the task, the fork server it came from, the gate and its helper
     finally:
         stop(process)
         process.stderr.close()

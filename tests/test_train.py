@@ -101,7 +101,10 @@ def test_a_killed_worker_ends_a_sync_run_with_its_name_and_async_carries_on(star
 def test_a_ps_killed_during_async_training_is_restored_and_costs_at_most_k_updates(
         start_cluster, tmp_path, kill_after):
     K = 20
-    cluster = start_cluster(ps=1, workers=2)
+    # Spawned: its restart takes seconds (a fresh import of TensorFlow), so every update
+    # acknowledged before the kill is recorded before the first one after the restore. A
+    # forked ps is back within 0.3 s, inside the wait below.
+    cluster = start_cluster(ps=1, workers=2, start_method="spawn")
     run = train.async_parameter_server(PROBLEM, cluster, steps=150, seed=1, checkpoint_every=K,
                                        checkpoint_dir=str(tmp_path), background=True)
     assert wait_until(lambda: max((r.step for r in run.history.since(0)), default=0) >= kill_after,

@@ -153,14 +153,12 @@ class Cluster:
             raise NotSupportedError("this cluster runs no programs, so there is nothing to wait "
                                     "for; start one with dtflab.run(...) or %dtf_cluster run")
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            infos = [t for t in self.tasks if t.job in self.programs]
-            running = [t.name for t in infos if t.state in (TaskState.RUNNING, TaskState.STARTING)]
-            if not running:
-                break
+        while running := [name for name, state in self.states(programs_only=True).items()
+                          if state in (TaskState.RUNNING, TaskState.STARTING)]:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"{', '.join(running)} still running after {timeout:g} s")
             time.sleep(0.1)
+        infos = [t for t in self.tasks if t.job in self.programs]
         if check:
             for info in infos:
                 if info.state is TaskState.KILLED or info.exit_code not in (0, None):
@@ -203,6 +201,14 @@ class Cluster:
         """The session target of one task, ``"grpc://host:port"``."""
         job, index = self._task(job, index)
         return f"grpc://{self.addresses[job][index]}"
+
+    def states(self, *, programs_only: bool = False) -> dict[str, TaskState]:
+        """Each task's state by name, read now (cheaper than ``tasks``: no memory figures)."""
+        with self._lock:
+            self._poll()
+        return {f"{job}:{index}": self._task_state(job, index)[0]
+                for job, tasks in self.addresses.items() for index in range(len(tasks))
+                if job in self.programs or not programs_only}
 
     @property
     def tasks(self) -> list[TaskInfo]:

@@ -32,11 +32,11 @@ class LogFollower:
 def follow_programs(cluster, write=print) -> dict[str, int | None]:
     """Write the program tasks' output, labelled, until every program has ended; returns
     their exit codes (``Cluster.wait(check=False)``). Ctrl-C propagates to the caller."""
-    names = [task.name for task in cluster.tasks if task.job in cluster.programs]
+    names = list(cluster.states(programs_only=True))
     follower = LogFollower(cluster, names)
     while True:
-        running = any(task.state.value in ("running", "starting") for task in cluster.tasks
-                      if task.name in names)
+        running = any(state.value in ("running", "starting")
+                      for state in cluster.states(programs_only=True).values())
         for line in follower.new_lines(final=not running):
             write(line)
         if not running:

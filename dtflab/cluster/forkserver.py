@@ -284,8 +284,18 @@ def _report_exits(control: socket.socket, children: set[int]) -> None:
             control.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
 
 
+class ChildExit(BaseException):
+    """Raised in a forked child once its task has run, to unwind out of the server loop and
+    end with a normal interpreter exit (atexit, TensorFlow's shutdown), as ``python SCRIPT``
+    would."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
 def _child(request: dict, fds: list[int], server_fds) -> None:
-    """In the forked child: become the task, run its module's ``main``, never return."""
+    """In the forked child: become the task, run its module's ``main``; raises ``ChildExit``."""
     global forked
     code = 1
     try:
@@ -316,11 +326,7 @@ def _child(request: dict, fds: list[int], server_fds) -> None:
         import traceback
 
         traceback.print_exc()
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+    raise ChildExit(code)
 
 
 def main(argv=None) -> int:
@@ -338,7 +344,10 @@ def main(argv=None) -> int:
     if why_not is not None:
         print(f"dtflab fork server: not safe to fork after warming up: {why_not}", flush=True)
         return 1
-    code = serve(control)
+    try:
+        code = serve(control)
+    except ChildExit as child:  # a forked task, done: a normal exit, as `python SCRIPT` would
+        return child.code
     sys.stdout.flush()
     os._exit(code)
 

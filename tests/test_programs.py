@@ -1,0 +1,268 @@
+"""Program tasks and warm starts: real programs on every worker, forked from the fork server."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+import dtflab
+from dtflab.cluster.task import TaskState
+from dtflab.errors import TaskError
+
+from conftest import kernel_services, run_constant, wait_until
+from test_cli import DTFLAB
+
+pytestmark = pytest.mark.slow
+PROGRAMS = Path(__file__).parent / "programs"
+
+PROBE = """import json, os, sys
+print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "name": __name__, "cwd": os.getcwd(),
+                  "tf_config": json.loads(os.environ["TF_CONFIG"])}))
+"""
+
+
+@pytest.fixture
+def run_programs():
+    """``dtflab.run`` whose clusters are all stopped after the test."""
+    started = []
+
+    def run(*args, **kwargs):
+        cluster = dtflab.run(*args, **kwargs)
+        started.append(cluster)
+        return cluster
+
+    yield run
+    for cluster in started:
+        cluster.stop()
+
+
+def test_a_program_runs_as_python_script_args_would(run_programs, tmp_path, monkeypatch):
+    script = tmp_path / "code" / "probe.py"
+    script.parent.mkdir()
+    script.write_text(PROBE)
+    monkeypatch.chdir(tmp_path)
+    cluster = run_programs("code/probe.py", "--job={job_name}", "--task={task_index}",
+                           "--ps={ps_hosts}", "--workers={worker_hosts}", "{{literal}}",
+                           workers=2, ps=1)
+    assert cluster.wait() == {"worker:0": 0, "worker:1": 0}
+    ps_hosts, worker_hosts = ",".join(cluster.addresses["ps"]), ",".join(cluster.addresses["worker"])
+    for index in (0, 1):
+        seen = json.loads(cluster.logs(f"worker:{index}").strip().splitlines()[-1])
+        assert seen["argv"] == [str(script), "--job=worker", f"--task={index}",
+                                f"--ps={ps_hosts}", f"--workers={worker_hosts}", "{literal}"]
+        assert seen["path0"] == str(script.parent) and seen["name"] == "__main__"
+        assert seen["cwd"] == str(tmp_path)
+        assert seen["tf_config"] == {"cluster": cluster.addresses,
+                                     "task": {"type": "worker", "index": index}}
+    states = {t.name: (t.state, t.exit_code, t.program, t.started_by) for t in cluster.tasks}
+    assert states["worker:1"] == (TaskState.EXITED, 0, "probe.py", "fork")
+    assert states["ps:0"] == (TaskState.RUNNING, None, None, "fork")
+
+
+def test_a_tf1_between_graph_trainer_runs_unchanged_with_the_placeholder_flags(run_programs, tmp_path):
+    cluster = run_programs(PROGRAMS / "between_graph_trainer.py", "--ps_hosts={ps_hosts}",
+                           "--worker_hosts={worker_hosts}", "--job_name={job_name}",
+                           "--task_index={task_index}", "--last_step=40",
+                           f"--checkpoint_dir={tmp_path}", workers=2, ps=1, timeout=120)
+    assert cluster.wait(timeout=240) == {"worker:0": 0, "worker:1": 0}
+    for index in (0, 1):
+        done = re.search(r"worker (\d) done at global step (\d+)", cluster.logs(f"worker:{index}"))
+        assert done and int(done[1]) == index and int(done[2]) >= 39, cluster.logs(f"worker:{index}")
+    assert (tmp_path / "model.ckpt-40.index").exists(), sorted(os.listdir(tmp_path))  # the chief's
+
+
+def test_a_two_worker_multi_worker_mirrored_program_gives_both_workers_identical_losses(run_programs):
+    cluster = run_programs(PROGRAMS / "mwms_custom_loop.py", "6", workers=2, timeout=120)
+    assert cluster.wait(timeout=240) == {"worker:0": 0, "worker:1": 0}
+    losses = [re.findall(r"^step (\d+) loss (\S+)$", cluster.logs(f"worker:{i}"), re.M) for i in (0, 1)]
+    assert len(losses[0]) == 6 and losses[0] == losses[1]
+    assert float(losses[0][-1][1]) < float(losses[0][0][1])  # and it learns
+
+
+def test_a_failing_program_is_a_task_error_with_its_last_stderr_lines(run_programs, tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("import os, sys\nprint('starting', flush=True)\n"
+                      "if os.environ['DTFLAB_TASK'] == 'worker:1':\n"
+                      "    raise RuntimeError('worker 1 cannot go on')\n")
+    cluster = run_programs(script, workers=2)
+    with pytest.raises(TaskError, match=r"^worker:1 exited with code 1: RuntimeError: worker 1 "
+                                        r"cannot go on$") as raised:
+        cluster.wait()
+    assert "Traceback" in raised.value.log_tail
+    assert cluster.wait(check=False) == {"worker:0": 0, "worker:1": 1}
+    assert [t.status for t in cluster.tasks] == ["exited with code 0", "exited with code 1"]
+
+
+def test_kill_and_restart_a_program_task(run_programs, tmp_path):
+    script = tmp_path / "sleeper.py"
+    script.write_text("import os, time\nprint('run', os.getpid(), flush=True)\ntime.sleep(600)\n")
+    cluster = run_programs(script, workers=2)
+    old = cluster.tasks[1].pid
+    cluster.kill("worker:1")
+    assert cluster.tasks[1].state is TaskState.KILLED and not psutil.pid_exists(old)
+    cluster.restart("worker:1")
+    task = cluster.tasks[1]
+    assert task.state is TaskState.RUNNING and task.pid not in (None, old)
+    assert wait_until(lambda: f"run {task.pid}" in cluster.logs("worker:1"))
+    assert cluster.tasks[0].state is TaskState.RUNNING  # the other program never noticed
+    with pytest.raises(TimeoutError, match=r"worker:0, worker:1 still running after 0.2 s"):
+        cluster.wait(timeout=0.2)
+    cluster.kill("worker:0")
+    cluster.kill("worker:1")
+    with pytest.raises(TaskError, match=r"^worker:0 was killed"):
+        cluster.wait()
+
+
+def test_warm_starts_fork_restarts_fork_and_spawn_still_works(start_cluster):
+    warm = start_cluster(3)
+    assert warm.start_method == "fork" and "tasks forked" in repr(warm)
+    assert {t.started_by for t in warm.tasks} == {"fork"}
+    warm.restart("worker:0")
+    assert warm.tasks[1].started_by == "fork"
+    assert run_constant(warm.target("ps"), "/job:worker/task:0", "again") == b"again"
+    cold = start_cluster(2, start_method="spawn")
+    assert cold.start_method == "spawn" and cold.why_not_fork == "asked for start_method='spawn'"
+    assert run_constant(cold.target("worker"), "/job:ps/task:0", "spawned") == b"spawned"
+    assert "tasks spawned" in cold._repr_html_() and "tasks forked" in warm._repr_html_()
+
+
+def test_the_fork_server_lives_in_the_private_network_and_its_tasks_too(start_cluster):
+    cluster = start_cluster(2)
+    services = kernel_services()
+    (fork_server,) = [pid for pid in services["dtflab.cluster.forkserver"]
+                      if psutil.Process(pid).children()]
+    gate = min(services["dtflab.cluster.gate"])  # the gate; its helper stays on the host
+    private = os.readlink(f"/proc/{gate}/ns/net")
+    assert private != os.readlink("/proc/self/ns/net")
+    assert os.readlink(f"/proc/{fork_server}/ns/net") == private
+    for task in cluster.tasks:
+        assert os.readlink(f"/proc/{task.pid}/ns/net") == private
+        assert psutil.Process(task.pid).ppid() == fork_server
+
+
+def test_owner_sigkill_leaves_no_fork_server_gate_program_or_task(tmp_path):
+    script = tmp_path / "forever.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    owner = subprocess.Popen(
+        [sys.executable, "-c",
+         "import json, sys, time, dtflab\n"
+         "c = dtflab.start_cluster(2)\n"
+         f"r = dtflab.run({str(script)!r}, workers=2, ps=1)\n"
+         "print(json.dumps([t.pid for t in c.tasks + r.tasks]), flush=True)\n"
+         "time.sleep(600)\n"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        tasks = json.loads(owner.stdout.readline())
+        pids = [child.pid for child in psutil.Process(owner.pid).children(recursive=True)]
+        assert len(tasks) == 5 and set(tasks) < set(pids)
+        assert len(pids) == 8  # and the gate, its helper and the fork server
+    finally:
+        owner.kill()
+        owner.wait()
+        owner.stdout.close()
+
+    def all_gone():
+        return not [pid for pid in pids if psutil.pid_exists(pid)
+                    and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+    assert wait_until(all_gone, timeout=5.0), "processes outlived their owner"
+
+
+def test_dtflab_run_prefixes_lines_and_exits_1_when_a_program_fails(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("import os, sys\nprint('hello from', os.environ['DTFLAB_TASK'])\n"
+                      "sys.exit(3 if os.environ['DTFLAB_TASK'] == 'worker:1' else 0)\n")
+    out = subprocess.run(DTFLAB + ["run", "--workers", "2", str(script)], capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr
+    assert re.search(r"^\[worker:0\] +hello from worker:0$", out.stdout, re.M)
+    assert re.search(r"^\[worker:1\] +hello from worker:1$", out.stdout, re.M)
+    assert "dtflab: worker:1 exited with code 3" in out.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_dtflab_run_stops_everything_on_ctrl_c_or_sigterm(tmp_path, signum):
+    script = tmp_path / "forever.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    process = subprocess.Popen(DTFLAB + ["run", "--workers", "2", "--ps", "1", str(script)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        while len([line for line in lines if "] up" in line]) < 2:
+            lines.append(process.stdout.readline())
+            assert lines[-1], f"dtflab run ended early: {lines} {process.stderr.read()}"
+        descendants = psutil.Process(process.pid).children(recursive=True)
+        assert len(descendants) == 6  # gate, its helper, fork server, ps:0, two programs
+        process.send_signal(signum)
+        assert process.wait(timeout=20) == 130
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.stdout.close()
+        process.stderr.close()
+    assert wait_until(lambda: not any(psutil.pid_exists(p.pid) for p in descendants), timeout=5)
+
+
+def test_dtf_run_cell_magic_shows_each_workers_output_labelled(ip, capsys):
+    ip.run_cell_magic("dtf_run", "--workers 2 --ps 1 --name finished",
+                      "import json, os\nprint('task', json.loads(os.environ['TF_CONFIG'])['task'])\n")
+    out = capsys.readouterr().out
+    assert re.search(r"^\[worker:0\] +task \{'type': 'worker', 'index': 0\}$", out, re.M), out
+    assert re.search(r"^\[worker:1\] +task \{'type': 'worker', 'index': 1\}$", out, re.M), out
+    assert ip.user_ns["finished"].stopped
+
+
+def test_dtf_cluster_run_binds_the_cluster_and_wait_reports_exit_codes(ip, capsys, tmp_path):
+    script = tmp_path / "ok.py"
+    script.write_text("print('ok')\n")
+    ip.run_line_magic("dtf_cluster", f"run --workers 2 {script}")
+    assert ip.user_ns["cluster"].programs["worker"].name == "ok.py"
+    ip.run_line_magic("dtf_cluster", "wait")
+    assert "worker:0: exit code 0, worker:1: exit code 0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.3, 0.8, 1.5, 2.5, 4.0])
+def test_dtflab_server_never_loses_an_early_ctrl_c(delay):
+    import time
+
+    from conftest import free_ports
+
+    (port,) = free_ports(1)
+    process = subprocess.Popen(DTFLAB + ["server", "--cluster_spec", f"worker|localhost:{port}",
+                                         "--job_name", "worker"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    try:
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.stdout.read().strip().endswith("worker:0 stopped")
+    process.stdout.close()
+    process.stderr.close()
+
+
+def test_dtflab_server_stops_cleanly_on_sigterm():
+    from conftest import free_ports
+
+    (port,) = free_ports(1)
+    process = subprocess.Popen(DTFLAB + ["server", "--cluster_spec", f"worker|localhost:{port}",
+                                         "--job_name", "worker"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "serving" in process.stdout.readline()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+        assert process.stdout.read().strip() == "dtflab server: worker:0 stopped"
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.stdout.close()
+        process.stderr.close()
