@@ -161,6 +161,10 @@ def run_lab(extra: list[str]) -> int:
 
 
 def main(argv=None) -> int:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["server"]:  # before anything slow
+        from dtflab.cluster.server import stop_on_signals
+
+        stop_on_signals()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command == "lab":

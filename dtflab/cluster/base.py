@@ -270,6 +270,7 @@ class Cluster:
         tf = import_tf()
         (port,) = free_ports(1)
         self.let_tasks_reach(port)
+        _connected.append(repr(self))
         spec = tf.train.ClusterSpec(dict(self.addresses, **{job_name: [f"127.0.0.1:{port}"]}))
         with quiet_fds():
             tf.config.experimental_connect_to_cluster(spec, job_name=job_name)
@@ -373,13 +374,33 @@ class Cluster:
                                     "dtflab.start_cluster() or %dtf_cluster start")
 
 
+_connected: list[str] = []  # clusters this process joined with connect()
+
+
 def stop_all_running() -> None:
-    """Stop every cluster this process started and did not stop (runs at exit)."""
+    """Stop every cluster this process started and did not stop (runs at exit).
+
+    A process that called ``connect()`` keeps TensorFlow's remote functions and tensor handles
+    until its interpreter ends, and destroying them then logs a line per object for tasks that
+    are gone ("Failed to remove function remotely", hundreds of them). TensorFlow has no clean
+    disconnect, so from here on, the rest of the exit writes its standard error to a log file
+    (``dtflab-exit-PID.log`` in the temporary folder) instead of the terminal.
+    """
     for cluster in list(_running):
         try:
             cluster.stop()
         except Exception:  # at exit, carry on with the others
             pass
+    if _connected:
+        import os
+        import sys
+        import tempfile
+
+        sys.stderr.flush()
+        path = os.path.join(tempfile.gettempdir(), f"dtflab-exit-{os.getpid()}.log")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
 
 
 def _stop_at_exit() -> None:

@@ -115,10 +115,15 @@ def _request_stop(*_) -> None:
     _stop_requested.set()
 
 
+def stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM ask the server to stop, whenever they come: none is lost."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _request_stop)
+
+
 def serve(args) -> int:
     """Run the task server; returns only on bad flags or a port in use (the exit code)."""
-    for signum in (signal.SIGINT, signal.SIGTERM):  # before anything slow: none is lost
-        signal.signal(signum, _request_stop)
+    stop_on_signals()
     if args.netns is not None:  # first: joining a user namespace needs a single thread
         from dtflab.cluster.netns import join
 
@@ -187,8 +192,7 @@ def _serve(args) -> int:
     if ready is not None:
         ready.write(f"ready {os.getpid()}\n")
         ready.close()
-    for signum in (signal.SIGINT, signal.SIGTERM):  # in case importing TensorFlow replaced them
-        signal.signal(signum, _request_stop)
+    stop_on_signals()  # again, in case importing TensorFlow replaced them
     while not _stop_requested.wait(0.5):  # not server.join(): Ctrl-C cannot interrupt it
         pass
     print(f"dtflab server: {job}:{index} stopped", flush=True)
