@@ -3,7 +3,6 @@
 from dtflab.train.callbacks import Callback
 from dtflab.train.history import RunHistory, StepRecord
 from dtflab.train.loops import (
-    BackgroundRun,
     async_parameter_server,
     model_parallel,
     single,
@@ -11,6 +10,7 @@ from dtflab.train.loops import (
 )
 from dtflab.train.problems import Problem, classification, exp_regression
 from dtflab.train.ps_strategy import ps_strategy
+from dtflab.train.runner import BackgroundRun, Runner, Update
 
 __all__ = ["Problem", "exp_regression", "classification", "RunHistory", "StepRecord", "Callback",
            "BackgroundRun", "single", "model_parallel", "sync_data_parallel",

@@ -36,6 +36,8 @@ class RunHistory:
     stopped_early: bool = False
     wall_s: float = 0.0
     trace: object = None  # the StepTrace of the step asked for with trace_step=, if any
+    cluster: object = field(default=None, repr=False)  # what it trained on (None: one process)
+    details: dict = field(default_factory=dict)  # loop-specific figures, named in its docstring
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, record: StepRecord) -> None:

@@ -9,6 +9,7 @@ seconds per step (a straggler, sleeping on the task itself).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import re
 import shutil
 import threading
@@ -18,51 +19,15 @@ from dtflab._quiet import import_tf
 from dtflab.errors import TaskError
 from dtflab.placement import PlacementPlan
 from dtflab.train import graphs
-from dtflab.train.callbacks import Callback
-from dtflab.train.history import RunHistory, StepRecord
+from dtflab.train.callbacks import Callback  # noqa: F401  (re-exported)
+from dtflab.train.history import RunHistory
+from dtflab.train.runner import BackgroundRun, Runner, Update
 
 #: A step that needs a dead task gives up after this long (the sync loop's "within seconds").
 OPERATION_TIMEOUT_MS = 10_000
 #: How long a step is retried while every task is alive but unreachable (a task just
 #: restarted: gRPC channels that saw it die reconnect with a back-off).
 TRANSIENT_RETRY_S = 10.0
-
-
-class BackgroundRun:
-    """A loop running in a thread: ``history`` grows as it goes; ``stop()`` ends it after the
-    current step and keeps the history; ``wait()`` returns the history or raises its error."""
-
-    def __init__(self, history: RunHistory, target, stop_event: threading.Event):
-        self.history, self.error = history, None
-        self._stop_event = stop_event
-
-        def run():
-            try:
-                target()
-            except BaseException as exc:  # kept for wait(); the dashboard shows it
-                self.error = exc
-
-        self.thread = threading.Thread(target=run, name=f"dtflab-{history.loop}", daemon=True)
-        self.thread.start()
-
-    @property
-    def done(self) -> bool:
-        return not self.thread.is_alive()
-
-    def stop(self) -> RunHistory:
-        self._stop_event.set()
-        self.thread.join()
-        return self.history
-
-    def wait(self, timeout: float | None = None) -> RunHistory:
-        self.thread.join(timeout)
-        if self.error is not None:
-            raise self.error
-        return self.history
-
-    def __repr__(self) -> str:
-        state = "done" if self.done else "running"
-        return f"<BackgroundRun {state}: {self.history.summary()}>"
 
 
 def _session(target, graph):
@@ -119,62 +84,56 @@ def run_step(session, fetch, feed, cluster):
             pause = min(pause * 2, 2.0)
 
 
-def _finish(history: RunHistory, started: float, callbacks) -> RunHistory:
-    history.wall_s = time.perf_counter() - started
-    for callback in callbacks:
-        callback.on_run_end(history)
-    return history
+class SessionSteps:
+    """A synchronous loop's step: one ``session.run`` of ``fetch`` on ``feeds(step)``. The
+    next step's batch is made while this step runs (``session.run`` releases the GIL); step
+    ``trace_step`` is traced into ``history.trace``. A failed task ends the run with a
+    TaskError naming it."""
+
+    def __init__(self, session, fetch, feeds, problem, cluster, history, trace_step=None):
+        self.session, self.fetch, self.feeds = session, fetch, feeds
+        self.problem, self.cluster, self.history = problem, cluster, history
+        self.trace_step = trace_step
+        self._prefetch = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dtflab-feed")
+        self._upcoming = {0: self._prefetch.submit(feeds, 0)}
+
+    def __call__(self, step: int) -> Update:
+        tf = import_tf()
+        upcoming = self._upcoming.pop(step, None)
+        feed = upcoming.result() if upcoming is not None else self.feeds(step)
+        self._upcoming[step + 1] = self._prefetch.submit(self.feeds, step + 1)
+        try:
+            if step == self.trace_step:
+                from dtflab.tracing.capture import trace
+
+                self.history.trace = trace(self.session, self.fetch, feed)
+                loss = self.history.trace.result
+            else:
+                loss = run_step(self.session, self.fetch, feed, self.cluster)
+        except tf.errors.OpError as error:
+            job, index = failed_task(self.cluster, error)
+            self.history.failures.append(f"{job}:{index} failed during step {step}: "
+                                         f"{type(error).__name__}")
+            raise TaskError(job, index, f"failed during step {step}; the synchronous run "
+                            f"stopped ({type(error).__name__})") from None
+        return Update(float(loss) / self.problem.batch_size, self.problem.batch_size)
+
+    def close(self) -> None:
+        self._prefetch.shutdown(wait=True, cancel_futures=True)
+        _close(self.session, failed=bool(self.history.failures))
 
 
-def _launch(history, body, background: bool, stop_event: threading.Event):
-    if background:
-        return BackgroundRun(history, body, stop_event)
-    body()
-    return history
+def _synchronous(runner, steps, session, fetch, feeds, problem, cluster, trace_step, background):
+    """Run a one-session loop (single, model parallel, sync data parallel) with ``runner``."""
+    stepper = SessionSteps(session, fetch, feeds, problem, cluster, runner.history, trace_step)
 
+    def body():
+        try:
+            runner.loop(steps, stepper)
+        finally:
+            stepper.close()
 
-def _sync_loop(history, session, fetch, feeds, problem, steps, seed, callbacks, stop_event,
-               cluster, worker_name="all", trace_step=None):
-    """Run ``steps`` synchronous steps; ``feeds(step)`` gives each step's feed dict. Step
-    ``trace_step`` is traced (``history.trace``); the others are not."""
-    tf = import_tf()
-    started = time.perf_counter()
-    for callback in callbacks:
-        callback.on_run_start(history)
-    # The next step's batch is made while this step runs (session.run releases the GIL).
-    prefetch = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dtflab-feed")
-    upcoming = prefetch.submit(feeds, 0)
-    try:
-        for step in range(steps):
-            if stop_event.is_set():
-                history.stopped_early = True
-                break
-            feed = upcoming.result()
-            if step + 1 < steps:
-                upcoming = prefetch.submit(feeds, step + 1)
-            try:
-                if step == trace_step:
-                    from dtflab.tracing.capture import trace
-
-                    history.trace = trace(session, fetch, feed)
-                    loss = history.trace.result
-                else:
-                    loss = run_step(session, fetch, feed, cluster)
-            except tf.errors.OpError as error:
-                job, index = failed_task(cluster, error)
-                message = f"{job}:{index} failed during step {step}: {type(error).__name__}"
-                history.failures.append(message)
-                raise TaskError(job, index, f"failed during step {step}; the synchronous run "
-                                f"stopped ({type(error).__name__})") from None
-            record = StepRecord(step, worker_name, float(loss) / problem.batch_size,
-                                time.perf_counter() - started, problem.batch_size)
-            history.add(record)
-            for callback in callbacks:
-                callback.on_step(history, record)
-    finally:
-        prefetch.shutdown(wait=True, cancel_futures=True)
-        _close(session, failed=bool(history.failures))
-        _finish(history, started, callbacks)
+    return runner.run(body, background=background)
 
 
 def _close(session, failed: bool = False) -> None:
@@ -197,9 +156,10 @@ def _close(session, failed: bool = False) -> None:
 def single(problem, *, steps: int = 200, seed: int = 0, cluster=None, device: str | None = None,
            background: bool = False, callbacks=(), name: str | None = None,
            trace_step: int | None = None):
-    """One process does everything (no cluster), or one task does (``cluster`` + ``device``)."""
+    """One process does everything (no cluster), or one task does (``cluster`` + ``device``,
+    e.g. ``"/job:worker/task:0"``)."""
     built = graphs.single_graph(problem, seed, device)
-    target = cluster.target(*_task_name(device).split(":")) if cluster is not None and device else ""
+    target = cluster.target(*_split(_task_name(device))) if cluster is not None and device else ""
     return _run_one_replica(built, target, RunHistory(name or "single", "single"), problem,
                             steps, seed, cluster, background, callbacks, trace_step)
 
@@ -210,10 +170,9 @@ def model_parallel(problem, cluster, plan: PlacementPlan | None = None, *, steps
     """Variables spread over the ps tasks by layer (or by ``plan``); compute on one task."""
     plan = plan or PlacementPlan.by_layer(cluster, job="ps")
     built = graphs.model_parallel_graph(problem, plan, seed)
-    job, index = _task_name(plan.compute).split(":")
     history = RunHistory(name or "model parallel", "model_parallel")
-    return _run_one_replica(built, cluster.target(job, int(index)), history, problem, steps, seed,
-                            cluster, background, callbacks, trace_step)
+    return _run_one_replica(built, cluster.target(*_split(_task_name(plan.compute))), history,
+                            problem, steps, seed, cluster, background, callbacks, trace_step)
 
 
 def _run_one_replica(built, target, history, problem, steps, seed, cluster, background,
@@ -222,16 +181,14 @@ def _run_one_replica(built, target, history, problem, steps, seed, cluster, back
     session = _session(target, built.graph)
     session.run(built.init)
     x, t = built.inputs
-    stop = threading.Event()
 
     def feeds(step):
         xs, ts = problem.batch(step, seed)
         return {x: xs, t: ts}
 
-    fetch = _with_train(built)
-    body = lambda: _sync_loop(history, session, fetch, feeds, problem, steps, seed, callbacks,
-                              stop, cluster, trace_step=trace_step)
-    return _launch(history, body, background, stop)
+    history.cluster = cluster
+    return _synchronous(Runner(history, callbacks), steps, session, _with_train(built), feeds,
+                        problem, cluster, trace_step, background)
 
 
 def _with_train(built):
@@ -268,12 +225,11 @@ def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
     plan = _ps_plan(cluster)
     slow_devices = {_device(task): seconds for task, seconds in (slow or {}).items()}
     built = graphs.sync_graph(problem, plan, devices, seed, slow_devices, gradient_bits)
-    job, index = _task_name(plan.compute).split(":")
-    session = _session(cluster.target(job, int(index)), built.graph)
+    session = _session(cluster.target(*_split(_task_name(plan.compute))), built.graph)
     session.run(built.init)
     share = problem.batch_size // len(devices)
-    history = RunHistory(name or f"sync data parallel ({len(devices)} workers)", "sync")
-    stop = threading.Event()
+    history = RunHistory(name or f"sync data parallel ({len(devices)} workers)", "sync",
+                         cluster=cluster)
 
     def feeds(step):
         xs, ts = problem.batch(step, seed)
@@ -282,10 +238,8 @@ def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
             feed[tower.x], feed[tower.t] = xs[i * share:(i + 1) * share], ts[i * share:(i + 1) * share]
         return feed
 
-    fetch = _with_train(built)
-    body = lambda: _sync_loop(history, session, fetch, feeds, problem, steps, seed, callbacks,
-                              stop, cluster, trace_step=trace_step)
-    return _launch(history, body, background, stop)
+    return _synchronous(Runner(history, callbacks), steps, session, _with_train(built), feeds,
+                        problem, cluster, trace_step, background)
 
 
 def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
@@ -302,52 +256,80 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
     (``history.recoveries`` says how many). Restarting needs a backend that can (local, dask);
     see ``train.checkpoints``.
     """
-    import tempfile
-
-    from dtflab.train.checkpoints import Checkpoints, Recovery
-
-    tf = import_tf()
     devices = _workers(cluster, workers)
-    plan = _ps_plan(cluster)
     slow_devices = {_device(task): seconds for task, seconds in (slow or {}).items()}
-    built = graphs.async_graph(problem, plan, devices, seed, slow_devices)
-    checkpoints = None
-    if checkpoint_every is not None:
-        folder = checkpoint_dir or tempfile.mkdtemp(prefix="dtflab-checkpoints-")
-        checkpoints = Checkpoints(built.graph, built.global_step, folder, checkpoint_every,
-                                  len(devices))
-    targets = [cluster.target(*_split(_task_name(d))) for d in devices]
-    sessions = [_session(target, built.graph) for target in targets]
-    sessions[0].run(built.init)
+    built = graphs.async_graph(problem, _ps_plan(cluster), devices, seed, slow_devices)
     history = RunHistory(name or f"async parameter server ({len(devices)} workers)", "async",
-                         workers=[_task_name(d) for d in devices])
-    stop = threading.Event()
-    ps_jobs = {job for job in cluster.addresses if job not in {_split(_task_name(d))[0] for d in devices}}
-    epoch = [0]  # recoveries so far; a session made before the last one is stale
-    recovering = threading.Lock()
-    if checkpoints is not None:
-        checkpoints.save(sessions[0])  # step 0: a failure before the first K loses < K too
+                         workers=[_task_name(d) for d in devices], cluster=cluster)
+    runner = Runner(history, callbacks)
+    downpour = _Downpour(built, problem, seed, cluster, devices, history, checkpoint_every,
+                         checkpoint_dir)
 
-    def recover(task, seen_epoch):
+    def body():
+        try:
+            runner.in_threads({
+                worker: functools.partial(runner.loop, steps, downpour.worker_step(i), worker)
+                for i, worker in enumerate(history.workers)})
+        finally:
+            downpour.close()
+        if len(history.failures) == len(devices):
+            raise TaskError(*failed_task(cluster, "")[:2], "left no worker running")
+
+    return runner.run(body, background=background)
+
+
+class _Downpour:
+    """The asynchronous loop's state: a session per worker, the optional checkpoints, and the
+    recovery of a dead ps (at most one at a time; sessions made before it are stale)."""
+
+    def __init__(self, built, problem, seed, cluster, devices, history, checkpoint_every,
+                 checkpoint_dir):
+        import tempfile
+
+        from dtflab.train.checkpoints import Checkpoints
+
+        self.built, self.problem, self.seed = built, problem, seed
+        self.cluster, self.devices, self.history = cluster, devices, history
+        self.checkpoints, self.own_folder = None, checkpoint_dir is None
+        if checkpoint_every is not None:
+            folder = checkpoint_dir or tempfile.mkdtemp(prefix="dtflab-checkpoints-")
+            self.checkpoints = Checkpoints(built.graph, built.global_step, folder,
+                                           checkpoint_every, len(devices))
+        self.targets = [cluster.target(*_split(_task_name(d))) for d in devices]
+        # One {"session", "epoch"} per worker: a session made before the last recovery is stale.
+        self.states = [{"session": _session(target, built.graph), "epoch": 0}
+                       for target in self.targets]
+        self.states[0]["session"].run(built.init)
+        worker_jobs = {_split(_task_name(d))[0] for d in devices}
+        self.ps_jobs = {job for job in cluster.addresses if job not in worker_jobs}
+        self.epoch = 0  # recoveries so far
+        self.recovering = threading.Lock()
+        if self.checkpoints is not None:
+            self.checkpoints.save(self.states[0]["session"])  # step 0: a failure before the first K loses < K too
+
+    def recover(self, task, seen_epoch) -> None:
         """Restart a dead ps and restore the newest checkpoint (once, whoever asks first)."""
-        with recovering:
-            if epoch[0] != seen_epoch:
-                return
-            with checkpoints.held():
-                failed_at, began = checkpoints.seen_step, time.perf_counter()
-                cluster.restart(*task)
-                with _session(targets[0], built.graph) as session:
-                    resumed = checkpoints.restore(session)
-                history.recoveries.append(Recovery(f"{task[0]}:{task[1]}", failed_at, resumed,
-                                                   time.perf_counter() - began))
-            epoch[0] += 1
+        from dtflab.train.checkpoints import Recovery
 
-    def one_update(session, tower, feed):
+        with self.recovering:
+            if self.epoch != seen_epoch:
+                return
+            with self.checkpoints.held():
+                failed_at, began = self.checkpoints.seen_step, time.perf_counter()
+                self.cluster.restart(*task)
+                with _session(self.targets[0], self.built.graph) as session:
+                    resumed = self.checkpoints.restore(session)
+                self.history.recoveries.append(Recovery(f"{task[0]}:{task[1]}", failed_at, resumed,
+                                                        time.perf_counter() - began))
+            self.epoch += 1
+
+    def one_update(self, session, tower, feed):
+        checkpoints = self.checkpoints
         if checkpoints is None:
-            return run_step(session, tower.fetch, feed, cluster)
+            return run_step(session, tower.fetch, feed, self.cluster)
         checkpoints.begin_update()
         try:
-            result = run_step(session, tower.fetch, feed, cluster)
+            result = run_step(session, tower.fetch, feed, self.cluster)
         except BaseException:
             checkpoints.end_update(None)
             raise
@@ -355,64 +337,61 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
             checkpoints.save(session)
         return result
 
-    def worker_loop(i, session, tower, started):
-        name_ = _task_name(tower.device)
-        session_epoch, local_step = epoch[0], 0
-        while local_step < steps:
-            if stop.is_set():
-                history.stopped_early = True
-                break
-            xs, ts = problem.batch(local_step * len(devices) + i, seed)
-            try:
-                loss, before, after = one_update(session, tower, {tower.x: xs, tower.t: ts})
-            except tf.errors.OpError as error:
-                if checkpoints is not None:
-                    with recovering:  # let a recovery in progress finish first
-                        stale = session_epoch != epoch[0]
-                job, index = failed_task(cluster, error)
-                if checkpoints is not None and (stale or job in ps_jobs):
-                    _close(session, failed=True)
-                    try:
-                        if not stale:
-                            recover((job, index), session_epoch)
-                    except Exception as failure:  # the restart or restore failed: give up
-                        history.failures.append(f"{name_} stopped: could not recover {job}:{index} "
-                                                f"({failure})")
-                        return
-                    session_epoch, session = epoch[0], _session(targets[i], built.graph)
-                    continue  # the same batch again
-                history.failures.append(f"{name_} stopped: {job}:{index} failed "
-                                        f"({type(error).__name__}); the other workers carried on")
-                _close(session, failed=True)
-                return
-            record = StepRecord(int(after) - 1, name_, float(loss) / len(xs),
-                                time.perf_counter() - started, len(xs), int(after - before - 1))
-            history.add(record)
-            for callback in callbacks:
-                callback.on_step(history, record)
-            local_step += 1
-        _close(session)
+    def worker_step(self, i):
+        """Worker ``i``'s step: one update on its own session, re-run on a new session after a
+        recovery; ``None`` once the worker gave up (its failure is in the history)."""
+        tf = import_tf()
+        tower, name = self.built.towers[i], self.history.workers[i]
+        state = self.states[i]
 
-    def body():
-        started = time.perf_counter()
-        for callback in callbacks:
-            callback.on_run_start(history)
-        threads = [threading.Thread(target=worker_loop, args=(i, s, tower, started),
-                                    name=f"dtflab-async-{i}", daemon=True)
-                   for i, (s, tower) in enumerate(zip(sessions, built.towers))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if checkpoints is not None and checkpoint_dir is None:
-            shutil.rmtree(checkpoints.folder, ignore_errors=True)  # ours, not the user's
+        def step(local_step):
+            xs, ts = self.problem.batch(local_step * len(self.devices) + i, self.seed)
+            while True:
+                try:
+                    loss, before, after = self.one_update(state["session"], tower,
+                                                          {tower.x: xs, tower.t: ts})
+                    return Update(float(loss) / len(xs), len(xs), int(after) - 1, name,
+                                  int(after - before - 1))
+                except tf.errors.OpError as error:
+                    if not self._recovered(state, error, name):
+                        return None
+
+        return step
+
+    def _recovered(self, state, error, name) -> bool:
+        """After a failed update: recover a dead ps and renew the session (True: retry the
+        batch), or record this worker's failure (False)."""
+        stale = False
+        if self.checkpoints is not None:
+            with self.recovering:  # let a recovery in progress finish first
+                stale = state["epoch"] != self.epoch
+        job, index = failed_task(self.cluster, error)
+        _close(state["session"], failed=True)
+        state["session"] = None
+        if self.checkpoints is not None and (stale or job in self.ps_jobs):
+            try:
+                if not stale:
+                    self.recover((job, index), state["epoch"])
+            except Exception as failure:  # the restart or restore failed: give up
+                self.history.failures.append(f"{name} stopped: could not recover {job}:{index} "
+                                             f"({failure})")
+                return False
+            i = self.history.workers.index(name)
+            state["epoch"], state["session"] = self.epoch, _session(self.targets[i], self.built.graph)
+            return True
+        self.history.failures.append(f"{name} stopped: {job}:{index} failed "
+                                     f"({type(error).__name__}); the other workers carried on")
+        return False
+
+    def close(self) -> None:
+        for state in self.states:
+            if state["session"] is not None:
+                _close(state["session"])
+        if self.checkpoints is not None and self.own_folder:
+            shutil.rmtree(self.checkpoints.folder, ignore_errors=True)  # ours, not the user's
+        history = self.history
         with history._lock:  # in step order, except that a restore sends the steps back
             history.records.sort(key=(lambda r: r.time_s) if history.recoveries else (lambda r: r.step))
-        _finish(history, started, callbacks)
-        if len(history.failures) == len(devices):
-            raise TaskError(*failed_task(cluster, "")[:2], "left no worker running")
-
-    return _launch(history, body, background, stop)
 
 
 def _split(task: str) -> tuple[str, int]:
@@ -421,4 +400,4 @@ def _split(task: str) -> tuple[str, int]:
 
 
 __all__ = ["single", "model_parallel", "sync_data_parallel", "async_parameter_server",
-           "BackgroundRun", "Callback", "failed_task"]
+           "BackgroundRun", "Callback", "Runner", "failed_task"]

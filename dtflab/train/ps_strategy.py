@@ -9,13 +9,11 @@ clusters start with tasks + 1 (see Cluster.inter_op_threads).
 from __future__ import annotations
 
 import os
-import threading
-import time
 
 from dtflab._quiet import import_tf, quiet_fds
 from dtflab.cluster.ports import free_ports
-from dtflab.train.history import RunHistory, StepRecord
-from dtflab.train.loops import _finish, _launch
+from dtflab.train.history import RunHistory
+from dtflab.train.runner import Runner, Update
 
 #: Distinct batches shipped to the workers (a tf.data pipeline of them, repeated).
 DATA_BATCHES = 8
@@ -73,31 +71,29 @@ def ps_strategy(problem, cluster, *, steps: int = 200, seed: int = 0, background
         return strategy.run(replica, args=(x, t))
 
     history = RunHistory(name or f"ParameterServerStrategy ({len(cluster.addresses['worker'])} workers)",
-                         "ps_strategy", workers=["any worker"])
-    stop = threading.Event()
+                         "ps_strategy", workers=["any worker"], cluster=cluster)
+    runner = Runner(history, callbacks)
+    pending = []  # (step, RemoteValue): up to 5 steps in flight
+
+    def finished(keep: int):
+        done = []
+        while len(pending) > keep:
+            scheduled, value = pending.pop(0)
+            loss = float(value.fetch()) / problem.batch_size
+            done.append(Update(loss, problem.batch_size, scheduled, "any worker"))
+        return done
+
+    def step(number):
+        pending.append((number, coordinator.schedule(step_fn, args=(iterator,))))
+        return finished(keep=4)
 
     def body():
-        started = time.perf_counter()
-        for callback in callbacks:
-            callback.on_run_start(history)
-        pending = []
-        for step in range(steps):
-            if stop.is_set():
-                history.stopped_early = True
-                break
-            pending.append((step, coordinator.schedule(step_fn, args=(iterator,))))
-            while pending and (len(pending) > 4 or step == steps - 1):
-                number, value = pending.pop(0)
-                loss = float(value.fetch()) / problem.batch_size
-                record = StepRecord(number, "any worker", loss, time.perf_counter() - started,
-                                    problem.batch_size)
-                history.add(record)
-                for callback in callbacks:
-                    callback.on_step(history, record)
+        runner.loop(steps, step)
+        for update in finished(keep=0):  # the steps still in flight at the end or at Stop
+            runner.add(update, update.step)
         coordinator.join()
-        _finish(history, started, callbacks)
 
-    return _launch(history, body, background, stop)
+    return runner.run(body, background=background)
 
 
 def _variables(problem, seed):

@@ -68,7 +68,7 @@ class Dashboard:
     def stop(self) -> None:
         """Ask every run to stop after its current step (returns at once)."""
         for run in self.runs:
-            run._stop_event.set()
+            run.stop(wait=False)
 
     def wait(self) -> None:
         """Block until every run has ended and the last points are drawn."""
