@@ -8,6 +8,14 @@ Importing dtflab is cheap: TensorFlow is imported only when a cluster needs it.
 
 from __future__ import annotations
 
+import os
+
+# tf.keras is Keras 3 on TensorFlow >= 2.16, and Keras 3 breaks TF's distribution strategies
+# (MultiWorkerMirroredStrategy, ParameterServerStrategy) in model.fit and custom loops. With
+# this set before tf.keras is first touched, tf.keras is Keras 2 (the tf_keras package); the
+# task processes dtflab starts inherit it. Set TF_USE_LEGACY_KERAS=0 yourself to opt out.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
 from dtflab.cluster import Cluster, TaskInfo, TaskState, run, start_cluster
 from dtflab.errors import DtflabError, NotSupportedError, TaskError
 

@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", required=True, help="number of worker tasks running SCRIPT")
     run.add_argument("--ps", default="0", help="number of bare task servers as job ps (default 0)")
     run.add_argument("--chief", action="store_true", help="add a chief task running SCRIPT too")
+    run.add_argument("--chief-only", dest="chief_only", action="store_true",
+                     help="run SCRIPT on a chief only; workers and ps are bare task servers "
+                          "(a ParameterServerStrategy coordinator)")
     run.add_argument("--backend", help="local (default) or dask")
     run.add_argument("--scheduler", help="an existing Dask scheduler, e.g. tcp://10.0.0.5:8786")
     run.add_argument("--network", help="private (default for local) or host")
@@ -71,7 +74,7 @@ def run_programs(args) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         cluster = run(args.script, *args.args, workers=args.workers, ps=args.ps, chief=args.chief,
-                      backend=args.backend, network=args.network, timeout=args.timeout,
+                      chief_only=args.chief_only, backend=args.backend, network=args.network, timeout=args.timeout,
                       start_method=args.start_method, scheduler=args.scheduler)
     except (ValueError, DtflabError) as exc:
         print(f"dtflab: error: {exc}", file=sys.stderr)

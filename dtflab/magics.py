@@ -201,6 +201,8 @@ def run_parser(prog: str, *, with_script: bool) -> MagicArgumentParser:
     parser.add_argument("--workers", default="2", help="worker tasks running the program (default 2)")
     parser.add_argument("--ps", default="0", help="bare task servers as job ps (default 0)")
     parser.add_argument("--chief", action="store_true", help="add a chief task running it too")
+    parser.add_argument("--chief-only", dest="chief_only", action="store_true",
+                        help="run it on a chief only, beside bare worker and ps servers")
     parser.add_argument("--backend", help="local (default) or dask")
     parser.add_argument("--scheduler", help="an existing Dask scheduler (implies --backend dask)")
     parser.add_argument("--network", help="private (default for local) or host")
@@ -224,7 +226,8 @@ def _run_options(args) -> dict:
     except ValueError:
         raise UsageError(f"--timeout must be a number of seconds, got {args.timeout!r}; "
                          f"e.g. --timeout 120") from None
-    return dict(workers=args.workers, ps=args.ps, chief=args.chief, backend=args.backend,
+    return dict(workers=args.workers, ps=args.ps, chief=args.chief, chief_only=args.chief_only,
+                backend=args.backend,
                 network=args.network, timeout=timeout, start_method=args.start_method,
                 scheduler=args.scheduler)
 

@@ -101,11 +101,13 @@ def start_cluster(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
     return cluster.start()
 
 
-def run(script, *args, workers=2, ps=0, chief: bool = False, backend=None, network=None,
-        timeout: float = 60.0, start_method=None, scheduler=None, client=None,
-        cwd: str | None = None) -> Cluster:
+def run(script, *args, workers=2, ps=0, chief: bool = False, chief_only: bool = False,
+        backend=None, network=None, timeout: float = 60.0, start_method=None, scheduler=None,
+        client=None, cwd: str | None = None) -> Cluster:
     """Run ``script`` as every worker's program (and the chief's, with ``chief=True``) beside
-    ``ps`` bare task servers; returns the running cluster at once.
+    ``ps`` bare task servers; returns the running cluster at once. ``chief_only=True`` runs
+    it on a chief only, beside bare worker and ps servers: a ParameterServerStrategy
+    coordinator, as in TF's parameter-server tutorial.
 
     In [1]: cluster = dtflab.run("mwms.py", "--steps=20", workers=2)
     In [2]: cluster.wait()                                # {'worker:0': 0, 'worker:1': 0}
@@ -119,9 +121,10 @@ def run(script, *args, workers=2, ps=0, chief: bool = False, backend=None, netwo
     workers = parse_count(workers, "workers")
     ps = parse_count(ps, "ps", minimum=0)
     program = Program.checked(script, args, cwd)
-    counts = {"chief": 1 if chief else 0, "ps": ps, "worker": workers}
+    counts = {"chief": 1 if chief or chief_only else 0, "ps": ps, "worker": workers}
     jobs = {job: count for job, count in counts.items() if count}
-    programs = {job: program for job in ("chief", "worker") if job in jobs}
+    programs = {job: program for job in (("chief",) if chief_only else ("chief", "worker"))
+                if job in jobs}
     return start_cluster(jobs=jobs, backend=backend, network=network, timeout=timeout,
                          start_method=start_method, scheduler=scheduler, client=client,
                          programs=programs)

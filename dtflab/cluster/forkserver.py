@@ -92,7 +92,7 @@ class ForkServer:
         from dtflab.cluster.launch import child_env
 
         request = {"fork": {"module": module, "args": list(args), "log": str(log_path),
-                            "env": child_env(base=env), "cwd": cwd or os.getcwd()}}
+                            "env": child_env(extra=env), "cwd": cwd or os.getcwd()}}
         stdin_read, stdin_write = os.pipe()
         ready_read, ready_write = os.pipe()
         try:

@@ -90,7 +90,7 @@ class Spawner:
 
     def launch(self, module, args, log_path, *, env=None, cwd=None):
         args = list(args) + (["--netns", str(self.netns_pid)] if self.netns_pid else [])
-        process, ready_fd = spawn_module(module, args, log_path, env=child_env(base=env), cwd=cwd)
+        process, ready_fd = spawn_module(module, args, log_path, env=child_env(extra=env), cwd=cwd)
         return SpawnedProcess(process), ready_fd
 
 

@@ -18,7 +18,7 @@ from dtflab.errors import NotSupportedError
 from dtflab.tracing.step import OpTiming, StepTrace
 
 NOISE = re.compile(r"^ThreadpoolListener::|^\$")
-TRANSFER = re.compile(r"Recv|Send|CopyToDevice", re.I)
+TRANSFER = re.compile(r"Recv|Send|CopyToDevice|Collective", re.I)  # collectives move tensors too
 KERNEL = re.compile(r"^[\w./-]+:_?[A-Z]\w*$")  # TF names kernel events "op_name:OpType"
 
 
@@ -77,18 +77,24 @@ def profile(cluster, fn, *args, duration_ms: int = 1000, **kwargs) -> StepTrace:
 
 
 def read_xplanes(logdir: Path, by_port: dict[int, tuple[str, int]]) -> dict[str, list[OpTiming]]:
-    """Every task's events, one device per task, times relative to the earliest event."""
+    """Every task's events from one profiler capture (files named by the task's port)."""
+    files = {}
+    for path in logdir.glob("plugins/profile/*/*.xplane.pb"):
+        port = int(path.name.split(".xplane.pb")[0].rsplit("_", 1)[1])
+        if port in by_port:
+            job, index = by_port[port]
+            files[f"/job:{job}/replica:0/task:{index}/device:CPU:0"] = path
+    return read_xplane_files(files)
+
+
+def read_xplane_files(files: dict[str, Path]) -> dict[str, list[OpTiming]]:
+    """``{device: xplane.pb}``: one device per file, times relative to the earliest event."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     raw = []
-    for path in logdir.glob("plugins/profile/*/*.xplane.pb"):
-        port = int(path.name.split(".xplane.pb")[0].rsplit("_", 1)[1])
-        if port not in by_port:
-            continue
-        job, index = by_port[port]
-        device = f"/job:{job}/replica:0/task:{index}/device:CPU:0"
+    for device, path in files.items():
         space = xplane_pb2.XSpace()
-        space.ParseFromString(path.read_bytes())
+        space.ParseFromString(Path(path).read_bytes())
         for plane in space.planes:
             for line in plane.lines:
                 for event in line.events:

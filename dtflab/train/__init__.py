@@ -1,6 +1,7 @@
 """Teaching problems, training loops and their run history."""
 
-from dtflab.train.callbacks import Callback
+from dtflab.train.all_reduce import all_reduce
+from dtflab.train.callbacks import Callback, WireBytes
 from dtflab.train.history import RunHistory, StepRecord
 from dtflab.train.loops import (
     async_parameter_server,
@@ -14,4 +15,4 @@ from dtflab.train.runner import BackgroundRun, Runner, Update
 
 __all__ = ["Problem", "exp_regression", "classification", "RunHistory", "StepRecord", "Callback",
            "BackgroundRun", "single", "model_parallel", "sync_data_parallel",
-           "async_parameter_server", "ps_strategy"]
+           "async_parameter_server", "ps_strategy", "all_reduce", "WireBytes", "Runner", "Update"]

@@ -15,3 +15,41 @@ class Callback:
 
     def on_run_end(self, history) -> None:
         """After the last step, also when the run stopped early or failed."""
+
+
+class WireBytes(Callback):
+    """Bytes on the wire between tasks per step, counted at the transport (the kernel's TCP
+    counters, see ``dtflab.cluster.transport``) over steps ``after_step`` to
+    ``after_step + steps`` of a run: past the start-up (graphs sent to the tasks, first-step
+    set-up), and while every connection is still open.
+
+    In [1]: wire = WireBytes()
+    In [2]: train.sync_data_parallel(problem, cluster, callbacks=[wire])
+    In [3]: wire.per_step.sent_by()       # {'ps:0': 9.1e6, 'worker:0': 4.6e6, ...}
+
+    ``per_step`` is a ``WireSnapshot`` (``None`` if the run ended before the window did);
+    ``cluster`` defaults to the one the run trains on.
+    """
+
+    def __init__(self, cluster=None, *, after_step: int = 2, steps: int = 10):
+        self.cluster, self.after_step, self.steps = cluster, after_step, steps
+        self.per_step = None
+        self._first = None
+
+    def on_run_start(self, history) -> None:
+        self.cluster = self.cluster or history.cluster
+        self.per_step, self._first = None, None
+        if self.cluster is None:
+            raise ValueError("WireBytes needs a cluster: this run trains in one process; "
+                             "pass WireBytes(cluster)")
+
+    def on_step(self, history, record) -> None:
+        from dtflab.cluster.transport import cluster_snapshot
+
+        if self.per_step is not None or record.step < self.after_step:
+            return
+        if self._first is None:
+            self._first = (record.step, cluster_snapshot(self.cluster))
+        elif record.step >= self._first[0] + self.steps:
+            step, first = self._first
+            self.per_step = (cluster_snapshot(self.cluster) - first).scaled(1 / (record.step - step))

@@ -33,13 +33,15 @@ class Recovery:
     failed_at: int  # updates acknowledged to workers when the ps died
     resumed_from: int  # the global step of the checkpoint restored
     seconds: float  # restart + restore
+    restarted: str = "it"  # what was restarted: the ps ("it"), or "every worker"
 
     @property
     def lost(self) -> int:
         return self.failed_at - self.resumed_from
 
     def __str__(self) -> str:
-        return (f"{self.task} failed at step {self.failed_at}; restarted it and restored step "
+        return (f"{self.task} failed at step {self.failed_at}; restarted {self.restarted} and "
+                f"restored step "
                 f"{self.resumed_from} from a checkpoint in {self.seconds:.1f} s: {self.lost} "
                 f"update(s) lost")
 

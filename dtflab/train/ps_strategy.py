@@ -19,13 +19,21 @@ from dtflab.train.runner import Runner, Update
 DATA_BATCHES = 8
 
 
-def strategy_for(cluster):
-    """A ParameterServerStrategy over ``cluster`` with this process as its chief."""
+def strategy_for(cluster, **options):
+    """A ParameterServerStrategy over ``cluster`` with this process as its coordinator (the
+    ``chief``); ``options`` go to the strategy as they are, e.g.
+    ``variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(...)``.
+
+    In [1]: strategy = train.strategy_for(cluster)
+    In [2]: with strategy.scope(): model = tf.keras.Sequential([...]); model.compile(...)
+    In [3]: model.fit(dataset, epochs=5, steps_per_epoch=20)   # Keras 2: see README
+    """
     tf = import_tf()
     for job in ("worker", "ps"):
         if job not in cluster.addresses:
             raise ValueError(f"ParameterServerStrategy needs 'worker' and 'ps' jobs; this cluster "
                              f"has: {', '.join(cluster.addresses)}; start one with --ps 1 --workers 2")
+    check_keras()
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")  # what TF recommends for it
     (port,) = free_ports(1)
     cluster.let_tasks_reach(port)
@@ -33,7 +41,27 @@ def strategy_for(cluster):
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
     with quiet_fds():
-        return tf.distribute.experimental.ParameterServerStrategy(resolver)
+        try:
+            return tf.distribute.experimental.ParameterServerStrategy(resolver, **options)
+        except TypeError as exc:
+            raise TypeError(f"{exc}; strategy_for passes its keyword options to "
+                            f"tf.distribute.ParameterServerStrategy, which takes "
+                            f"variable_partitioner") from None
+
+
+def check_keras() -> None:
+    """Warn when ``tf.keras`` in this process has been loaded as Keras 3 (it breaks TF's
+    strategies). Reads TensorFlow's lazy loader without loading Keras."""
+    import sys
+    import warnings
+
+    loader = getattr(sys.modules.get("tensorflow"), "__dict__", {}).get("keras")
+    loaded = getattr(loader, "__dict__", {})
+    if loaded.get("_tfll_initialized") and loaded.get("_tfll_keras_version") == "keras_3":
+        warnings.warn("tf.keras is Keras 3 in this process (it was loaded before dtflab set "
+                      "TF_USE_LEGACY_KERAS=1, or that was set to 0): model.fit under TF's "
+                      "strategies fails with it. Restart the kernel and import dtflab before "
+                      "using tf.keras.", stacklevel=3)
 
 
 def ps_strategy(problem, cluster, *, steps: int = 200, seed: int = 0, background: bool = False,

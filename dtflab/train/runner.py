@@ -11,6 +11,7 @@ several workers at once), or ``None`` (this worker has ended).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from dataclasses import dataclass
@@ -34,9 +35,10 @@ class Runner:
     """Owns one run: its history, its clock (``time_s`` of each record counts from the start
     of :meth:`run`, or from :meth:`restart_clock`), its callbacks and its Stop request."""
 
-    def __init__(self, history: RunHistory, callbacks=()):
+    def __init__(self, history: RunHistory, callbacks=(), *, on_stop=None):
         self.history = history
         self.callbacks = tuple(callbacks)
+        self._on_stop = on_stop  # tells whoever runs the steps elsewhere (worker programs)
         self.started = time.perf_counter()
         self._stop = threading.Event()
 
@@ -45,6 +47,8 @@ class Runner:
     def request_stop(self) -> None:
         """End the run after the step in progress; returns at once."""
         self._stop.set()
+        if self._on_stop is not None:
+            self._on_stop()
 
     @property
     def stop_requested(self) -> bool:
@@ -66,15 +70,17 @@ class Runner:
             callback.on_step(self.history, record)
         return record
 
-    def loop(self, count: int, step, worker: str = "all") -> None:
-        """Call ``step(i)`` for i in 0..count-1 until Stop is asked, recording what it returns;
-        a step that returns ``None`` ends this loop."""
-        for i in range(count):
-            if self.stop_requested:
+    def loop(self, count: int | None, step, worker: str = "all", *, stop_here: bool = True) -> None:
+        """Call ``step(i)`` for i in 0..count-1 (``None``: no limit) until Stop is asked,
+        recording what it returns; a step that returns ``None`` ends this loop. With
+        ``stop_here=False`` the steps end themselves after a Stop (``on_stop`` told them)."""
+        for i in range(count) if count is not None else itertools.count():
+            if stop_here and self.stop_requested:
                 self.history.stopped_early = True
                 return
             updates = step(i)
             if updates is None:
+                self.history.stopped_early = self.stop_requested
                 return
             for update in ([updates] if isinstance(updates, Update) else updates):
                 self.add(update, i, worker)

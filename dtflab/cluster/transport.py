@@ -1,0 +1,137 @@
+"""Bytes on the wire, counted at the transport: the kernel's own TCP counters for every socket
+of every task process.
+
+For each task, dtflab borrows a copy of each of its TCP sockets (``pidfd_getfd``, Linux 5.6+;
+the tasks are this process's descendants, so no privilege is needed) and reads the kernel's
+``tcp_info``: bytes sent (``tcpi_bytes_sent``, Linux 4.19+) and received. What it counts is
+everything gRPC put on the socket: tensors, protobuf and HTTP/2 framing, and TensorFlow's own
+heartbeats. A socket closed between two snapshots takes its bytes with it, so compare
+snapshots taken while the same connections are open (a training run's steady state).
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import socket
+import struct
+from dataclasses import dataclass
+
+from dtflab.errors import NotSupportedError
+
+_SYS_PIDFD_GETFD = 438  # the same number on x86-64 and arm64
+_BYTES_RECEIVED, _BYTES_SENT = 128, 200  # offsets in struct tcp_info
+_TCP_INFO_SIZE = 232
+
+
+@dataclass(frozen=True)
+class Flow:
+    """One TCP connection end of a task: where it points and what crossed it so far."""
+
+    task: str
+    local: tuple[str, int]
+    peer: tuple[str, int]
+    sent: int
+    received: int
+
+
+def task_flows(task: str, pid: int) -> list[Flow]:
+    """Every connected TCP socket of process ``pid``, with its byte counters."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return []
+    flows = []
+    try:
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if not os.readlink(f"/proc/{pid}/fd/{name}").startswith("socket:"):
+                    continue
+            except OSError:  # closed meanwhile
+                continue
+            fd = libc.syscall(_SYS_PIDFD_GETFD, pidfd, int(name), 0)
+            if fd < 0:
+                error = ctypes.get_errno()
+                if error in (9, 2):  # EBADF: closed meanwhile
+                    continue
+                raise NotSupportedError(
+                    f"cannot count bytes on {task}'s sockets: pidfd_getfd failed "
+                    f"({os.strerror(error)}); it needs Linux 5.6+ and the right to trace the task")
+            with socket.socket(fileno=fd) as sock:
+                if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET,
+                                                                          socket.AF_INET6):
+                    continue
+                try:
+                    peer = _address(sock.getpeername())
+                except OSError:  # a listening socket
+                    continue
+                info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+                if len(info) < _BYTES_SENT + 8:
+                    raise NotSupportedError("cannot count bytes on sockets: this kernel's tcp_info "
+                                            "lacks tcpi_bytes_sent (Linux 4.19+)")
+                (received,) = struct.unpack_from("Q", info, _BYTES_RECEIVED)
+                (sent,) = struct.unpack_from("Q", info, _BYTES_SENT)
+                flows.append(Flow(task, _address(sock.getsockname()), peer, sent, received))
+    finally:
+        os.close(pidfd)
+    return flows
+
+
+def _address(address) -> tuple[str, int]:
+    host, port = address[0], address[1]
+    return (host.removeprefix("::ffff:"), port)
+
+
+@dataclass(frozen=True)
+class WireSnapshot:
+    """Bytes sent so far from each task to each peer (another task, or ``"other"``: this
+    notebook, the gate, a Dask worker)."""
+
+    sent: dict[tuple[str, str], int]
+
+    def __sub__(self, earlier: "WireSnapshot") -> "WireSnapshot":
+        keys = set(self.sent) | set(earlier.sent)
+        return WireSnapshot({key: self.sent.get(key, 0) - earlier.sent.get(key, 0) for key in keys})
+
+    def scaled(self, factor: float) -> "WireSnapshot":
+        return WireSnapshot({key: value * factor for key, value in self.sent.items()})
+
+    def sent_by(self) -> dict[str, int]:
+        """Bytes each task sent (to anyone)."""
+        totals = collections.Counter()
+        for (source, _), value in self.sent.items():
+            totals[source] += value
+        return dict(totals)
+
+    def received_by(self) -> dict[str, int]:
+        """Bytes each task received from the other tasks and ``other``."""
+        totals = collections.Counter()
+        for (_, destination), value in self.sent.items():
+            totals[destination] += value
+        return dict(totals)
+
+
+def snapshot(pids: dict[str, int]) -> WireSnapshot:
+    """Bytes sent so far between the processes ``{task: pid}`` (one call reads every socket)."""
+    flows = [flow for task, pid in pids.items() for flow in task_flows(task, pid)]
+    owner = {flow.local: flow.task for flow in flows}
+    sent = collections.Counter()
+    received_from_other = collections.Counter()
+    for flow in flows:
+        peer = owner.get(flow.peer, "other")
+        sent[flow.task, peer] += flow.sent
+        if peer == "other":  # what the outside sent this task: counted at this end
+            received_from_other["other", flow.task] += flow.received
+    sent.update(received_from_other)
+    return WireSnapshot({key: value for key, value in sent.items() if key[0] != key[1]})
+
+
+def cluster_snapshot(cluster) -> WireSnapshot:
+    """:func:`snapshot` of every running task of a cluster with processes of its own."""
+    pids = {task.name: task.pid for task in cluster.tasks if task.pid is not None}
+    if not pids:
+        raise NotSupportedError(f"counting bytes on the wire needs task processes; the "
+                                f"{cluster.backend} backend has none here: use --backend local")
+    return snapshot(pids)

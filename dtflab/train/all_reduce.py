@@ -1,0 +1,298 @@
+"""Synchronous all-reduce: MultiWorkerMirroredStrategy in N worker programs (ring over gRPC).
+
+Every worker holds a full copy of the variables, trains on its slice of each global batch and
+sums the gradients with the others; there is no parameter server. The workers are programs
+started with ``dtflab.run`` (the same warm fork server as every local task), each running
+``dtflab/train/all_reduce_worker.py``; this notebook only listens.
+
+How the records come back: the notebook opens a TCP listener on 127.0.0.1 (let through the
+cluster's private network) and every worker connects to it and writes a JSON line per step;
+a thread per worker reads them into a queue, and the runner turns them into ``StepRecord``
+objects (``time_s`` is when the notebook received the step, from the moment every worker had
+set up its strategy). Stop goes the other way, as a ``stop`` line to every worker; the workers
+agree on the last step inside the next all-reduce.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import queue
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from dtflab.errors import TaskError
+from dtflab.train.checkpoints import Recovery
+from dtflab.train.history import RunHistory
+from dtflab.train.runner import Runner, Update
+
+WORKER_PROGRAM = Path(__file__).with_name("all_reduce_worker.py")
+#: How often a wait for a worker's next message looks at whether the worker still runs.
+POLL_S = 0.5
+
+
+class WorkerDied(Exception):
+    """A worker program ended before it said it was done."""
+
+    def __init__(self, worker: str, status: str):
+        super().__init__(f"{worker} {status}")
+        self.worker, self.status = worker, status
+
+
+def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
+               slow: dict | None = None, checkpoint_every: int | None = None,
+               checkpoint_dir: str | None = None, trace_step: int | None = None,
+               background: bool = False, callbacks=(), name: str | None = None,
+               timeout: float = 60.0, start_method: str | None = None,
+               collective_timeout_s: float | None = None):
+    """Train ``problem`` with MultiWorkerMirroredStrategy in ``workers`` worker programs.
+
+    In [1]: run = train.all_reduce(problem, workers=2, background=True)
+    In [2]: Dashboard(run)
+
+    Each worker reports the global batch's loss each step (so every worker's curve is the
+    same) and a fingerprint of its weights (``history.details["fingerprints"]``: one list
+    per worker, equal when the copies agree). ``slow={"worker:1": 0.05}`` makes that worker
+    sleep that long before each step: a straggler. ``trace_step=k`` profiles step k on every
+    worker (``history.trace``: a per-worker timeline with the collectives).
+
+    A worker that dies stops the whole job (every other worker waits for it in the next
+    all-reduce). With ``checkpoint_every=K`` each worker saves every K steps, and the run
+    restarts every worker from the newest checkpoint and goes on (``history.recoveries``
+    says how many steps were lost); without it the run ends with a ``TaskError``.
+    ``history.cluster`` is the program cluster (running until the run ends: kill a worker
+    there to see a fault).
+    """
+    from dtflab.cluster import run as run_programs
+    from dtflab.cluster.spec import parse_count
+
+    workers = parse_count(workers, "workers")
+    if problem.batch_size % workers:
+        raise ValueError(f"the batch of {problem.batch_size} does not split into {workers} equal "
+                         f"slices; choose workers that divide it, e.g. workers=2")
+    unknown = sorted(set(slow or {}) - {f"worker:{i}" for i in range(workers)})
+    if unknown:
+        raise ValueError(f"slow names {unknown[0]!r}, which is not one of the {workers} workers; "
+                         f"use worker:0 .. worker:{workers - 1}")
+    if checkpoint_every is not None and (isinstance(checkpoint_every, bool)
+                                         or not isinstance(checkpoint_every, int)
+                                         or checkpoint_every < 1):
+        raise ValueError(f"checkpoint_every must be a positive number of steps, got "
+                         f"{checkpoint_every!r}; for example 10")
+    folder = checkpoint_dir or (tempfile.mkdtemp(prefix="dtflab-allreduce-")
+                                if checkpoint_every or trace_step is not None else "")
+    reports = Reports(workers)
+    args = [f"--problem={_escaped(json.dumps(dataclasses.asdict(problem)))}", f"--steps={steps}",
+            f"--seed={seed}", f"--report=127.0.0.1:{reports.port}",
+            f"--checkpoint-dir={folder}", f"--checkpoint-every={checkpoint_every or 0}",
+            f"--trace-step={-1 if trace_step is None else trace_step}",
+            f"--trace-dir={os.path.join(folder, 'trace') if folder else ''}",
+            f"--timeout={collective_timeout_s or 0}", f"--slow={_escaped(json.dumps(slow or {}))}"]
+    try:
+        cluster = run_programs(WORKER_PROGRAM, *args, workers=workers, timeout=timeout,
+                               start_method=start_method)
+    except BaseException:
+        reports.close()
+        raise
+    cluster.let_tasks_reach(reports.port)
+    history = RunHistory(name or f"all-reduce ({workers} workers)", "all_reduce",
+                         workers=[f"worker:{i}" for i in range(workers)], cluster=cluster)
+    history.details["fingerprints"] = {worker: [] for worker in history.workers}
+    runner = Runner(history, callbacks, on_stop=reports.send_stop)
+    job = _Job(cluster, reports, history, checkpoint_every, timeout)
+
+    def body():
+        try:
+            job.start()
+            runner.restart_clock()
+            runner.loop(None, job.step, stop_here=False)
+            cluster.wait(timeout=timeout)
+            if trace_step is not None and folder:
+                history.trace = _worker_trace(Path(folder, "trace"), history.workers)
+        finally:
+            reports.close()
+            cluster.stop()
+            if folder and not checkpoint_dir:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    return runner.run(body, background=background)
+
+
+def _escaped(text: str) -> str:
+    """Braces doubled: program arguments treat ``{name}`` as a placeholder."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+class _Job:
+    """The worker programs of one run, seen from the notebook: their step reports, and the
+    restart of all of them after one died (when they checkpoint)."""
+
+    def __init__(self, cluster, reports, history, checkpoint_every, timeout):
+        self.cluster, self.reports, self.history = cluster, reports, history
+        self.checkpoint_every, self.timeout = checkpoint_every, timeout
+        self.last_step = -1
+
+    def start(self) -> dict:
+        return self.reports.accept(self.cluster, self.timeout)
+
+    def step(self, _):
+        """The next step's records, one per worker; ``None`` once every worker is done."""
+        while True:
+            try:
+                messages = self.reports.next_step(self.cluster)
+            except WorkerDied as died:
+                self._after_death(died)
+                continue
+            if messages is None:
+                return None
+            updates = []
+            for message in messages:
+                self.history.details["fingerprints"][message["worker"]].append(message["fingerprint"])
+                updates.append(Update(message["loss"], message["examples"], message["step"],
+                                      message["worker"]))
+            self.last_step = messages[0]["step"]
+            return updates
+
+    def _after_death(self, died: WorkerDied) -> None:
+        step = self.last_step + 1
+        failure = (f"{died.worker} {died.status} during step {step}: every other worker waits "
+                   f"for it in the all-reduce, so the whole job stopped")
+        self.history.failures.append(failure)
+        if not self.checkpoint_every:
+            raise TaskError(*_split(died.worker), f"{died.status} during step {step}; every other "
+                            f"worker waits for it in the all-reduce, so the whole job stopped "
+                            f"(pass checkpoint_every=K to resume from a checkpoint)") from None
+        began = time.perf_counter()
+        for worker in self.history.workers:  # the survivors hang in a collective: all go
+            self.cluster.restart(*_split(worker))
+        hellos = self.reports.accept(self.cluster, self.timeout)
+        resumed = min(hello["resumed_at"] for hello in hellos.values())
+        self.history.recoveries.append(Recovery(died.worker, self.last_step + 1, resumed,
+                                                time.perf_counter() - began, "every worker"))
+
+
+class Reports:
+    """The notebook's end of the workers' reports: a listener, a reader thread per worker."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.queues: dict[str, queue.Queue] = {}
+        self.connections: dict[str, socket.socket] = {}
+        self.done: set[str] = set()
+        self._lock = threading.Lock()
+
+    def accept(self, cluster, timeout: float) -> dict[str, dict]:
+        """Wait for every worker's ``hello``; returns them by worker."""
+        for connection in self.connections.values():
+            connection.close()
+        self.connections, self.queues, self.done = {}, {}, set()
+        hellos = {}
+        deadline = time.monotonic() + timeout
+        self.listener.settimeout(POLL_S)
+        while len(hellos) < self.workers:
+            try:
+                connection, _ = self.listener.accept()
+            except socket.timeout:
+                self._check_alive(cluster, waiting_for=set(hellos))
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"only {len(hellos)} of {self.workers} workers reported "
+                                       f"within {timeout:g} s; see cluster.logs('worker:0')")
+                continue
+            lines = connection.makefile("r")
+            hello = json.loads(lines.readline() or "{}")
+            if hello.get("kind") != "hello":
+                connection.close()
+                continue
+            worker = hello["worker"]
+            hellos[worker] = hello
+            self.connections[worker] = connection
+            self.queues[worker] = queue.Queue()
+            threading.Thread(target=self._read, args=(lines, self.queues[worker]),
+                             name=f"dtflab-reports-{worker}", daemon=True).start()
+        return hellos
+
+    @staticmethod
+    def _read(lines, messages: queue.Queue) -> None:
+        try:
+            for line in lines:
+                messages.put(json.loads(line))
+        except (OSError, ValueError):
+            pass
+        messages.put({"kind": "closed"})
+
+    def next_step(self, cluster) -> list[dict] | None:
+        """Every worker's next ``step`` message (the same step), or ``None`` when all are done."""
+        messages = []
+        for worker in sorted(self.queues):
+            while True:
+                try:
+                    message = self.queues[worker].get(timeout=POLL_S)
+                except queue.Empty:
+                    self._check_alive(cluster)
+                    continue
+                if message["kind"] == "step":
+                    messages.append(message)
+                    break
+                if message["kind"] == "done":
+                    self.done.add(worker)
+                    break
+                if message["kind"] == "closed":
+                    self._check_alive(cluster, wait_s=5)
+        return messages or None
+
+    def _check_alive(self, cluster, waiting_for=(), wait_s: float = 0.0) -> None:
+        """Raise WorkerDied for a worker program that ended without saying it was done."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for info in cluster.tasks:
+                if info.name in self.done or info.name in waiting_for or info.job != "worker":
+                    continue
+                if str(info.state) in ("killed", "exited"):
+                    raise WorkerDied(info.name, "was killed" if str(info.state) == "killed"
+                                     else info.status)
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.1)
+
+    def send_stop(self) -> None:
+        for connection in list(self.connections.values()):
+            try:
+                connection.sendall(b"stop\n")
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        for connection in self.connections.values():
+            connection.close()
+        self.listener.close()
+
+
+def _worker_trace(folder: Path, workers: list[str]):
+    """The profiled step of every worker as one StepTrace (timings only)."""
+    from dtflab.tracing.profile import read_xplane_files
+    from dtflab.tracing.step import StepTrace
+
+    files = {}
+    for worker in workers:
+        found = sorted(folder.joinpath(worker.replace(":", "-")).glob("plugins/profile/*/*.xplane.pb"))
+        if found:
+            job, index = _split(worker)
+            files[f"/job:{job}/replica:0/task:{index}/device:CPU:0"] = found[-1]
+    timings = read_xplane_files(files)
+    ends = [t.end_us for device in timings.values() for t in device]
+    return StepTrace(None, {}, [], [], timings, max(ends, default=0.0),
+                     note="TF profiler on each worker program, one all-reduce step; "
+                          "CollectiveReduceV2 is the all-reduce")
+
+
+def _split(task: str) -> tuple[str, int]:
+    job, index = task.split(":")
+    return job, int(index)
+

@@ -1,0 +1,166 @@
+"""The program every worker of ``train.all_reduce`` runs (one process per worker, started by
+``dtflab.run`` with ``TF_CONFIG`` set): MultiWorkerMirroredStrategy, ring all-reduce over gRPC.
+
+It trains its slice of each global batch, and the optimizer sums the gradients over all
+workers (TensorFlow's v1 optimizers all-reduce inside ``apply_gradients``), so every worker
+applies the same update. Each step it also all-reduces ``[loss, stop votes]``: the loss it
+reports is the global batch's, and a Stop sent to any worker ends every worker after the same
+step (a worker that stopped alone would leave the others waiting in the next collective).
+
+It reports to the notebook over one TCP connection (``--report host:port``), a JSON line per
+message: ``hello`` (once the strategy is up), ``step`` (loss, a fingerprint of its weights,
+its own step time), ``trace`` (where its profile of one step went), ``done``. The notebook
+writes ``stop`` to it. With ``--checkpoint-every K`` it writes its variables and optimizer
+slots every K steps and resumes from worker 0's newest checkpoint when started again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+#: How long a worker keeps trying to reach the notebook that started it.
+CONNECT_TIMEOUT_S = 60.0
+
+
+def arguments(argv):
+    parser = argparse.ArgumentParser(prog="all_reduce_worker")
+    parser.add_argument("--problem", required=True, help="the Problem's fields as JSON")
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--report", required=True, help="host:port of the notebook's listener")
+    parser.add_argument("--slow", default="{}", help='{"worker:1": 0.05}: extra seconds per step')
+    parser.add_argument("--checkpoint-dir", default="")
+    parser.add_argument("--checkpoint-every", type=int, default=0)
+    parser.add_argument("--trace-step", type=int, default=-1)
+    parser.add_argument("--trace-dir", default="")
+    parser.add_argument("--timeout", type=float, default=0.0,
+                        help="seconds a collective may wait for the others (0: no limit)")
+    return parser.parse_args(argv)
+
+
+class Report:
+    """The connection to the notebook: JSON lines out, ``stop`` in (read by a thread)."""
+
+    def __init__(self, address: str):
+        host, _, port = address.rpartition(":")
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        while True:
+            try:
+                self.sock = socket.create_connection((host, int(port)), timeout=5)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        self.sock.settimeout(None)
+        self.stop = threading.Event()
+        threading.Thread(target=self._read, name="dtflab-report", daemon=True).start()
+
+    def _read(self) -> None:
+        with self.sock.makefile("r") as lines:
+            for line in lines:
+                if line.strip() == "stop":
+                    self.stop.set()
+
+    def send(self, **message) -> None:
+        self.sock.sendall((json.dumps(message) + "\n").encode())
+
+
+def main(argv=None) -> int:
+    args = arguments(sys.argv[1:] if argv is None else argv)
+    import tensorflow as tf
+
+    from dtflab.train.problems import Problem
+
+    fields = json.loads(args.problem)
+    problem = Problem(**{**fields, "layers": tuple(fields["layers"])})
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    name = f"{resolver.task_type}:{resolver.task_id}"
+    report = Report(args.report)
+    slow = float(json.loads(args.slow).get(name, 0.0))
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING,
+        timeout_seconds=args.timeout or None)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(resolver, communication_options=options)
+    workers = strategy.num_replicas_in_sync
+    share = problem.batch_size // workers
+    with strategy.scope():
+        variables = [tf.Variable(value, name=key) for key, value in problem.initial_values(args.seed)]
+        optimizer = problem.optimizer()
+
+    @tf.function
+    def train_step(x, t, stop_vote):
+        def replica(x, t, stop_vote):
+            with tf.GradientTape() as tape:
+                loss = problem.loss(problem.forward(variables, x), t)
+            optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+            totals = tf.distribute.get_replica_context().all_reduce("sum", tf.stack([loss, stop_vote]))
+            fingerprint = tf.add_n([tf.reduce_sum(tf.cast(v, tf.float64)) for v in variables])
+            return totals, fingerprint
+
+        totals, fingerprint = strategy.run(replica, args=(x, t, stop_vote))
+        return (strategy.experimental_local_results(totals)[0],
+                strategy.experimental_local_results(fingerprint)[0])
+
+    checkpoint = tf.train.Checkpoint(variables=variables, optimizer=optimizer)
+    first = resume(checkpoint, args, resolver.task_id)
+    report.send(kind="hello", worker=name, pid=os.getpid(), workers=workers, resumed_at=first)
+    for step in range(first, args.steps):
+        began = time.perf_counter()
+        if slow:
+            time.sleep(slow)
+        xs, ts = problem.batch(step, args.seed)
+        index = resolver.task_id
+        x, t = xs[index * share:(index + 1) * share], ts[index * share:(index + 1) * share]
+        traced = step == args.trace_step and args.trace_dir
+        if traced:
+            tf.profiler.experimental.start(os.path.join(args.trace_dir, name.replace(":", "-")))
+        totals, fingerprint = train_step(tf.constant(x), tf.constant(t),
+                                         tf.constant(1.0 if report.stop.is_set() else 0.0))
+        if traced:
+            tf.profiler.experimental.stop()
+            report.send(kind="trace", worker=name, step=step)
+        totals = totals.numpy()
+        report.send(kind="step", worker=name, step=step, loss=float(totals[0]) / problem.batch_size,
+                    examples=share, fingerprint=float(fingerprint),
+                    step_s=time.perf_counter() - began)
+        if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
+            save(checkpoint, args, resolver.task_id, step + 1)
+        if totals[1] > 0:
+            break
+    report.send(kind="done", worker=name)
+    return 0
+
+
+def save(checkpoint, args, task_id: int, next_step: int) -> None:
+    """Write this worker's checkpoint, then point ``latest.json`` at it (a worker killed while
+    writing leaves the previous one in place)."""
+    folder = os.path.join(args.checkpoint_dir, f"worker-{task_id}")
+    path = checkpoint.write(os.path.join(folder, f"step-{next_step}"))
+    with open(os.path.join(folder, "latest.json.tmp"), "w") as out:
+        json.dump({"path": path, "next_step": next_step}, out)
+    os.replace(os.path.join(folder, "latest.json.tmp"), os.path.join(folder, "latest.json"))
+
+
+def resume(checkpoint, args, task_id: int) -> int:
+    """Restore worker 0's newest checkpoint (every worker holds the same values); the step to
+    start from (0 without one)."""
+    if not args.checkpoint_every:
+        return 0
+    latest = os.path.join(args.checkpoint_dir, "worker-0", "latest.json")
+    if not os.path.exists(latest):
+        return 0
+    with open(latest) as file:
+        saved = json.load(file)
+    checkpoint.read(saved["path"]).expect_partial()  # slots are restored when first created
+    return int(saved["next_step"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

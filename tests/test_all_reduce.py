@@ -1,0 +1,146 @@
+"""The all-reduce loop (MultiWorkerMirroredStrategy in worker programs) beside the parameter-
+server loops: correctness, live records, Stop, faults, stragglers, bytes on the wire, traces."""
+
+import numpy as np
+import pytest
+
+import dtflab
+from dtflab import train
+from dtflab.errors import TaskError
+from dtflab.tracing.step import short_device
+from dtflab.viz.dashboard import Dashboard
+
+from conftest import wait_until
+
+pytestmark = pytest.mark.slow
+
+PROBLEM = train.exp_regression()
+#: Same seed and global batch as one process: float rounding of the gradient sums only.
+TOLERANCE = 1e-5
+#: Big enough that tensors dominate gRPC's framing: 85,002 parameters, 340,008 bytes.
+WIRE_PROBLEM = train.classification(width=256, batch_size=256)
+
+
+@pytest.fixture(scope="module")
+def single_run():
+    return train.single(PROBLEM, steps=40, seed=5)
+
+
+def test_all_reduce_matches_one_process_and_every_copy_agrees(single_run):
+    history = train.all_reduce(PROBLEM, workers=2, steps=40, seed=5)
+    assert history.steps_per_worker == {"worker:0": 40, "worker:1": 40}
+    for worker in ("worker:0", "worker:1"):
+        losses = [r.loss for r in history.records if r.worker == worker]
+        assert np.max(np.abs(np.array(losses) - single_run.losses)) <= TOLERANCE
+    fingerprints = history.details["fingerprints"]
+    assert len(fingerprints["worker:0"]) == 40
+    assert fingerprints["worker:0"] == fingerprints["worker:1"]  # the weights, bit for bit
+    assert history.examples == 40 * PROBLEM.batch_size  # each worker trained half of each batch
+    row = dtflab.compare(single_run, history).rows[1]
+    assert row["max_abs_loss_diff"] <= TOLERANCE and row["steps"] == 80
+    assert history.cluster.stopped  # the worker programs end with the run
+
+
+def test_softmax_all_reduce_with_three_workers_matches_one_process():
+    problem = train.classification(width=32, batch_size=96)
+    single = train.single(problem, steps=15, seed=1)
+    history = train.all_reduce(problem, workers=3, steps=15, seed=1)
+    assert set(history.steps_per_worker.values()) == {15}
+    worker = [r.loss for r in history.records if r.worker == "worker:2"]
+    assert np.max(np.abs(np.array(worker) - single.losses)) <= TOLERANCE
+
+
+def test_records_stream_into_a_dashboard_and_stop_ends_every_worker_at_the_same_step():
+    run = train.all_reduce(PROBLEM, workers=2, steps=100_000, background=True)
+    dashboard = Dashboard(run, interval_s=0.1)
+    assert wait_until(lambda: run.history.steps >= 20, timeout=60)
+    assert not run.done  # records arrive while the programs run
+    dashboard.stop()
+    history = run.wait(timeout=60)
+    dashboard.wait()
+    assert history.stopped_early and not history.failures
+    counts = history.steps_per_worker
+    assert counts["worker:0"] == counts["worker:1"] < 100_000
+    drawn = {key[1]: len(source.data["step"]) for key, source in dashboard.loss_sources.items()}
+    assert drawn == counts  # every step plotted, per worker
+    assert history.cluster.stopped
+
+
+def test_a_killed_worker_stops_the_whole_job_with_its_name():
+    run = train.all_reduce(PROBLEM, workers=2, steps=100_000, slow={"worker:0": 0.01},
+                           background=True)
+    assert wait_until(lambda: run.history.steps >= 20, timeout=60)
+    run.history.cluster.kill("worker", 1)
+    with pytest.raises(TaskError, match=r"worker:1 was killed during step \d+; every other worker"):
+        run.wait(timeout=60)
+    assert run.history.failures and "worker:1 was killed" in run.history.failures[0]
+    assert run.history.cluster.stopped  # worker:0, stuck in its all-reduce, was stopped too
+
+
+def test_with_checkpoints_every_worker_restarts_from_the_newest_and_the_curve_goes_on():
+    reference = train.all_reduce(PROBLEM, workers=2, steps=60, seed=2)
+    run = train.all_reduce(PROBLEM, workers=2, steps=60, seed=2, slow={"worker:0": 0.02},
+                           checkpoint_every=10, background=True)
+    assert wait_until(lambda: run.history.steps >= 2 * 25, timeout=60)
+    run.history.cluster.kill("worker", 1)
+    history = run.wait(timeout=120)
+    (recovery,) = history.recoveries
+    assert recovery.task == "worker:1" and recovery.restarted == "every worker"
+    assert recovery.resumed_from % 10 == 0 and 0 <= recovery.lost <= 10
+    steps = [r.step for r in history.records if r.worker == "worker:0"]
+    assert steps[-1] == 59 and len(steps) == 60 + recovery.lost  # the lost steps ran twice
+    assert steps[recovery.failed_at] == recovery.resumed_from
+    expected = {r.step: r.loss for r in reference.records}
+    assert max(abs(r.loss - expected[r.step]) for r in history.records) <= TOLERANCE
+
+
+def test_a_straggler_slows_every_worker():
+    history = train.all_reduce(PROBLEM, workers=2, steps=16, slow={"worker:1": 0.1})
+    for worker in ("worker:0", "worker:1"):
+        times = [r.time_s for r in history.records if r.worker == worker]
+        assert np.median(np.diff(times)) >= 0.1  # worker:0 waits for worker:1 every step
+
+
+def test_bytes_on_the_wire_all_reduce_against_a_parameter_server():
+    model = WIRE_PROBLEM.parameter_bytes
+    all_reduce_wire = train.WireBytes(after_step=2, steps=8)
+    train.all_reduce(WIRE_PROBLEM, workers=2, steps=12, callbacks=[all_reduce_wire])
+    sent = all_reduce_wire.per_step.sent
+    for source, destination in (("worker:0", "worker:1"), ("worker:1", "worker:0")):
+        # ring all-reduce: 2(N-1)/N x model bytes from each worker, here 1x, plus framing
+        assert 1.0 * model <= sent[source, destination] <= 1.15 * model
+
+    ps_wire = train.WireBytes(after_step=2, steps=8)
+    with dtflab.start_cluster(jobs="ps=1,worker=2") as cluster:
+        train.sync_data_parallel(WIRE_PROBLEM, cluster, steps=12, callbacks=[ps_wire])
+    sent = ps_wire.per_step.sent
+    for worker in ("worker:0", "worker:1"):
+        assert 1.0 * model <= sent["ps:0", worker] <= 1.15 * model  # the parameters out
+        assert 1.0 * model <= sent[worker, "ps:0"] <= 1.15 * model  # the gradients in
+
+
+def test_a_traced_step_shows_each_worker_and_its_collectives():
+    history = train.all_reduce(PROBLEM, workers=2, steps=6, trace_step=3)
+    trace = history.trace
+    assert [short_device(d) for d in trace.devices] == ["worker:0", "worker:1"]
+    for device, timings in trace.timings.items():
+        collectives = [t for t in timings if t.name.endswith(":CollectiveReduceV2")]
+        assert collectives and all(t.kind == "transfer" for t in collectives)
+
+
+def test_single_runs_on_a_task_given_as_a_device_string():
+    with dtflab.start_cluster(2) as cluster:
+        history = train.single(PROBLEM, steps=5, cluster=cluster, device="/job:worker/task:0")
+    assert history.steps == 5
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(workers=0), "workers"),
+    (dict(workers=3), "does not split into 3"),
+    (dict(slow={"worker:5": 0.1}), "'worker:5', which is not one of the 2 workers"),
+    (dict(checkpoint_every=0), "checkpoint_every must be a positive number"),
+])
+def test_bad_input_is_refused_before_anything_starts(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        train.all_reduce(PROBLEM, steps=5, **{"workers": 2, **kwargs})
+
