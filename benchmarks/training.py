@@ -8,6 +8,13 @@
 - sync_dp_speedup_2_workers: the heavy classifier, sync data parallel, 2 workers vs 1, same
   global batch, one intra-op and one inter-op thread per task (so a task uses one core).
 - single_vs_sync_max_abs_loss_diff: exp(x), same seed and global batch, 200 steps.
+- allreduce_speedup_2_workers: the heavy classifier, train.all_reduce (MultiWorkerMirrored-
+  Strategy, ring) with 2 worker programs vs 1, same global batch, one thread each.
+- allreduce_over_sync_ps: steps/s of all-reduce over sync data parallel through a ps, heavy
+  classifier, 2 workers, one thread per task.
+- allreduce_vs_single_max_abs_loss_diff: exp(x), same seed and global batch, 200 steps.
+- allreduce_bytes_per_worker_step / sync_ps_bytes_per_ps_step: bytes each sends per step,
+  counted at the transport (train.WireBytes), heavy classifier, 2 workers; and the model's.
 
     python benchmarks/training.py [--quick]
 
@@ -83,6 +90,12 @@ def loop_rate(history) -> float:
     return (len(records) - 1) / (records[-1].time_s - records[0].time_s)
 
 
+def worker_rate(history, worker: str = "worker:0") -> float:
+    """Steps/s of one worker of an all-reduce run, after its first step."""
+    times = [r.time_s for r in history.records if r.worker == worker]
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
 def steady_rate(history, skip_s: float = 1.0) -> float:
     """Examples/s after the first ``skip_s`` seconds (set-up, dashboard construction)."""
     late = [r for r in history.records if r.time_s >= skip_s]
@@ -137,6 +150,30 @@ def main() -> None:
         out["sync_dp_speedup_2_workers"] = round(statistics.median(two) / statistics.median(one), 3)
         out["heavy_steps_per_s_1_worker"] = round(statistics.median(one), 2)
         out["heavy_steps_per_s_2_workers"] = round(statistics.median(two), 2)
+        ps_wire = train.WireBytes(after_step=1, steps=heavy_steps - 3)
+        train.sync_data_parallel(heavy, cluster, steps=heavy_steps, workers=2, callbacks=[ps_wire])
+        sync_two = statistics.median(two)
+
+    one, two = [], []
+    for _ in range(repeats):
+        one.append(worker_rate(train.all_reduce(heavy, workers=1, steps=heavy_steps, threads=1)))
+        two.append(worker_rate(train.all_reduce(heavy, workers=2, steps=heavy_steps, threads=1)))
+    out["allreduce_speedup_2_workers"] = round(statistics.median(two) / statistics.median(one), 3)
+    out["allreduce_over_sync_ps"] = round(statistics.median(two) / sync_two, 3)
+    out["allreduce_heavy_steps_per_s_1_worker"] = round(statistics.median(one), 2)
+    out["allreduce_heavy_steps_per_s_2_workers"] = round(statistics.median(two), 2)
+    wire = train.WireBytes(after_step=1, steps=heavy_steps - 3)
+    train.all_reduce(heavy, workers=2, steps=heavy_steps, threads=1, callbacks=[wire])
+    out["model_bytes"] = heavy.parameter_bytes
+    out["allreduce_bytes_per_worker_step"] = round(statistics.mean(
+        wire.per_step.sent[w, o] for w, o in (("worker:0", "worker:1"), ("worker:1", "worker:0"))))
+    out["sync_ps_bytes_per_ps_step"] = {
+        "sent": round(sum(v for (s, d), v in ps_wire.per_step.sent.items() if s == "ps:0" and d != "other")),
+        "received": round(sum(v for (s, d), v in ps_wire.per_step.sent.items() if d == "ps:0" and s != "other"))}
+    single = train.single(toy, steps=200, seed=1)
+    reduced = train.all_reduce(toy, workers=2, steps=200, seed=1)
+    out["allreduce_vs_single_max_abs_loss_diff"] = float(max(
+        abs(r.loss - single.losses[r.step]) for r in reduced.records))
     out.update(cpus=os.cpu_count(), tensorflow=tf.__version__)
     print(json.dumps(out))
 

@@ -10,9 +10,9 @@ from dtflab.train.loops import (
     sync_data_parallel,
 )
 from dtflab.train.problems import Problem, classification, exp_regression
-from dtflab.train.ps_strategy import ps_strategy
+from dtflab.train.ps_strategy import ps_strategy, strategy_for
 from dtflab.train.runner import BackgroundRun, Runner, Update
 
 __all__ = ["Problem", "exp_regression", "classification", "RunHistory", "StepRecord", "Callback",
            "BackgroundRun", "single", "model_parallel", "sync_data_parallel",
-           "async_parameter_server", "ps_strategy", "all_reduce", "WireBytes", "Runner", "Update"]
+           "async_parameter_server", "ps_strategy", "strategy_for", "all_reduce", "WireBytes", "Runner", "Update"]

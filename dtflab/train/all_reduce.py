@@ -49,7 +49,8 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
                checkpoint_dir: str | None = None, trace_step: int | None = None,
                background: bool = False, callbacks=(), name: str | None = None,
                timeout: float = 60.0, start_method: str | None = None,
-               collective_timeout_s: float | None = None):
+               collective_timeout_s: float | None = None, threads: int | None = None,
+               lockstep: bool = False):
     """Train ``problem`` with MultiWorkerMirroredStrategy in ``workers`` worker programs.
 
     In [1]: run = train.all_reduce(problem, workers=2, background=True)
@@ -66,7 +67,14 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
     restarts every worker from the newest checkpoint and goes on (``history.recoveries``
     says how many steps were lost); without it the run ends with a ``TaskError``.
     ``history.cluster`` is the program cluster (running until the run ends: kill a worker
-    there to see a fault).
+    there to see a fault). ``threads=1`` gives each worker one intra-op and one inter-op
+    thread (one core each, for speedup measurements); ``collective_timeout_s`` bounds how
+    long a collective waits for the others (TensorFlow's default: no limit).
+
+    ``lockstep=True`` makes each worker wait, after each step, until this notebook has
+    recorded it and run the callbacks: callbacks then see the workers between steps (what
+    ``WireBytes`` needs for exact per-step bytes; it turns this on), for one local round trip
+    per step.
     """
     from dtflab.cluster import run as run_programs
     from dtflab.cluster.spec import parse_count
@@ -84,6 +92,7 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
                                          or checkpoint_every < 1):
         raise ValueError(f"checkpoint_every must be a positive number of steps, got "
                          f"{checkpoint_every!r}; for example 10")
+    lockstep = lockstep or any(getattr(callback, "between_steps", False) for callback in callbacks)
     folder = checkpoint_dir or (tempfile.mkdtemp(prefix="dtflab-allreduce-")
                                 if checkpoint_every or trace_step is not None else "")
     reports = Reports(workers)
@@ -92,7 +101,8 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
             f"--checkpoint-dir={folder}", f"--checkpoint-every={checkpoint_every or 0}",
             f"--trace-step={-1 if trace_step is None else trace_step}",
             f"--trace-dir={os.path.join(folder, 'trace') if folder else ''}",
-            f"--timeout={collective_timeout_s or 0}", f"--slow={_escaped(json.dumps(slow or {}))}"]
+            f"--timeout={collective_timeout_s or 0}", f"--slow={_escaped(json.dumps(slow or {}))}",
+            f"--threads={threads or 0}"] + (["--lockstep"] if lockstep else [])
     try:
         cluster = run_programs(WORKER_PROGRAM, *args, workers=workers, timeout=timeout,
                                start_method=start_method)
@@ -104,7 +114,7 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
                          workers=[f"worker:{i}" for i in range(workers)], cluster=cluster)
     history.details["fingerprints"] = {worker: [] for worker in history.workers}
     runner = Runner(history, callbacks, on_stop=reports.send_stop)
-    job = _Job(cluster, reports, history, checkpoint_every, timeout)
+    job = _Job(cluster, reports, history, checkpoint_every, timeout, lockstep)
 
     def body():
         try:
@@ -132,16 +142,20 @@ class _Job:
     """The worker programs of one run, seen from the notebook: their step reports, and the
     restart of all of them after one died (when they checkpoint)."""
 
-    def __init__(self, cluster, reports, history, checkpoint_every, timeout):
+    def __init__(self, cluster, reports, history, checkpoint_every, timeout, lockstep):
         self.cluster, self.reports, self.history = cluster, reports, history
-        self.checkpoint_every, self.timeout = checkpoint_every, timeout
+        self.checkpoint_every, self.timeout, self.lockstep = checkpoint_every, timeout, lockstep
         self.last_step = -1
+        self.recorded = False  # the previous step's records went through the runner
 
     def start(self) -> dict:
         return self.reports.accept(self.cluster, self.timeout)
 
     def step(self, _):
         """The next step's records, one per worker; ``None`` once every worker is done."""
+        if self.lockstep and self.recorded:
+            self.reports.send("go")
+        self.recorded = False
         while True:
             try:
                 messages = self.reports.next_step(self.cluster)
@@ -155,7 +169,7 @@ class _Job:
                 self.history.details["fingerprints"][message["worker"]].append(message["fingerprint"])
                 updates.append(Update(message["loss"], message["examples"], message["step"],
                                       message["worker"]))
-            self.last_step = messages[0]["step"]
+            self.last_step, self.recorded = messages[0]["step"], True
             return updates
 
     def _after_death(self, died: WorkerDied) -> None:
@@ -262,10 +276,13 @@ class Reports:
             time.sleep(0.1)
 
     def send_stop(self) -> None:
+        self.send("stop")
+
+    def send(self, line: str) -> None:
         for connection in list(self.connections.values()):
             try:
-                connection.sendall(b"stop\n")
-            except OSError:
+                connection.sendall(line.encode() + b"\n")
+            except OSError:  # that worker is gone: the caller finds out from its state
                 pass
 
     def close(self) -> None:

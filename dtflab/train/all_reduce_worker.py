@@ -10,7 +10,7 @@ step (a worker that stopped alone would leave the others waiting in the next col
 It reports to the notebook over one TCP connection (``--report host:port``), a JSON line per
 message: ``hello`` (once the strategy is up), ``step`` (loss, a fingerprint of its weights,
 its own step time), ``trace`` (where its profile of one step went), ``done``. The notebook
-writes ``stop`` to it. With ``--checkpoint-every K`` it writes its variables and optimizer
+writes ``stop`` to it, and with ``--lockstep`` a ``go`` after each step it has recorded. With ``--checkpoint-every K`` it writes its variables and optimizer
 slots every K steps and resumes from worker 0's newest checkpoint when started again.
 """
 
@@ -39,13 +39,18 @@ def arguments(argv):
     parser.add_argument("--checkpoint-every", type=int, default=0)
     parser.add_argument("--trace-step", type=int, default=-1)
     parser.add_argument("--trace-dir", default="")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="intra- and inter-op threads (0: TensorFlow's default, every core)")
+    parser.add_argument("--lockstep", action="store_true",
+                        help="after each step, wait for the notebook's go")
     parser.add_argument("--timeout", type=float, default=0.0,
                         help="seconds a collective may wait for the others (0: no limit)")
     return parser.parse_args(argv)
 
 
 class Report:
-    """The connection to the notebook: JSON lines out, ``stop`` in (read by a thread)."""
+    """The connection to the notebook: JSON lines out; ``stop`` and ``go`` in, read by a
+    thread (a closed connection counts as both: nobody is left to wait for)."""
 
     def __init__(self, address: str):
         host, _, port = address.rpartition(":")
@@ -59,7 +64,7 @@ class Report:
                     raise
                 time.sleep(0.1)
         self.sock.settimeout(None)
-        self.stop = threading.Event()
+        self.stop, self.go = threading.Event(), threading.Event()
         threading.Thread(target=self._read, name="dtflab-report", daemon=True).start()
 
     def _read(self) -> None:
@@ -67,6 +72,11 @@ class Report:
             for line in lines:
                 if line.strip() == "stop":
                     self.stop.set()
+                    self.go.set()
+                elif line.strip() == "go":
+                    self.go.set()
+        self.stop.set()
+        self.go.set()
 
     def send(self, **message) -> None:
         self.sock.sendall((json.dumps(message) + "\n").encode())
@@ -78,6 +88,9 @@ def main(argv=None) -> int:
 
     from dtflab.train.problems import Problem
 
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     fields = json.loads(args.problem)
     problem = Problem(**{**fields, "layers": tuple(fields["layers"])})
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -134,6 +147,9 @@ def main(argv=None) -> int:
             save(checkpoint, args, resolver.task_id, step + 1)
         if totals[1] > 0:
             break
+        if args.lockstep:  # the notebook reads counters between steps
+            report.go.wait()
+            report.go.clear()
     report.send(kind="done", worker=name)
     return 0
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 class Callback:
     """Called by every loop. Methods run in the loop's thread (a worker's thread for async):
-    keep them short, they are inside the timed step."""
+    keep them short, they are inside the timed step.
+
+    ``between_steps = True`` asks loops whose steps run in other processes (``all_reduce``)
+    to hold the next step until ``on_step`` has returned."""
+
+    between_steps = False
 
     def on_run_start(self, history) -> None:
         """Before the first step."""
@@ -28,8 +33,11 @@ class WireBytes(Callback):
     In [3]: wire.per_step.sent_by()       # {'ps:0': 9.1e6, 'worker:0': 4.6e6, ...}
 
     ``per_step`` is a ``WireSnapshot`` (``None`` if the run ended before the window did);
-    ``cluster`` defaults to the one the run trains on.
+    ``cluster`` defaults to the one the run trains on. The counters are read between steps:
+    ``all_reduce`` holds its workers while they are (``between_steps``).
     """
+
+    between_steps = True
 
     def __init__(self, cluster=None, *, after_step: int = 2, steps: int = 10):
         self.cluster, self.after_step, self.steps = cluster, after_step, steps
