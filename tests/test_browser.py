@@ -214,3 +214,21 @@ def test_data_parallel_views_render_and_the_live_plot_streams_until_stopped(lab,
     assert wait_until(settled, timeout=15, interval=0.1), "the plot kept changing after Stop"
     shot(page, live, str(SHOTS / "live_dashboard_stopped.png"))
     assert page.console_errors == []
+
+
+def test_parameter_servers_vs_all_reduce_draws_both_architectures_and_the_live_all_reduce(lab, page):
+    url, token, _ = lab
+    open_and_run_all(page, url, token, "08_parameter_servers_vs_all_reduce.ipynb")
+    drawing = cell_containing(page, "show(architectures(workers=3))")
+    reveal(drawing)
+    page.wait_for_timeout(1000)
+    assert drawing.locator("canvas").count() >= 2  # the ps star and the ring
+    drawn = shot(page, drawing.locator(".jp-OutputArea"), str(SHOTS / "architectures.png"))
+    assert ink(drawn) > 5_000, "the architectures drew nothing"
+    live = cell_containing(page, "dashboard = Dashboard(run)")
+    reveal(live)
+    status = live.locator(".widget-html-content").last
+    assert wait_until(lambda: "steps in" in status.inner_text(), timeout=60), status.inner_text()
+    plot = shot(page, live.locator("canvas").first, str(SHOTS / "all_reduce_dashboard.png"))
+    assert ink(plot) > 5_000, "the all-reduce run's loss plot is empty"
+    assert page.console_errors == []

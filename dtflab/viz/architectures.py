@@ -43,7 +43,7 @@ def _nodes(fig, points, names, color) -> None:
                             text_baseline="middle", text_color="white", text_font_size="10px"))
 
 
-def _arrow(fig, start, end, color, label=None, shrink=0.22) -> None:
+def _arrow(fig, start, end, color, label=None, shrink=0.22, label_side=1) -> None:
     from bokeh.models import Arrow, Label, VeeHead
 
     (x0, y0), (x1, y1) = start, end
@@ -54,18 +54,18 @@ def _arrow(fig, start, end, color, label=None, shrink=0.22) -> None:
                          x_end=x1 - ux * shrink, y_end=y1 - uy * shrink,
                          line_color=color, line_width=2))
     if label:
-        fig.add_layout(Label(x=(x0 + x1) / 2 - uy * 0.12, y=(y0 + y1) / 2 + ux * 0.12, text=label,
+        offset = -0.32 * label_side  # left of the arrow: opposite arrows, opposite sides
+        fig.add_layout(Label(x=(x0 + x1) / 2 - uy * offset, y=(y0 + y1) / 2 + ux * offset, text=label,
                              text_font_size="9px", text_align="center", text_color=color))
 
 
 def _parameter_server(workers: int, size: str):
     fig = _figure(f"Parameter server: {workers} x M in and out of the ps{size}")
     points = _circle(workers)
-    for i, point in enumerate(points):
-        inward = (point[0] * 0.92, point[1] * 0.92)
-        _arrow(fig, inward, (0.0, 0.0), PALETTE[1], "gradients M" if i == 0 else None)
-        _arrow(fig, (0.0, 0.0), (point[0] * 1.08, point[1] * 1.08), PALETTE[0],
-               "parameters M" if i == 0 else None)
+    for i, (x, y) in enumerate(points):
+        nx, ny = -y * 0.08, x * 0.08  # side by side: gradients in on one side, parameters out
+        _arrow(fig, (x + nx, y + ny), (nx, ny), PALETTE[1], "gradients M" if i == 0 else None)
+        _arrow(fig, (-nx, -ny), (x - nx, y - ny), PALETTE[0], "parameters M" if i == 0 else None)
     _nodes(fig, [(0.0, 0.0)], ["ps:0"], PALETTE[3])
     _nodes(fig, points, [f"worker:{i}" for i in range(workers)], PALETTE[2])
     return fig
@@ -78,6 +78,6 @@ def _ring(workers: int, size: str):
     if workers > 1:
         for i, point in enumerate(points):
             _arrow(fig, point, points[(i + 1) % workers], PALETTE[1],
-                   f"2 x M/{workers}" if i == 0 else None)
+                   f"{2 * (workers - 1)} pieces of M/{workers}" if i == 0 else None)
     _nodes(fig, points, [f"worker:{i}" for i in range(workers)], PALETTE[2])
     return fig
