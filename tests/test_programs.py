@@ -79,7 +79,10 @@ def test_a_tf1_between_graph_trainer_runs_unchanged_with_the_placeholder_flags(r
     # A non-chief polls for the chief's initialisation every 30 s (MonitoredTrainingSession's
     # fixed wait): if the chief has reached step 40 by then, its StopAtStepHook ends it at once.
     assert max(steps) >= 39, steps
-    assert (tmp_path / "model.ckpt-40.index").exists(), sorted(os.listdir(tmp_path))  # the chief's
+    # The chief's final checkpoint: at step 40, or one later when worker:1's update landed
+    # between the chief's stop and its save (seen under load).
+    saved = [int(m[1]) for m in (re.match(r"model\.ckpt-(\d+)\.index$", f) for f in os.listdir(tmp_path)) if m]
+    assert 40 <= max(saved) <= 41, (sorted(os.listdir(tmp_path)), steps)
 
 
 def test_a_two_worker_multi_worker_mirrored_program_gives_both_workers_identical_losses(run_programs):

@@ -108,6 +108,8 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
                                start_method=start_method)
     except BaseException:
         reports.close()
+        if folder and not checkpoint_dir:
+            shutil.rmtree(folder, ignore_errors=True)
         raise
     cluster.let_tasks_reach(reports.port)
     history = RunHistory(name or f"all-reduce ({workers} workers)", "all_reduce",
@@ -200,7 +202,7 @@ class Reports:
         self.queues: dict[str, queue.Queue] = {}
         self.connections: dict[str, socket.socket] = {}
         self.done: set[str] = set()
-        self._lock = threading.Lock()
+        self.stopping = False  # a Stop that came before a worker connected reaches it then
 
     def accept(self, cluster, timeout: float) -> dict[str, dict]:
         """Wait for every worker's ``hello``; returns them by worker."""
@@ -228,6 +230,8 @@ class Reports:
             hellos[worker] = hello
             self.connections[worker] = connection
             self.queues[worker] = queue.Queue()
+            if self.stopping:
+                connection.sendall(b"stop\n")
             threading.Thread(target=self._read, args=(lines, self.queues[worker]),
                              name=f"dtflab-reports-{worker}", daemon=True).start()
         return hellos
@@ -276,6 +280,7 @@ class Reports:
             time.sleep(0.1)
 
     def send_stop(self) -> None:
+        self.stopping = True
         self.send("stop")
 
     def send(self, line: str) -> None:
