@@ -33,6 +33,14 @@ def __getattr__(name):
         from dtflab.placement import PlacementPlan
 
         return PlacementPlan
+    if name == "PlacementEditor":
+        from dtflab.ui.placement_editor import PlacementEditor
+
+        return PlacementEditor
+    if name == "Dashboard":
+        from dtflab.viz.dashboard import Dashboard
+
+        return Dashboard
     raise AttributeError(f"module 'dtflab' has no attribute {name!r}")
 
 
@@ -71,6 +79,6 @@ def load_ipython_extension(ipython) -> None:
     register(ipython)
 
 
-__all__ = ["Cluster", "PlacementPlan", "compare", "train", "TaskInfo", "TaskState", "start_cluster", "run",
+__all__ = ["Cluster", "PlacementPlan", "PlacementEditor", "Dashboard", "compare", "train", "TaskInfo", "TaskState", "start_cluster", "run",
            "trace", "profile", "tf_log", "DtflabError",
            "NotSupportedError", "TaskError", "__version__"]

@@ -232,3 +232,61 @@ def test_parameter_servers_vs_all_reduce_draws_both_architectures_and_the_live_a
     plot = shot(page, live.locator("canvas").first, str(SHOTS / "all_reduce_dashboard.png"))
     assert ink(plot) > 5_000, "the all-reduce run's loss plot is empty"
     assert page.console_errors == []
+
+
+KERNEL_PRINT = """async (code) => {
+    const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+    const future = kernel.requestExecute({code, store_history: false});
+    let out = "";
+    future.onIOPub = (msg) => { if (msg.header.msg_type === "stream") out += msg.content.text; };
+    await future.done;
+    return out.trim();
+}"""
+
+
+def test_dragging_a_chip_moves_the_variable_in_the_kernel_and_measures_the_new_bytes(lab, page):
+    url, token, _ = lab
+    open_and_run_all(page, url, token, "02_placement_lab.ipynb")
+    board = cell_containing(page, "editor = PlacementEditor(").locator(".dtflab-placement").first
+    reveal(board)
+    chip = board.locator(".dtflab-chip[data-variable='w1']")
+    start = chip.locator("xpath=ancestor::div[contains(@class,'dtflab-device')]").get_attribute("data-device")
+    target = "master:0"  # the compute device: w1 no longer crosses the wire
+    rows = board.locator("tr.dtflab-history-row")
+    before = rows.count()
+    assert page.evaluate(KERNEL_PRINT, "print(editor.plan.device_for('w1'))").endswith(start.replace("ps:", "task:"))
+    # Drag with the mouse: press on the chip, move over the other device's box, release.
+    chip.evaluate("e => e.scrollIntoView({block: 'center'})")  # not under the notebook's toolbar
+    page.wait_for_timeout(300)
+    box = chip.bounding_box()
+    drop = board.locator(f".dtflab-device[data-device='{target}']").bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(drop["x"] + drop["width"] / 2, drop["y"] + drop["height"] - 12, steps=12)
+    page.mouse.up()
+    moved = board.locator(f".dtflab-device[data-device='{target}'] .dtflab-chip[data-variable='w1']")
+    try:
+        moved.wait_for(timeout=15_000)  # the kernel changed the plan and sent the chips back
+    except Exception:
+        shot(page, board, str(SHOTS / "placement_board_drag_failed.png"))
+        state = page.evaluate(KERNEL_PRINT, "print(editor.plan.device_for('w1'), repr(editor.board.status), editor._undo[-1:] and editor._undo[-1][1])")
+        ghosts = page.evaluate("document.querySelectorAll('.dtflab-ghost').length")
+        raise AssertionError(f"w1 did not reach {target}; kernel: {state}; ghosts {ghosts}; "
+                             f"console: {page.console_errors}") from None
+    assert page.evaluate(KERNEL_PRINT, "print(editor.plan.device_for('w1'))") == "/job:master/task:0"
+    assert wait_until(lambda: rows.count() == before + 1, timeout=60), "no traced step after the drag"
+    last = rows.nth(before)
+    assert "w1 → " + target in last.inner_text()
+    measured = int(page.evaluate(KERNEL_PRINT, "print(sum(t.nbytes for t in editor.step.transfers))"))
+    assert f"{measured:,}" in last.locator(".dtflab-bytes").inner_text()
+    earlier = rows.nth(before - 1).locator(".dtflab-bytes").inner_text().split(" ")[0]
+    assert measured < int(earlier.replace(",", "")) - 32_768  # w1's 32 KiB no longer cross
+    # The keyboard does the same: focus the chip, press the number of its old device.
+    home = board.locator(f".dtflab-device[data-device='{start}']")
+    number = home.locator(".dtflab-device-name").inner_text().split(" ")[0]
+    moved.focus()
+    page.keyboard.press(number)
+    home.locator(".dtflab-chip[data-variable='w1']").wait_for(timeout=15_000)
+    assert wait_until(lambda: rows.count() == before + 2, timeout=60)
+    shot(page, board, str(SHOTS / "placement_board.png"))  # docs/placement_board.png is one
+    assert page.console_errors == []

@@ -1,6 +1,10 @@
 """Placement plans: strategies, where variables really land, the map and the editor."""
 
+import time
+
 import pytest
+
+from conftest import wait_until
 
 import dtflab
 from dtflab import PlacementPlan
@@ -126,29 +130,57 @@ def test_placement_map_has_a_cell_per_variable_and_device_totals(cluster):
     assert "imbalance 1.09" in fig.title.text
 
 
+def front_end(editor, **message):
+    """Send ``editor`` a message as the page does (the board's ``model.send``)."""
+    editor.board._handle_custom_msg(message, [])
+
+
 @pytest.mark.slow
-def test_editor_and_plan_stay_in_sync_both_ways(cluster):
+def test_board_and_plan_stay_in_sync_both_ways(cluster):
     from jupyter_bokeh import BokehModel
 
-    from dtflab.ui.placement_editor import PlacementEditor
+    from dtflab import PlacementEditor
 
     editor = PlacementEditor(cluster, mlp_builder, PlacementPlan.round_robin(cluster, compute=MASTER),
-                             apply=False)
-    assert list(editor.selectors) == ["w1", "b1", "w2", "b2", "w3", "b3"]
-    editor.selectors["w2"].value = PS1                       # the user moves w2
-    assert editor.plan.device_for("w2") == PS1
-    editor.plan.assign("b3", PS1)                            # Python moves b3
-    assert editor.selectors["b3"].value == PS1
-    editor.strategy_buttons["single"].click()                # a strategy button
-    assert {s.value for s in editor.selectors.values()} == {MASTER}
-    editor.apply_button.click()
+                             apply=False, debounce_s=60)
+    assert [chip["name"] for chip in editor.board.chips] == ["w1", "b1", "w2", "b2", "w3", "b3"]
+    front_end(editor, kind="move", name="w2", device=PS1)   # the user drags w2
+    assert editor.plan.device_for("w2") == PS1 and editor.device_of("w2") == PS1
+    editor.plan.assign("b3", PS1)                            # Python moves b3: the chip follows
+    assert editor.device_of("b3") == PS1
+    assert editor.board.loads[PS1] == sum(c["bytes"] for c in editor.board.chips if c["device"] == PS1)
+    front_end(editor, kind="strategy", strategy="single")    # a strategy button
+    assert {chip["device"] for chip in editor.board.chips} == {MASTER}
+    editor.apply()
     assert editor.step is not None and editor.step.transfers == []
     assert isinstance(editor.views.children[0], BokehModel)
-    assert "0 transfers, <b>0 bytes</b>" in editor.status.value
-    editor.strategy_buttons["by_layer"].click()
-    editor.apply()
-    assert sum(t.nbytes for t in editor.step.transfers) > 0
-    assert editor.plan.device_for("w2") == PS1 and editor.selectors["w2"].value == PS1
+    assert editor.board.history[-1]["bytes"] == 0
+    assert editor.board.history[-1]["change"] == "strategy: All on compute device"
+    front_end(editor, kind="undo")                           # back to w2 and b3 on ps:1
+    assert editor.device_of("w2") == PS1 and editor.device_of("b3") == PS1
+    assert editor.board.can_undo
+    front_end(editor, kind="move", name="w2", device="/job:ps/task:7")
+    assert "unknown device" in editor.board.status and editor.device_of("w2") == PS1
+    editor.close()
+
+
+@pytest.mark.slow
+def test_a_move_on_the_board_traces_a_step_once_the_moves_settle(cluster):
+    from dtflab import PlacementEditor
+
+    editor = PlacementEditor(cluster, mlp_builder, PlacementPlan.single(MASTER, cluster),
+                             debounce_s=0.3)
+    assert [row["change"] for row in editor.board.history] == ["start"]
+    assert editor.board.history[0]["bytes"] == 0
+    front_end(editor, kind="move", name="w1", device=PS0)
+    front_end(editor, kind="move", name="w2", device=PS1)   # within the debounce: one trace
+    assert wait_until(lambda: len(editor.board.history) == 2, timeout=30)
+    time.sleep(0.6)
+    assert len(editor.board.history) == 2
+    row = editor.board.history[1]
+    assert row["change"] == "w2 → ps:1" and row["bytes"] > 0 and row["step_ms"] > 0
+    assert row["bytes"] == sum(t.nbytes for t in editor.step.transfers)
+    editor.close()
 
 
 TF2_SCRIPT = """

@@ -286,6 +286,15 @@ class PlacementPlan:
         plan.rules = [(p, plan._checked(d)) for p, d in data.get("rules", [])]
         return plan
 
+    def restore(self, data: dict) -> "PlacementPlan":
+        """Take back the state of an earlier ``to_dict()`` in place (undo); watchers are told."""
+        earlier = PlacementPlan.from_dict(data, None)
+        self.devices, self.compute = earlier.devices, earlier.compute
+        self.strategy, self.strategy_devices = earlier.strategy, earlier.strategy_devices
+        self.assignments, self.sizes, self.rules = earlier.assignments, earlier.sizes, earlier.rules
+        self._changed()
+        return self
+
     def to_code(self, name: str = "plan") -> str:
         """Python that rebuilds this plan's placement (decisions made explicit)."""
         lines = [f"{name} = PlacementPlan(cluster, compute={self.compute!r})"]

@@ -1,4 +1,4 @@
-"""The placement editor: move variables between devices, apply, see what changed."""
+"""The placement editor: drag variables between devices, see what each move costs."""
 
 from __future__ import annotations
 
@@ -22,61 +22,73 @@ def build_graph(builder, plan: PlacementPlan):
 
 
 class PlacementEditor:
-    """A table of the model's variables with a device selector per row, strategy buttons and
-    Apply, which rebuilds the graph, traces one step and redraws the views beside the table.
+    """The placement board (a box per device, a chip per variable sized by its bytes, ps load
+    bars, strategy buttons, undo) above the views of the last traced step.
 
     In [1]: editor = PlacementEditor(cluster, builder, job="ps")
-    In [2]: editor            # shows the widget; editor.plan is the live plan
+    In [2]: editor            # shows the board; editor.plan is the live plan
+
+    Drag a chip to another device (or focus it and press 1-9 or the arrow keys) and the plan
+    assigns that variable there (a manual rule); change ``editor.plan`` from Python and the
+    chips move. After a change, once nothing else has changed for ``debounce_s``, one step is
+    rebuilt and traced in the background, and the board's history gains a row: the bytes
+    between tasks, the step time and the imbalance, next to the earlier ones. A strategy
+    button starts the plan over (manual rules are dropped); Undo takes back the last change.
 
     ``builder()`` builds the model in the current graph and returns ``(fetch, feed_dict)``;
-    variables are those it creates (``trainable_variables``). Changing a selector assigns that
-    variable (a manual rule); changing ``editor.plan`` from Python updates the selectors.
-    A strategy button starts the plan over (manual rules are dropped).
+    variables are those it creates (``trainable_variables``).
     """
 
     def __init__(self, cluster, builder, plan: PlacementPlan | None = None, *, job: str = "ps",
-                 apply: bool = True):
+                 apply: bool = True, debounce_s: float = 0.4):
+        import threading
+
         import ipywidgets as w
 
-        self.cluster, self.builder, self.job = cluster, builder, job
+        from dtflab.ui.placement_widget import PlacementBoard
+
+        self.cluster, self.builder, self.job, self.debounce_s = cluster, builder, job, debounce_s
         self.plan = plan or PlacementPlan.round_robin(cluster, job=job)
         self.step = None
         _, _, _, _, self.variables = build_graph(builder, self.plan)
-        self._syncing = False
-        devices = [(short_device(d), d) for d in self.plan.devices]
-        self.selectors = {}
-        rows = [w.HTML("<b>variable</b>"), w.HTML("<b>shape</b>"), w.HTML("<b>dtype</b>"),
-                w.HTML("<b>bytes</b>"), w.HTML("<b>device</b>")]
-        for info in self.variables:
-            selector = w.Dropdown(options=devices, value=self.plan.device_for(info.name, info.nbytes),
-                                  layout=w.Layout(width="120px"))
-            selector.observe(self._on_select(info.name), names="value")
-            self.selectors[info.name] = selector
-            rows += [w.Label(info.name), w.Label("x".join(map(str, info.shape)) or "scalar"),
-                     w.Label(info.dtype), w.Label(f"{info.nbytes:,}"), selector]
-        table = w.GridBox(rows, layout=w.Layout(grid_template_columns="repeat(5, auto)",
-                                                grid_gap="2px 12px"))
-        self.strategy_buttons = {}
-        for strategy in STRATEGIES:
-            button = w.Button(description=STRATEGY_LABELS[strategy], layout=w.Layout(width="auto"))
-            button.on_click(lambda _, s=strategy: self.use_strategy(s))
-            self.strategy_buttons[strategy] = button
-        self.apply_button = w.Button(description="Apply", button_style="primary", icon="play")
-        self.apply_button.on_click(lambda _: self.apply())
-        self.status = w.HTML()
+        self._undo: list[tuple[dict, str]] = []  # (plan before, what changed)
+        self._change, self._applied = "start", None
+        self._lock, self._timer = threading.RLock(), None
+        self.board = PlacementBoard(
+            devices=[{"device": d, "name": short_device(d)} for d in self.plan.devices],
+            strategies=[[key, STRATEGY_LABELS[key]] for key in STRATEGIES])
+        self.board.on_msg(self._on_message)
         self.views = w.VBox()
-        controls = w.VBox([table, w.HBox(list(self.strategy_buttons.values())),
-                           w.HBox([self.apply_button, self.status])])
-        self.widget = w.HBox([controls, self.views])
-        self.plan._watchers.append(self._sync_from_plan)
+        self.widget = w.VBox([self.board, self.views])
+        self.plan._watchers.append(self._plan_changed)
+        self._show_plan()
         if apply:
             self.apply()
 
+    # -- what the user calls ------------------------------------------------------------------
+
     def use_strategy(self, strategy: str) -> None:
+        self._remember(f"strategy: {STRATEGY_LABELS.get(strategy, strategy)}")
         self.plan.use_strategy(strategy, job=self.job, variables=self.variables)
 
+    def move(self, name: str, device: str) -> None:
+        """What a drag does: ``name`` to ``device`` (``ps:1`` or a full device name)."""
+        self._remember(f"{name} → {short_device(self.plan._checked(device))}")
+        self.plan.assign(name, device)
+
+    def undo(self) -> None:
+        """Take back the last change made through the board (or ``move``/``use_strategy``)."""
+        if self._undo:
+            before, change = self._undo.pop()
+            self._change = f"undo {change}"
+            self.plan.restore(before)
+
+    def device_of(self, name: str) -> str:
+        """Where the board shows ``name`` (what the page draws, not what the plan computes)."""
+        return next(chip["device"] for chip in self.board.chips if chip["name"] == name)
+
     def apply(self) -> None:
-        """Rebuild with the current plan, trace one step, redraw the views."""
+        """Rebuild with the current plan, trace one step, redraw the views, add a history row."""
         from jupyter_bokeh import BokehModel
 
         import dtflab
@@ -87,34 +99,92 @@ class PlacementEditor:
         from dtflab.viz.transfers import transfer_matrix_figure
 
         tf = import_tf()
-        graph, fetch, feed, init, self.variables = build_graph(self.builder, self.plan)
-        job, index = self.plan.compute.split("/")[1][4:], int(self.plan.compute.split(":")[-1])
-        with tf.compat.v1.Session(self.cluster.target(job, index), graph=graph) as session:
-            session.run(init)
-            session.run(fetch, feed)  # the first run sets the graph up on every task
-            self.step = dtflab.trace(session, fetch, feed)
-        wire = sum(t.nbytes for t in self.step.transfers)
-        self.status.value = (f"{len(self.step.transfers)} transfers, <b>{wire:,} bytes</b> on the "
-                             f"wire, step {self.step.step_us / 1000:.1f} ms, imbalance "
-                             f"{self.plan.imbalance(self.variables):.2f}")
-        layout = column(row(placement_figure(self.plan, self.variables, width=420),
-                            transfer_matrix_figure(self.step, width=340)),
-                        partition_figure(self.step, width=760), timeline_figure(self.step, width=760))
-        self.views.children = [BokehModel(layout)]
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            self.board.status = "tracing a step…"
+            graph, fetch, feed, init, self.variables = build_graph(self.builder, self.plan)
+            job, index = self.plan.compute.split("/")[1][4:], int(self.plan.compute.split(":")[-1])
+            with tf.compat.v1.Session(self.cluster.target(job, index), graph=graph) as session:
+                session.run(init)
+                session.run(fetch, feed)  # the first run sets the graph up on every task
+                self.step = dtflab.trace(session, fetch, feed)
+            self._applied = self.plan.to_dict()
+            wire = sum(t.nbytes for t in self.step.transfers)
+            imbalance = self.plan.imbalance(self.variables)
+            self.board.history = self.board.history + [
+                {"change": self._change, "bytes": wire, "step_ms": self.step.step_us / 1000,
+                 "imbalance": imbalance}]
+            self._change = "apply"
+            self.board.status = ""
+            layout = column(row(placement_figure(self.plan, self.variables, width=420),
+                                transfer_matrix_figure(self.step, width=340)),
+                            partition_figure(self.step, width=760),
+                            timeline_figure(self.step, width=760))
+            self.views.children = [BokehModel(layout)]
 
-    def _on_select(self, name: str):
-        def changed(change):
-            if not self._syncing:
-                self.plan.assign(name, change["new"])
-        return changed
+    def close(self) -> None:
+        """Cancel a pending trace and close the board (the plan stays usable)."""
+        with self._lock:
+            timer, self._timer = self._timer, None
+            if timer is not None:
+                timer.cancel()
+            if self._plan_changed in self.plan._watchers:
+                self.plan._watchers.remove(self._plan_changed)
+        if timer is not None:
+            timer.join()  # outside the lock: a trace that already started needs it
+        self.board.close()
 
-    def _sync_from_plan(self) -> None:
-        self._syncing = True
+    # -- internals ----------------------------------------------------------------------------
+
+    def _remember(self, change: str) -> None:
+        self._undo.append((self.plan.to_dict(), change))
+        self._change = change
+
+    def _on_message(self, _, content, buffers=None) -> None:
         try:
-            for name, selector in self.selectors.items():
-                selector.value = self.plan.device_for(name)
-        finally:
-            self._syncing = False
+            if content.get("kind") == "move":
+                self.move(content["name"], content["device"])
+            elif content.get("kind") == "strategy":
+                self.use_strategy(content["strategy"])
+            elif content.get("kind") == "undo":
+                self.undo()
+        except ValueError as exc:  # a device the plan does not know: say so on the board
+            self.board.status = str(exc)
+
+    def _plan_changed(self) -> None:
+        if self._change == "apply":  # not through the board: changed from Python
+            self._change = "plan changed from Python"
+        self._show_plan()
+        self._schedule()
+
+    def _show_plan(self) -> None:
+        placement = self.plan.placement(self.variables)
+        self.board.chips = [{"name": v.name, "shape": "x".join(map(str, v.shape)) or "scalar",
+                             "bytes": v.nbytes, "device": placement[v.name]} for v in self.variables]
+        self.board.loads = self.plan.bytes_per_device(self.variables)
+        self.board.imbalance = self.plan.imbalance(self.variables)
+        self.board.can_undo = bool(self._undo)
+
+    def _schedule(self) -> None:
+        """Trace once the plan has stopped changing for ``debounce_s``, in the background."""
+        import threading
+
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(self.debounce_s, self._apply_if_changed)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _apply_if_changed(self) -> None:
+        with self._lock:
+            if self.plan.to_dict() == self._applied:
+                return
+            try:
+                self.apply()
+            except Exception as exc:  # shown on the board: this runs in a timer thread
+                self.board.status = f"tracing failed: {exc}"
 
     def _ipython_display_(self):
         from IPython.display import display
