@@ -41,6 +41,14 @@ def __getattr__(name):
         from dtflab.viz.dashboard import Dashboard
 
         return Dashboard
+    if name == "architectures":
+        from dtflab.viz.architectures import architectures
+
+        return architectures
+    if name == "short_device":
+        from dtflab.names import short
+
+        return short
     raise AttributeError(f"module 'dtflab' has no attribute {name!r}")
 
 
@@ -65,6 +73,13 @@ def compare(*runs):
     return compare_runs(*runs)
 
 
+def show(figure) -> None:
+    """Show a Bokeh figure inline (BokehJS inlined: works offline); see dtflab.viz.output."""
+    from dtflab.viz.output import show as show_inline
+
+    show_inline(figure)
+
+
 def tf_log() -> str:
     """What TensorFlow printed in this process while dtflab kept it quiet."""
     from dtflab._quiet import tf_log as captured
@@ -79,6 +94,7 @@ def load_ipython_extension(ipython) -> None:
     register(ipython)
 
 
-__all__ = ["Cluster", "PlacementPlan", "PlacementEditor", "Dashboard", "compare", "train", "TaskInfo", "TaskState", "start_cluster", "run",
+__all__ = ["Cluster", "PlacementPlan", "PlacementEditor", "Dashboard", "architectures",
+           "short_device", "show", "compare", "train", "TaskInfo", "TaskState", "start_cluster", "run",
            "trace", "profile", "tf_log", "DtflabError",
            "NotSupportedError", "TaskError", "__version__"]

@@ -17,6 +17,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_arguments
 
+from dtflab import names
 from dtflab.cluster import Cluster, backend_names, check_request, start_cluster
 from dtflab.cluster.spec import parse_count
 from dtflab.errors import NotSupportedError, did_you_mean
@@ -278,9 +279,9 @@ class RunMagics(Magics):
                     return None
             failed = [name for name, code in codes.items() if code != 0]
             if failed:
-                job, _, index = failed[0].partition(":")
-                raise TaskError(job, int(index), f"exited with code {codes[failed[0]]}",
-                                log_tail=cluster._task_log_tail(job, int(index)))
+                job, index = names.split(failed[0])
+                raise TaskError(job, index, f"exited with code {codes[failed[0]]}",
+                                log_tail=cluster._task_log_tail(job, index))
         finally:
             import shutil
 

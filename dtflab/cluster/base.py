@@ -282,18 +282,14 @@ class Cluster:
 
         One panel per cluster: showing it again shows the same widget, kept in sync.
         """
-        from dtflab.ui.panel import ClusterPanel
-
         if self._panel is None:
-            self._panel = ClusterPanel(self)
+            self._panel = _ui().ClusterPanel(self)
         else:
             self._changed()
         return self._panel
 
     def _repr_html_(self) -> str:
-        from dtflab.ui.panel import render_html
-
-        return render_html(self)
+        return _ui().render_html(self)
 
     def __repr__(self) -> str:
         jobs = ", ".join(f"{job}:{len(tasks)}" for job, tasks in self._layout.items())
@@ -407,3 +403,15 @@ def _stop_at_exit() -> None:
     if not getattr(_stop_at_exit, "registered", False):
         atexit.register(stop_all_running)
         _stop_at_exit.registered = True
+
+
+#: The module that shows a cluster (``ClusterPanel``, ``render_html``), named rather than
+#: imported: clusters do not depend on the widgets that draw them; ``dtflab.ui`` imports
+#: ``dtflab.cluster``, never the reverse.
+UI = "dtflab.ui.panel"
+
+
+def _ui():
+    import importlib
+
+    return importlib.import_module(UI)

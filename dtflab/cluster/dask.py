@@ -8,6 +8,7 @@ import time
 import uuid
 from urllib.parse import urlparse
 
+from dtflab import names
 from dtflab.cluster import dask_worker as remote
 from dtflab.cluster.base import Cluster
 from dtflab.cluster.task import TaskState
@@ -72,8 +73,7 @@ class DaskCluster(Cluster):
                 logs = client.run(remote.stop_tasks, self._id, workers=sorted(set(self._roles.values())))
                 for per_worker in logs.values():
                     for name, text in per_worker.items():
-                        job, index = name.split(":")
-                        self._final_logs[job, int(index)] = text
+                        self._final_logs[names.split(name)] = text
             except Exception:  # a worker already gone: its task went with it
                 pass
         if self._owns_client and client is not None:

@@ -217,8 +217,9 @@ def unsafe() -> str | None:
     """Why forking this process now would not be safe, or None."""
     if threading.active_count() != 1:
         return f"{threading.active_count()} Python threads are running"
-    context = sys.modules.get("tensorflow.python.eager.context")
-    if context is not None and context._context is not None and context._context._initialized:
+    from dtflab.tf_private import eager_context_created
+
+    if eager_context_created():
         return "TensorFlow's eager context was created"
     return None
 

@@ -8,6 +8,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from dtflab import names, tf_private
 from dtflab.errors import did_you_mean
 
 VARIABLE_OPS = {"Variable", "VariableV2", "VarHandleOp", "AutoReloadVariable", "_VarHandlesOp"}
@@ -53,11 +54,10 @@ def _colocated_with(op) -> str | None:
     TensorFlow applies colocation after the device functions, so while one runs the leader is
     only on the graph's colocation stack (private, read defensively), not yet on the op.
     """
-    stack = getattr(op.graph, "_colocation_stack", None)
-    leaders = [getattr(obj, "op", obj) for obj in (stack.peek_objs() if stack is not None else [])]
-    names = [leader.name for leader in leaders if getattr(leader, "name", None)]
-    names += [g.decode().removeprefix("loc:@") for g in op.colocation_groups()]
-    return next((name for name in names if name != op.name), None)
+    leaders = [getattr(obj, "op", obj) for obj in tf_private.colocation_leaders(op.graph)]
+    candidates = [leader.name for leader in leaders if getattr(leader, "name", None)]
+    candidates += [g.decode().removeprefix("loc:@") for g in op.colocation_groups()]
+    return next((name for name in candidates if name != op.name), None)
 
 
 def _layer_key(name: str) -> str:
@@ -157,7 +157,7 @@ class PlacementPlan:
     def _use(self, strategy: str, job: str, variables) -> "PlacementPlan":
         targets = [d for d in self.devices if d.startswith(f"/job:{job}/")]
         if not targets:
-            jobs = sorted({d.split("/")[1][4:] for d in self.devices})
+            jobs = sorted({names.split(d)[0] for d in self.devices})
             raise ValueError(f"no job {job!r} in this cluster{did_you_mean(job, jobs)}; "
                              f"its jobs are: {', '.join(jobs)}")
         self.strategy, self.strategy_devices = strategy, targets
@@ -330,11 +330,7 @@ def _full(device: str) -> str:
     """``ps:1``, ``/job:ps/task:1`` or ``/job:ps/replica:0/task:1/device:CPU:0`` -> ``/job:ps/task:1``."""
     if not isinstance(device, str):
         raise ValueError(f"a device is a string like '/job:ps/task:0', got {device!r}")
-    match = re.fullmatch(r"/job:([^/]+)(?:/replica:\d+)?/task:(\d+)(?:/device:CPU:0)?", device.strip()) \
-        or re.fullmatch(r"([A-Za-z][\w]*):(\d+)", device.strip())
-    if not match:
-        return device
-    return f"/job:{match.group(1)}/task:{int(match.group(2))}"
+    return names.device(device)
 
 
 def _devices_of(cluster) -> list[str]:

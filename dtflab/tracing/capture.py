@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
+from dtflab import tf_private
 from dtflab._quiet import import_tf
 from dtflab.tracing.parse import trace_from_metadata
 from dtflab.tracing.step import StepTrace
@@ -71,7 +72,7 @@ def recording(select="first"):
     during the block are seen too. What each run returns is unchanged.
     """
     tf = import_tf()
-    base = tf.compat.v1.Session.__mro__[1]  # BaseSession: Session, InteractiveSession, ...
+    base = tf_private.base_session(tf)  # BaseSession: Session, InteractiveSession, ...
     original = base.run
     kept: list[StepTrace] = []
     count = {"calls": 0}

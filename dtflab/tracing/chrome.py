@@ -5,11 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dtflab.tracing.step import StepTrace, short_device
-
-
-def _task(device: str) -> str:
-    return short_device(device).split("/")[0]
+from dtflab import names
+from dtflab.tracing.step import StepTrace
 
 
 def chrome_trace(step: StepTrace, path=None) -> dict:
@@ -20,7 +17,7 @@ def chrome_trace(step: StepTrace, path=None) -> dict:
     receiving RPC (or, where TF recorded no RPC, to the first op that used the tensor).
     Times are microseconds from the step start.
     """
-    tasks = sorted({_task(d) for d in step.devices})
+    tasks = sorted({names.task(d) for d in step.devices})
     pids = {task: number + 1 for number, task in enumerate(tasks)}
     tids: dict[str, int] = {}
     events: list[dict] = []
@@ -28,14 +25,14 @@ def chrome_trace(step: StepTrace, path=None) -> dict:
         events.append({"ph": "M", "name": "process_name", "pid": pids[task], "tid": 0,
                        "args": {"name": task}})
     for device in step.devices:
-        pid = pids[_task(device)]
-        tids[device] = sum(1 for d in tids if _task(d) == _task(device)) + 1
+        pid = pids[names.task(device)]
+        tids[device] = sum(1 for d in tids if names.task(d) == names.task(device)) + 1
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tids[device],
                        "args": {"name": device.rsplit("/", 1)[-1]}})
     for device, timings in step.timings.items():
         for timing in timings:
             events.append({"ph": "X", "name": timing.name, "cat": timing.kind,
-                           "pid": pids[_task(device)], "tid": tids[device],
+                           "pid": pids[names.task(device)], "tid": tids[device],
                            "ts": timing.start_us, "dur": max(timing.duration_us, 0.001),
                            "args": {"op": timing.op, "device": device}})
     ops = {(t.device, t.name): t for timings in step.timings.values() for t in timings}
@@ -53,9 +50,9 @@ def chrome_trace(step: StepTrace, path=None) -> dict:
         common = {"name": "transfer", "cat": "transfer", "id": number,
                   "args": {"tensor": transfer.tensor_name, "bytes": transfer.nbytes,
                            "shape": list(transfer.shape or ()), "dtype": transfer.dtype}}
-        events.append({**common, "ph": "s", "pid": pids[_task(transfer.src_device)],
+        events.append({**common, "ph": "s", "pid": pids[names.task(transfer.src_device)],
                        "tid": tids[transfer.src_device], "ts": min(begin, end)})
-        events.append({**common, "ph": "f", "bp": "e", "pid": pids[_task(transfer.dst_device)],
+        events.append({**common, "ph": "f", "bp": "e", "pid": pids[names.task(transfer.dst_device)],
                        "tid": tids[transfer.dst_device], "ts": end})
     trace = {"traceEvents": events, "displayTimeUnit": "ms",
              "otherData": {"generator": "dtflab", "step_us": step.step_us}}

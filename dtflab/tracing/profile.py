@@ -13,6 +13,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from dtflab import tf_private
 from dtflab._quiet import import_tf, quiet_fds
 from dtflab.errors import NotSupportedError
 from dtflab.tracing.step import OpTiming, StepTrace
@@ -40,7 +41,7 @@ def profile(cluster, fn, *args, duration_ms: int = 1000, **kwargs) -> StepTrace:
             f"dtflab.profile needs task servers that run the TensorFlow profiler; the "
             f"{cluster.backend} backend has none: start the cluster with --backend local")
     import_tf()  # quietly, before the profiler client imports it
-    from tensorflow.python.profiler import profiler_client
+    profiler_client = tf_private.profiler_client()
 
     fn(*args, **kwargs)
     calls, failure = [0], []
@@ -89,8 +90,7 @@ def read_xplanes(logdir: Path, by_port: dict[int, tuple[str, int]]) -> dict[str,
 
 def read_xplane_files(files: dict[str, Path]) -> dict[str, list[OpTiming]]:
     """``{device: xplane.pb}``: one device per file, times relative to the earliest event."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
+    xplane_pb2 = tf_private.xplane_pb2()
     raw = []
     for device, path in files.items():
         space = xplane_pb2.XSpace()

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import collections
+import importlib
 from dataclasses import dataclass, field
 
+from dtflab.names import short as short_device  # the name every view prints
 
-def short_device(device: str) -> str:
-    """``/job:ps/replica:0/task:1/device:CPU:0`` -> ``ps:1``; other devices keep their kind."""
-    parts = dict(part.split(":", 1) for part in device.strip("/").split("/") if ":" in part)
-    if "job" not in parts:
-        return device
-    name = f"{parts['job']}:{parts.get('task', '0')}"
-    kind = parts.get("device", "CPU:0")
-    return name if kind.upper() == "CPU:0" else f"{name}/{kind}"
+#: The module that draws a StepTrace (``figure``, ``show``, ``save_html``), named rather than
+#: imported: step data does not depend on its views (as pandas' ``DataFrame.plot`` names its
+#: plotting backend). ``dtflab.viz.step`` imports this module, never the reverse.
+VIEWS = "dtflab.viz.step"
+
+
+def _views():
+    return importlib.import_module(VIEWS)
 
 
 @dataclass(frozen=True)
@@ -157,21 +159,15 @@ class StepTrace:
 
     def figure(self, **options):
         """The partition graph, timeline and transfer matrix laid out together (Bokeh)."""
-        from dtflab.viz.step import step_layout
-
-        return step_layout(self, **options)
+        return _views().figure(self, **options)
 
     def show(self, **options) -> None:
         """Show :meth:`figure` inline in a notebook (or in a browser tab from a script)."""
-        from dtflab.viz.output import show
-
-        show(self.figure(**options))
+        _views().show(self, **options)
 
     def save_html(self, path, **options) -> str:
         """Write the views as one standalone HTML file (BokehJS inlined: works offline)."""
-        from dtflab.viz.output import save_html
-
-        return save_html(self.figure(**options), path, title="dtflab step trace")
+        return _views().save_html(self, path, **options)
 
     def to_chrome_trace(self, path=None) -> dict:
         """The step as a Chrome/Perfetto trace (one process per task, transfers as flows)."""

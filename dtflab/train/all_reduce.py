@@ -26,6 +26,7 @@ import threading
 import time
 from pathlib import Path
 
+from dtflab import names
 from dtflab.errors import TaskError
 from dtflab.train.checkpoints import Recovery
 from dtflab.train.history import RunHistory
@@ -180,12 +181,12 @@ class _Job:
                    f"for it in the all-reduce, so the whole job stopped")
         self.history.failures.append(failure)
         if not self.checkpoint_every:
-            raise TaskError(*_split(died.worker), f"{died.status} during step {step}; every other "
+            raise TaskError(*names.split(died.worker), f"{died.status} during step {step}; every other "
                             f"worker waits for it in the all-reduce, so the whole job stopped "
                             f"(pass checkpoint_every=K to resume from a checkpoint)") from None
         began = time.perf_counter()
         for worker in self.history.workers:  # the survivors hang in a collective: all go
-            self.cluster.restart(*_split(worker))
+            self.cluster.restart(*names.split(worker))
         hellos = self.reports.accept(self.cluster, self.timeout)
         resumed = min(hello["resumed_at"] for hello in hellos.values())
         self.history.recoveries.append(Recovery(died.worker, self.last_step + 1, resumed,
@@ -305,16 +306,9 @@ def _worker_trace(folder: Path, workers: list[str]):
     for worker in workers:
         found = sorted(folder.joinpath(worker.replace(":", "-")).glob("plugins/profile/*/*.xplane.pb"))
         if found:
-            job, index = _split(worker)
-            files[f"/job:{job}/replica:0/task:{index}/device:CPU:0"] = found[-1]
+            files[names.full(worker)] = found[-1]
     timings = read_xplane_files(files)
     ends = [t.end_us for device in timings.values() for t in device]
     return StepTrace(None, {}, [], [], timings, max(ends, default=0.0),
                      note="TF profiler on each worker program, one all-reduce step; "
                           "CollectiveReduceV2 is the all-reduce")
-
-
-def _split(task: str) -> tuple[str, int]:
-    job, index = task.split(":")
-    return job, int(index)
-

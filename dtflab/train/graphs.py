@@ -35,10 +35,10 @@ class Tower:
 def delay_op(seconds: float):
     """An op that sleeps ``seconds`` on the device it is placed on, without spinning a core
     (a tf.data sleep, pulled once per run). Used for stragglers."""
-    tf = import_tf()
-    from tensorflow.python.data.experimental.ops import testing
+    from dtflab import tf_private
 
-    dataset = tf.data.Dataset.from_tensors(0).repeat().apply(testing.sleep(int(seconds * 1e6)))
+    tf = import_tf()
+    dataset = tf.data.Dataset.from_tensors(0).repeat().apply(tf_private.data_sleep(int(seconds * 1e6)))
     return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import re
 import shutil
 import threading
 import time
 
+from dtflab import names
 from dtflab._quiet import import_tf
 from dtflab.errors import TaskError
 from dtflab.placement import PlacementPlan
@@ -36,16 +36,6 @@ def _session(target, graph):
     return tf.compat.v1.Session(target, graph=graph, config=config)
 
 
-def _device(task: str) -> str:
-    job, _, index = task.partition(":")
-    return f"/job:{job}/task:{index or 0}"
-
-
-def _task_name(device: str) -> str:
-    match = re.search(r"/job:([^/]+)/(?:replica:\d+/)?task:(\d+)", device)
-    return f"{match.group(1)}:{match.group(2)}" if match else device
-
-
 def failed_task(cluster, error) -> tuple[str, int]:
     """Which task a TF error is about: a dead task of the cluster, else an address in it."""
     dead = dead_task(cluster)
@@ -56,8 +46,7 @@ def failed_task(cluster, error) -> tuple[str, int]:
             for index, address in enumerate(addresses):
                 if address in str(error):
                     return job, index
-    match = re.search(r"/job:([^/]+)/(?:replica:\d+/)?task:(\d+)", str(error))
-    return (match.group(1), int(match.group(2))) if match else ("unknown", 0)
+    return names.find(str(error)) or ("unknown", 0)
 
 
 def dead_task(cluster) -> tuple[str, int] | None:
@@ -159,7 +148,7 @@ def single(problem, *, steps: int = 200, seed: int = 0, cluster=None, device: st
     """One process does everything (no cluster), or one task does (``cluster`` + ``device``,
     e.g. ``"/job:worker/task:0"``)."""
     built = graphs.single_graph(problem, seed, device)
-    target = cluster.target(*_split(_task_name(device))) if cluster is not None and device else ""
+    target = cluster.target(*names.split(device)) if cluster is not None and device else ""
     return _run_one_replica(built, target, RunHistory(name or "single", "single"), problem,
                             steps, seed, cluster, background, callbacks, trace_step)
 
@@ -171,7 +160,7 @@ def model_parallel(problem, cluster, plan: PlacementPlan | None = None, *, steps
     plan = plan or PlacementPlan.by_layer(cluster, job="ps")
     built = graphs.model_parallel_graph(problem, plan, seed)
     history = RunHistory(name or "model parallel", "model_parallel")
-    return _run_one_replica(built, cluster.target(*_split(_task_name(plan.compute))), history,
+    return _run_one_replica(built, cluster.target(*names.split(plan.compute)), history,
                             problem, steps, seed, cluster, background, callbacks, trace_step)
 
 
@@ -199,14 +188,14 @@ def _with_train(built):
 
 
 def _workers(cluster, workers):
-    names = [f"worker:{i}" for i in range(len(cluster.addresses.get("worker", [])))]
-    if not names:
+    tasks = [f"worker:{i}" for i in range(len(cluster.addresses.get("worker", [])))]
+    if not tasks:
         raise ValueError(f"data parallelism needs a 'worker' job; this cluster has: "
                          f"{', '.join(cluster.addresses)}")
-    chosen = names[:workers] if workers else names
-    if workers and workers > len(names):
-        raise ValueError(f"workers={workers} but the cluster has {len(names)} worker tasks")
-    return [_device(name) for name in chosen]
+    chosen = tasks[:workers] if workers else tasks
+    if workers and workers > len(tasks):
+        raise ValueError(f"workers={workers} but the cluster has {len(tasks)} worker tasks")
+    return [names.device(task) for task in chosen]
 
 
 def _ps_plan(cluster):
@@ -223,9 +212,9 @@ def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
     16 or 8 sends gradients compressed (see graphs.sync_graph)."""
     devices = _workers(cluster, workers)
     plan = _ps_plan(cluster)
-    slow_devices = {_device(task): seconds for task, seconds in (slow or {}).items()}
+    slow_devices = {names.device(task): seconds for task, seconds in (slow or {}).items()}
     built = graphs.sync_graph(problem, plan, devices, seed, slow_devices, gradient_bits)
-    session = _session(cluster.target(*_split(_task_name(plan.compute))), built.graph)
+    session = _session(cluster.target(*names.split(plan.compute)), built.graph)
     session.run(built.init)
     share = problem.batch_size // len(devices)
     history = RunHistory(name or f"sync data parallel ({len(devices)} workers)", "sync",
@@ -257,10 +246,10 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
     see ``train.checkpoints``.
     """
     devices = _workers(cluster, workers)
-    slow_devices = {_device(task): seconds for task, seconds in (slow or {}).items()}
+    slow_devices = {names.device(task): seconds for task, seconds in (slow or {}).items()}
     built = graphs.async_graph(problem, _ps_plan(cluster), devices, seed, slow_devices)
     history = RunHistory(name or f"async parameter server ({len(devices)} workers)", "async",
-                         workers=[_task_name(d) for d in devices], cluster=cluster)
+                         workers=[names.task(d) for d in devices], cluster=cluster)
     runner = Runner(history, callbacks)
     downpour = _Downpour(built, problem, seed, cluster, devices, history, checkpoint_every,
                          checkpoint_dir)
@@ -295,12 +284,12 @@ class _Downpour:
             folder = checkpoint_dir or tempfile.mkdtemp(prefix="dtflab-checkpoints-")
             self.checkpoints = Checkpoints(built.graph, built.global_step, folder,
                                            checkpoint_every, len(devices))
-        self.targets = [cluster.target(*_split(_task_name(d))) for d in devices]
+        self.targets = [cluster.target(*names.split(d)) for d in devices]
         # One {"session", "epoch"} per worker: a session made before the last recovery is stale.
         self.states = [{"session": _session(target, built.graph), "epoch": 0}
                        for target in self.targets]
         self.states[0]["session"].run(built.init)
-        worker_jobs = {_split(_task_name(d))[0] for d in devices}
+        worker_jobs = {names.split(d)[0] for d in devices}
         self.ps_jobs = {job for job in cluster.addresses if job not in worker_jobs}
         self.epoch = 0  # recoveries so far
         self.recovering = threading.Lock()
@@ -392,11 +381,6 @@ class _Downpour:
         history = self.history
         with history._lock:  # in step order, except that a restore sends the steps back
             history.records.sort(key=(lambda r: r.time_s) if history.recoveries else (lambda r: r.step))
-
-
-def _split(task: str) -> tuple[str, int]:
-    job, index = task.split(":")
-    return job, int(index)
 
 
 __all__ = ["single", "model_parallel", "sync_data_parallel", "async_parameter_server",

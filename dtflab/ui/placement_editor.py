@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dtflab import names
 from dtflab._quiet import import_tf
 from dtflab.placement.plan import STRATEGIES, PlacementPlan, variable_info
 from dtflab.tracing.step import short_device
@@ -104,8 +105,8 @@ class PlacementEditor:
                 self._timer.cancel()
             self.board.status = "tracing a step…"
             graph, fetch, feed, init, self.variables = build_graph(self.builder, self.plan)
-            job, index = self.plan.compute.split("/")[1][4:], int(self.plan.compute.split(":")[-1])
-            with tf.compat.v1.Session(self.cluster.target(job, index), graph=graph) as session:
+            target = self.cluster.target(*names.split(self.plan.compute))
+            with tf.compat.v1.Session(target, graph=graph) as session:
                 session.run(init)
                 session.run(fetch, feed)  # the first run sets the graph up on every task
                 self.step = dtflab.trace(session, fetch, feed)

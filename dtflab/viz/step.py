@@ -14,3 +14,21 @@ def step_layout(step: StepTrace, *, max_ops: int = 150, expand=()):
 
     return column(partition_figure(step, max_ops=max_ops, expand=expand, width=1000),
                   row(timeline_figure(step, width=620), transfer_matrix_figure(step, width=380)))
+
+
+# -- what StepTrace.figure/show/save_html call (see dtflab.tracing.step.VIEWS) --------------------
+
+def figure(step: StepTrace, **options):
+    return step_layout(step, **options)
+
+
+def show(step: StepTrace, **options) -> None:
+    from dtflab.viz.output import show as show_inline
+
+    show_inline(step_layout(step, **options))
+
+
+def save_html(step: StepTrace, path, **options) -> str:
+    from dtflab.viz.output import save_html as write_html
+
+    return write_html(step_layout(step, **options), path, title="dtflab step trace")

@@ -1,0 +1,84 @@
+"""Every use of TensorFlow's private modules and attributes, in one place.
+
+dtflab needs a few things TensorFlow does not make public: the profiler's client and its
+XPlane protobuf (timing TF2 code on remote tasks), the tf.data sleep transformation (a
+straggler that does not spin a core), a graph's colocation stack (optimizer slots follow their
+variable while a device function runs), ``BaseSession`` (to trace the ``Session.run`` calls of a
+cell) and the eager context (is forking still safe?). Each accessor says, when a TensorFlow
+upgrade moved the thing, which dtflab feature broke and on which version; dtflab was tested
+with TensorFlow 2.16 to 2.21.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from dtflab.errors import NotSupportedError
+
+TESTED = "2.16 to 2.21"
+
+
+def _moved(what: str, feature: str, error: Exception) -> NotSupportedError:
+    version = getattr(sys.modules.get("tensorflow"), "__version__", "?")
+    return NotSupportedError(f"{feature} needs TensorFlow's private {what}, which TensorFlow "
+                             f"{version} no longer has where dtflab looks ({error}); dtflab was "
+                             f"tested with TensorFlow {TESTED}")
+
+
+def profiler_client():
+    """``tensorflow.python.profiler.profiler_client`` (``trace(service, logdir, ms)``)."""
+    try:
+        from tensorflow.python.profiler import profiler_client as client
+
+        client.trace  # noqa: B018  (the one function used)
+        return client
+    except (ImportError, AttributeError) as exc:
+        raise _moved("profiler_client", "dtflab.profile", exc) from None
+
+
+def xplane_pb2():
+    """The profiler's ``XSpace`` protobuf module."""
+    try:
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2 as module
+
+        module.XSpace  # noqa: B018
+        return module
+    except (ImportError, AttributeError) as exc:
+        raise _moved("xplane_pb2", "reading profiler traces", exc) from None
+
+
+def data_sleep(microseconds: int):
+    """``tf.data.experimental`` testing's ``sleep`` transformation."""
+    try:
+        from tensorflow.python.data.experimental.ops import testing
+
+        return testing.sleep(microseconds)
+    except (ImportError, AttributeError) as exc:
+        raise _moved("tf.data testing.sleep", "stragglers (slow=...)", exc) from None
+
+
+def colocation_leaders(graph) -> list:
+    """The objects on ``graph``'s colocation stack (empty where TF keeps none there)."""
+    stack = getattr(graph, "_colocation_stack", None)
+    peek = getattr(stack, "peek_objs", None)
+    return list(peek()) if callable(peek) else []
+
+
+def base_session(tf):
+    """``BaseSession``, the class whose ``run`` every v1 session uses."""
+    for cls in tf.compat.v1.Session.__mro__:
+        if cls.__name__ == "BaseSession" and hasattr(cls, "run"):
+            return cls
+    raise _moved("BaseSession", "%%dtf_trace", LookupError("not among tf.compat.v1.Session's bases"))
+
+
+def eager_context_created() -> bool:
+    """Whether TensorFlow's eager context exists in this process (False if TF is not
+    imported). Reads ``tensorflow.python.eager.context._context`` without importing TF."""
+    context = sys.modules.get("tensorflow.python.eager.context")
+    if context is None:
+        return False
+    try:
+        return context._context is not None and bool(context._context._initialized)
+    except AttributeError as exc:
+        raise _moved("eager context", "the fork server's safety check", exc) from None
