@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from bokeh_page import DATA, WHERE
 from conftest import free_ports, wait_until
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -289,4 +290,17 @@ def test_dragging_a_chip_moves_the_variable_in_the_kernel_and_measures_the_new_b
     home.locator(".dtflab-chip[data-variable='w1']").wait_for(timeout=15_000)
     assert wait_until(lambda: rows.count() == before + 2, timeout=60)
     shot(page, board, str(SHOTS / "placement_board.png"))  # docs/placement_board.png is one
+    # Below the board: the partition graph, collapsed by scope. Click a scope: it opens.
+    before = page.evaluate(DATA, "ops")
+    sizes = {scope: int(kind.split()[0]) for scope, kind in zip(before["scope"], before["type"]) if scope}
+    assert sizes, f"the partition graph is not collapsed: {before['_title']}"
+    scope = max(sizes, key=sizes.get)  # the biggest scope: "gradients"
+    at = page.evaluate(WHERE, ["ops", "scope", scope])
+    page.mouse.click(at["x"], at["y"])
+
+    def opened():
+        names = page.evaluate(DATA, "ops")["name"]
+        return any(name.startswith(scope + "/") and name != scope + "/" for name in names)
+
+    assert wait_until(opened, timeout=10), f"clicking {scope!r} did not open it"
     assert page.console_errors == []

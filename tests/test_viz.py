@@ -82,9 +82,35 @@ def test_a_large_graph_is_collapsed_by_scope_and_can_be_expanded(cluster):
     assert len(expanded.nodes) > len(collapsed.nodes)
     fig = partition_figure(step)
     assert len(renderer(fig, "ops")["x"]) == len(collapsed.nodes)
-    assert "(collapsed by name scope)" in fig.title.text
+    assert "(collapsed by name scope" in fig.title.text
     columns = {node.x for node in collapsed.nodes.values()}
     assert len(columns) > 5, "scopes should spread over columns, not pile up"
+
+
+def test_a_click_on_a_scope_swaps_in_the_layout_with_it_open(sync_towers):
+    fig = partition_figure(sync_towers, max_ops=40)
+    ops = fig.select(name="ops")[0].data_source
+    scopes = {scope for scope in ops.data["scope"] if scope}
+    assert "gradients" in scopes or any(s.startswith("tower") for s in scopes)
+    (callback,) = ops.selected.js_property_callbacks["change:indices"]
+    variants = callback.args["variants"]
+    for scope in scopes:  # every scope on the page opens, one level deeper, on click
+        opened = variants[scope]["ops"]["name"]
+        assert scope + "/" not in opened
+        assert any(name.startswith(scope + "/") for name in opened)
+    assert any("|" in key for key in variants)  # and a second click goes deeper
+
+
+def test_a_click_on_a_transfer_selects_its_records_on_the_timeline(sync_towers):
+    from dtflab.viz.partition import link_to_timeline
+
+    partition, timeline = partition_figure(sync_towers), timeline_figure(sync_towers)
+    link_to_timeline(partition, timeline)
+    edges = partition.select(name="transfers")[0].data_source
+    (callback,) = edges.selected.js_property_callbacks["change:indices"]
+    records = callback.args["records"].data["name"]
+    for names in edges.data["highlight"]:  # every edge lights up at least its RPC record
+        assert set(names.split("\n")) & set(records)
 
 
 def test_standalone_html_works_offline(model_parallel, tmp_path):

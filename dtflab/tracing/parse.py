@@ -156,6 +156,7 @@ def match_transfers(metadata, outputs, rpc) -> tuple[list[Transfer], list[Transf
             key=name, tensor_name=tensor_name, src_device=src, dst_device=dst, dtype=dtype,
             shape=shape, nbytes=nbytes, producer=producer, consumers=receivers,
             start_us=timing[0] if timing else None, duration_us=timing[1] if timing else None,
-            to_client=send is not None and send[2], from_client=send is None)
+            to_client=send is not None and send[2], from_client=send is None,
+            send_op=send[0].name if send else "", recv_op=recv[0].name if recv else "")
         (client if transfer.to_client or transfer.from_client else transfers).append(transfer)
     return transfers, client

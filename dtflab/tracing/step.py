@@ -60,6 +60,8 @@ class Transfer:
     duration_us: float | None = None
     to_client: bool = False  # a fetch going back to the client (or a feed, from_client)
     from_client: bool = False
+    send_op: str = ""  # the _Send and _Recv ops that move it (names in the partitions)
+    recv_op: str = ""
 
 
 @dataclass(frozen=True)

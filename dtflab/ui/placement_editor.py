@@ -37,11 +37,12 @@ class PlacementEditor:
     button starts the plan over (manual rules are dropped); Undo takes back the last change.
 
     ``builder()`` builds the model in the current graph and returns ``(fetch, feed_dict)``;
-    variables are those it creates (``trainable_variables``).
+    variables are those it creates (``trainable_variables``). The partition graph below the
+    board starts collapsed by name scope above ``max_ops`` ops: click a scope to open it.
     """
 
     def __init__(self, cluster, builder, plan: PlacementPlan | None = None, *, job: str = "ps",
-                 apply: bool = True, debounce_s: float = 0.4):
+                 apply: bool = True, debounce_s: float = 0.4, max_ops: int = 60):
         import threading
 
         import ipywidgets as w
@@ -49,6 +50,7 @@ class PlacementEditor:
         from dtflab.ui.placement_widget import PlacementBoard
 
         self.cluster, self.builder, self.job, self.debounce_s = cluster, builder, job, debounce_s
+        self.max_ops = max_ops  # above this, the partition graph starts collapsed by scope
         self.plan = plan or PlacementPlan.round_robin(cluster, job=job)
         self.step = None
         _, _, _, _, self.variables = build_graph(builder, self.plan)
@@ -94,7 +96,7 @@ class PlacementEditor:
 
         import dtflab
         from bokeh.layouts import column, row
-        from dtflab.viz.partition import partition_figure
+        from dtflab.viz.partition import link_to_timeline, partition_figure
         from dtflab.viz.placement import placement_figure
         from dtflab.viz.timeline import timeline_figure
         from dtflab.viz.transfers import transfer_matrix_figure
@@ -118,10 +120,12 @@ class PlacementEditor:
                  "imbalance": imbalance}]
             self._change = "apply"
             self.board.status = ""
+            partition = partition_figure(self.step, width=760, max_ops=self.max_ops)
+            timeline = timeline_figure(self.step, width=760)
+            link_to_timeline(partition, timeline)
             layout = column(row(placement_figure(self.plan, self.variables, width=420),
                                 transfer_matrix_figure(self.step, width=340)),
-                            partition_figure(self.step, width=760),
-                            timeline_figure(self.step, width=760))
+                            partition, timeline)
             self.views.children = [BokehModel(layout)]
 
     def close(self) -> None:

@@ -55,6 +55,8 @@ def _group_name(op_name: str, expand: tuple[str, ...]) -> str:
     depth = 1
     while depth < len(parts) - 1 and "/".join(parts[:depth]) in expand:
         depth += 1
+    if depth == len(parts) - 1 and "/".join(parts[:depth]) in expand:
+        return op_name  # an op directly inside an open scope: itself
     return "/".join(parts[:depth]) + "/"
 
 

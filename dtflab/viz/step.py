@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dtflab.tracing.step import StepTrace
-from dtflab.viz.partition import partition_figure
+from dtflab.viz.partition import link_to_timeline, partition_figure
 from dtflab.viz.timeline import timeline_figure
 from dtflab.viz.transfers import transfer_matrix_figure
 
@@ -12,8 +12,10 @@ def step_layout(step: StepTrace, *, max_ops: int = 150, expand=()):
     """Partition graph on top; timeline and transfer matrix below it."""
     from bokeh.layouts import column, row
 
-    return column(partition_figure(step, max_ops=max_ops, expand=expand, width=1000),
-                  row(timeline_figure(step, width=620), transfer_matrix_figure(step, width=380)))
+    partition = partition_figure(step, max_ops=max_ops, expand=expand, width=1000)
+    timeline = timeline_figure(step, width=620)
+    link_to_timeline(partition, timeline)  # click a transfer: its send and receive light up
+    return column(partition, row(timeline, transfer_matrix_figure(step, width=380)))
 
 
 # -- what StepTrace.figure/show/save_html call (see dtflab.tracing.step.VIEWS) --------------------

@@ -1,0 +1,47 @@
+"""JavaScript for browser tests: find a Bokeh plot on the page by a renderer's name, read its
+data, and turn data coordinates into page coordinates (to click a glyph with the mouse)."""
+
+#: ``(renderer_name) => plot index`` helpers are inlined in each snippet: Bokeh's views live in
+#: ``Bokeh.index`` (one entry per embedded root), each plot view maps its renderers to views.
+_PLOTS = """
+const plots = [];
+const seen = new Set();
+const visit = (view) => {
+  if (!view || seen.has(view)) return; seen.add(view);
+  if (view.frame && view.renderer_views) plots.push(view);
+  for (const child of (view.child_views || [])) visit(child);
+};
+for (const Bokeh of [window.Bokeh].filter(Boolean)) {
+  const index = Bokeh.index;
+  (typeof index.values === "function" ? [...index.values()] : Object.values(index)).forEach(visit);
+}
+const withRenderer = (name) => {  // the last one on the page (earlier views may be detached)
+  const shown = plots.filter((p) => p.el.isConnected && p.el.getBoundingClientRect().width > 0);
+  for (const plot of shown.reverse()) {
+    for (const [model, view] of plot.renderer_views) if (model.name === name) return [plot, model, view];
+  }
+  return null;
+};
+"""
+
+#: ``name`` -> the renderer's data source columns (or null when no plot has it).
+DATA = "(name) => {" + _PLOTS + """
+  const found = withRenderer(name);
+  return found ? {...found[1].data_source.data, _title: found[0].model.title.text} : null;
+}"""
+
+#: ``[name, column, value]`` -> page coordinates {x, y} of the first glyph whose column equals
+#: value (or null), after scrolling its plot to the middle of the window.
+WHERE = "([name, column, value]) => {" + _PLOTS + """
+  const found = withRenderer(name);
+  if (!found) return null;
+  const [plot, model] = found;
+  const data = model.data_source.data;
+  const i = Array.from(data[column]).indexOf(value);
+  if (i < 0) return null;
+  plot.el.scrollIntoView({block: "center"});  // not under the notebook's toolbar
+  const box = plot.el.getBoundingClientRect();
+  const sx = plot.frame.x_scale.compute(data.x[i]);
+  const sy = plot.frame.y_scale.compute(data.y[i]);
+  return {x: box.left + sx, y: box.top + sy};
+}"""
