@@ -78,7 +78,9 @@ def test_a_tf1_between_graph_trainer_runs_unchanged_with_the_placeholder_flags(r
         steps.append(int(done[2]))
     # A non-chief polls for the chief's initialisation every 30 s (MonitoredTrainingSession's
     # fixed wait): if the chief has reached step 40 by then, its StopAtStepHook ends it at once.
-    assert max(steps) >= 39, steps
+    # Each worker prints the global step its last run fetched, which may be read before that
+    # run's own increment and the other worker's: at least 40 - 2 (seen: 38 and 38 under load).
+    assert max(steps) >= 38, steps
     # The chief's final checkpoint: at step 40, or one later when worker:1's update landed
     # between the chief's stop and its save (seen under load).
     saved = [int(m[1]) for m in (re.match(r"model\.ckpt-(\d+)\.index$", f) for f in os.listdir(tmp_path)) if m]
