@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -98,21 +101,61 @@ def no_leaks(request):
     assert not leaked_threads(), f"test left threads running: {leaked_threads()}"
 
 
-@pytest.fixture
-def start_cluster():
-    """``dtflab.start_cluster`` whose clusters are all stopped after the test."""
-    import dtflab
-
+def _stopped_after(factory):
+    """``factory`` (``dtflab.start_cluster`` or ``dtflab.run``), every cluster it started
+    stopped after the test."""
     started = []
 
     def start(*args, **kwargs):
-        cluster = dtflab.start_cluster(*args, **kwargs)
+        cluster = factory(*args, **kwargs)
         started.append(cluster)
         return cluster
 
     yield start
     for cluster in started:
         cluster.stop()
+
+
+@pytest.fixture
+def start_cluster():
+    """``dtflab.start_cluster`` whose clusters are all stopped after the test."""
+    import dtflab
+
+    yield from _stopped_after(dtflab.start_cluster)
+
+
+@pytest.fixture
+def run_programs():
+    """``dtflab.run`` whose clusters are all stopped after the test."""
+    import dtflab
+
+    yield from _stopped_after(dtflab.run)
+
+
+@contextlib.contextmanager
+def owner_of(code: str):
+    """A Python process running ``code``, which starts clusters and prints its tasks' pids as
+    one JSON list; yields (those pids, the pids of all its descendants) and SIGKILLs it when
+    the block ends."""
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        tasks = json.loads(owner.stdout.readline())
+        yield tasks, [child.pid for child in psutil.Process(owner.pid).children(recursive=True)]
+    finally:
+        owner.kill()
+        owner.wait()
+        owner.stdout.close()
+
+
+def all_gone(pids) -> bool:
+    """Whether every process of ``pids`` has ended (a zombie has)."""
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            pass
+    return True
 
 
 @pytest.fixture(scope="session")

@@ -7,37 +7,30 @@ from pathlib import Path
 
 import pytest
 
-import dtflab
 
 pytestmark = pytest.mark.slow
 
 TUTORIALS = Path(__file__).parent / "programs" / "tf_tutorials"
 
 
-def test_multi_worker_with_keras_runs_model_fit_on_two_workers():
-    cluster = dtflab.run("main.py", workers=2, cwd=TUTORIALS)
-    try:
-        assert cluster.wait(timeout=240) == {"worker:0": 0, "worker:1": 0}
-        for worker in ("worker:0", "worker:1"):
-            log = cluster.logs(worker)
-            assert "Epoch 3/3" in log and "70/70" in log
-            assert "PerReplica" not in log  # Keras 3's failure
-    finally:
-        cluster.stop()
+def test_multi_worker_with_keras_runs_model_fit_on_two_workers(run_programs):
+    cluster = run_programs("main.py", workers=2, cwd=TUTORIALS)
+    assert cluster.wait(timeout=240) == {"worker:0": 0, "worker:1": 0}
+    for worker in ("worker:0", "worker:1"):
+        log = cluster.logs(worker)
+        assert "Epoch 3/3" in log and "70/70" in log
+        assert "PerReplica" not in log  # Keras 3's failure
 
 
-def test_parameter_server_training_runs_fit_and_the_custom_loop_as_the_chief(tmp_path):
-    cluster = dtflab.run("parameter_server_training.py", workers=3, ps=2, chief_only=True,
-                         cwd=TUTORIALS)
-    try:
-        assert cluster.wait(timeout=240) == {"chief:0": 0}
-        log = cluster.logs("chief:0")
-        assert "Epoch 5/5" in log  # Model.fit
-        assert "Finished epoch 3" in log and "Final loss is" in log  # the custom loop
-        # the embedding was split over both ps tasks by the tutorial's MinSizePartitioner
-        assert "/job:ps/replica:0/task:0" in log and "/job:ps/replica:0/task:1" in log
-    finally:
-        cluster.stop()
+def test_parameter_server_training_runs_fit_and_the_custom_loop_as_the_chief(run_programs):
+    cluster = run_programs("parameter_server_training.py", workers=3, ps=2, chief_only=True,
+                           cwd=TUTORIALS)
+    assert cluster.wait(timeout=240) == {"chief:0": 0}
+    log = cluster.logs("chief:0")
+    assert "Epoch 5/5" in log  # Model.fit
+    assert "Finished epoch 3" in log and "Final loss is" in log  # the custom loop
+    # the embedding was split over both ps tasks by the tutorial's MinSizePartitioner
+    assert "/job:ps/replica:0/task:0" in log and "/job:ps/replica:0/task:1" in log
     assert {t.name for t in cluster.tasks} == {"chief:0", "ps:0", "ps:1", "worker:0", "worker:1",
                                                "worker:2"}
 

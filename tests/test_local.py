@@ -1,6 +1,5 @@
 """The local backend: real task-server processes on 127.0.0.1."""
 
-import json
 import os
 import signal
 import socket
@@ -15,7 +14,7 @@ from dtflab.cluster import base
 from dtflab.cluster.task import TaskState
 from dtflab.errors import PortInUseError, TaskError
 
-from conftest import free_ports, run_constant, wait_until
+from conftest import all_gone, free_ports, owner_of, run_constant, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -187,35 +186,15 @@ def test_kill_of_unknown_task_names_the_valid_tasks(start_cluster):
 
 
 def test_tasks_die_within_5s_when_the_owner_is_killed_with_sigkill():
-    owner = subprocess.Popen(
-        [sys.executable, "-c",
-         "import json, time, dtflab\n"
-         "c = dtflab.start_cluster(3)\n"
-         "print(json.dumps([t.pid for t in c.tasks]), flush=True)\n"
-         "time.sleep(600)\n"],
-        stdout=subprocess.PIPE, text=True)
-    try:
-        tasks = json.loads(owner.stdout.readline())
-        pids = [child.pid for child in psutil.Process(owner.pid).children(recursive=True)]
+    with owner_of("import json, time, dtflab\n"
+                  "c = dtflab.start_cluster(3)\n"
+                  "print(json.dumps([t.pid for t in c.tasks]), flush=True)\n"
+                  "time.sleep(600)\n") as (tasks, pids):
         assert len(tasks) == 3 and set(tasks) < set(pids)
         assert len(pids) == 6  # and the gate of their private network, its helper, the fork server
         assert all(psutil.pid_exists(pid) for pid in pids)
-    finally:
-        owner.kill()
-        owner.wait()
-        owner.stdout.close()
 
-    def all_gone():
-        alive = []
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        return not alive
-
-    assert wait_until(all_gone, timeout=5.0), "task processes outlived their owner"
+    assert wait_until(lambda: all_gone(pids), timeout=5.0), "task processes outlived their owner"
 
 
 def test_eager_code_runs_on_a_connected_cluster():

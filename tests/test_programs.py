@@ -5,17 +5,15 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
-import dtflab
 from dtflab.cluster.task import TaskState
 from dtflab.errors import TaskError
 
-from conftest import kernel_services, run_constant, wait_until
+from conftest import all_gone, kernel_services, owner_of, run_constant, wait_until
 from test_cli import DTFLAB
 
 pytestmark = pytest.mark.slow
@@ -25,21 +23,6 @@ PROBE = """import json, os, sys
 print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "name": __name__, "cwd": os.getcwd(),
                   "tf_config": json.loads(os.environ["TF_CONFIG"])}))
 """
-
-
-@pytest.fixture
-def run_programs():
-    """``dtflab.run`` whose clusters are all stopped after the test."""
-    started = []
-
-    def run(*args, **kwargs):
-        cluster = dtflab.run(*args, **kwargs)
-        started.append(cluster)
-        return cluster
-
-    yield run
-    for cluster in started:
-        cluster.stop()
 
 
 def test_a_program_runs_as_python_script_args_would(run_programs, tmp_path, monkeypatch):
@@ -159,29 +142,15 @@ def test_the_fork_server_lives_in_the_private_network_and_its_tasks_too(start_cl
 def test_owner_sigkill_leaves_no_fork_server_gate_program_or_task(tmp_path):
     script = tmp_path / "forever.py"
     script.write_text("import time\ntime.sleep(600)\n")
-    owner = subprocess.Popen(
-        [sys.executable, "-c",
-         "import json, sys, time, dtflab\n"
-         "c = dtflab.start_cluster(2)\n"
-         f"r = dtflab.run({str(script)!r}, workers=2, ps=1)\n"
-         "print(json.dumps([t.pid for t in c.tasks + r.tasks]), flush=True)\n"
-         "time.sleep(600)\n"],
-        stdout=subprocess.PIPE, text=True)
-    try:
-        tasks = json.loads(owner.stdout.readline())
-        pids = [child.pid for child in psutil.Process(owner.pid).children(recursive=True)]
+    with owner_of("import json, sys, time, dtflab\n"
+                  "c = dtflab.start_cluster(2)\n"
+                  f"r = dtflab.run({str(script)!r}, workers=2, ps=1)\n"
+                  "print(json.dumps([t.pid for t in c.tasks + r.tasks]), flush=True)\n"
+                  "time.sleep(600)\n") as (tasks, pids):
         assert len(tasks) == 5 and set(tasks) < set(pids)
         assert len(pids) == 8  # and the gate, its helper and the fork server
-    finally:
-        owner.kill()
-        owner.wait()
-        owner.stdout.close()
 
-    def all_gone():
-        return not [pid for pid in pids if psutil.pid_exists(pid)
-                    and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
-
-    assert wait_until(all_gone, timeout=5.0), "processes outlived their owner"
+    assert wait_until(lambda: all_gone(pids), timeout=5.0), "processes outlived their owner"
 
 
 def test_dtflab_run_prefixes_lines_and_exits_1_when_a_program_fails(tmp_path):

@@ -36,9 +36,13 @@ class Flow:
     received: int
 
 
+_libc = None  # loaded on first use
+
+
 def task_flows(task: str, pid: int) -> list[Flow]:
     """Every connected TCP socket of process ``pid``, with its byte counters."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    global _libc
+    _libc = _libc or ctypes.CDLL(None, use_errno=True)
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -51,7 +55,7 @@ def task_flows(task: str, pid: int) -> list[Flow]:
                     continue
             except OSError:  # closed meanwhile
                 continue
-            fd = libc.syscall(_SYS_PIDFD_GETFD, pidfd, int(name), 0)
+            fd = _libc.syscall(_SYS_PIDFD_GETFD, pidfd, int(name), 0)
             if fd < 0:
                 error = ctypes.get_errno()
                 if error in (9, 2):  # EBADF: closed meanwhile

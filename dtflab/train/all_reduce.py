@@ -189,7 +189,7 @@ class _Job:
             self.cluster.restart(*names.split(worker))
         hellos = self.reports.accept(self.cluster, self.timeout)
         resumed = min(hello["resumed_at"] for hello in hellos.values())
-        self.history.recoveries.append(Recovery(died.worker, self.last_step + 1, resumed,
+        self.history.recoveries.append(Recovery(died.worker, step, resumed,
                                                 time.perf_counter() - began, "every worker"))
 
 
@@ -301,10 +301,11 @@ def _worker_trace(folder: Path, workers: list[str]):
     """The profiled step of every worker as one StepTrace (timings only)."""
     from dtflab.tracing.profile import read_xplane_files
     from dtflab.tracing.step import StepTrace
+    from dtflab.train.all_reduce_worker import trace_folder
 
     files = {}
     for worker in workers:
-        found = sorted(folder.joinpath(worker.replace(":", "-")).glob("plugins/profile/*/*.xplane.pb"))
+        found = sorted(Path(trace_folder(str(folder), worker)).glob("plugins/profile/*/*.xplane.pb"))
         if found:
             files[names.full(worker)] = found[-1]
     timings = read_xplane_files(files)

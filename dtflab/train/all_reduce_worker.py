@@ -9,7 +9,7 @@ step (a worker that stopped alone would leave the others waiting in the next col
 
 It reports to the notebook over one TCP connection (``--report host:port``), a JSON line per
 message: ``hello`` (once the strategy is up), ``step`` (loss, a fingerprint of its weights,
-its own step time), ``trace`` (where its profile of one step went), ``done``. The notebook
+its own step time), ``done``. The notebook
 writes ``stop`` to it, and with ``--lockstep`` a ``go`` after each step it has recorded. With ``--checkpoint-every K`` it writes its variables and optimizer
 slots every K steps and resumes from worker 0's newest checkpoint when started again.
 """
@@ -133,12 +133,11 @@ def main(argv=None) -> int:
         x, t = xs[index * share:(index + 1) * share], ts[index * share:(index + 1) * share]
         traced = step == args.trace_step and args.trace_dir
         if traced:
-            tf.profiler.experimental.start(os.path.join(args.trace_dir, name.replace(":", "-")))
+            tf.profiler.experimental.start(trace_folder(args.trace_dir, name))
         totals, fingerprint = train_step(tf.constant(x), tf.constant(t),
                                          tf.constant(1.0 if report.stop.is_set() else 0.0))
         if traced:
             tf.profiler.experimental.stop()
-            report.send(kind="trace", worker=name, step=step)
         totals = totals.numpy()
         report.send(kind="step", worker=name, step=step, loss=float(totals[0]) / problem.batch_size,
                     examples=share, fingerprint=float(fingerprint),
@@ -152,6 +151,11 @@ def main(argv=None) -> int:
             report.go.clear()
     report.send(kind="done", worker=name)
     return 0
+
+
+def trace_folder(trace_dir: str, worker: str) -> str:
+    """Where ``worker`` writes its profile of the traced step (the notebook reads it there)."""
+    return os.path.join(trace_dir, worker.replace(":", "-"))
 
 
 def save(checkpoint, args, task_id: int, next_step: int) -> None:

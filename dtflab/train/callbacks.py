@@ -52,10 +52,10 @@ class WireBytes(Callback):
                              "pass WireBytes(cluster)")
 
     def on_step(self, history, record) -> None:
+        if self.per_step is not None or record.step < self.after_step:
+            return  # every record of the run passes here: return before anything else
         from dtflab.cluster.transport import cluster_snapshot
 
-        if self.per_step is not None or record.step < self.after_step:
-            return
         if self._first is None:
             self._first = (record.step, cluster_snapshot(self.cluster))
         elif record.step >= self._first[0] + self.steps:

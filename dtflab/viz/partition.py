@@ -141,11 +141,11 @@ def _layout_data(step: StepTrace, layout, colors) -> dict:
 def _click_variants(step: StepTrace, max_ops: int, expand: tuple, colors) -> dict:
     """Layouts with up to CLICK_DEPTH more scopes open, keyed by those scopes, sorted and
     "|"-joined (at most MAX_VARIANTS, breadth first)."""
-    variants, frontier = {}, [()]
+    variants = {}
+    frontier = [((), layout_graph(step, max_ops=max_ops, expand=expand))]  # (opened, its layout)
     for _ in range(CLICK_DEPTH):
         next_frontier = []
-        for opened in frontier:
-            layout = layout_graph(step, max_ops=max_ops, expand=expand + opened)
+        for opened, layout in frontier:
             scopes = sorted({n.label.rstrip("/") for n in layout.nodes.values()
                              if n.label.endswith("/") and n.label != "(top level)/" and len(n.ops) > 1})
             for scope in scopes:
@@ -156,7 +156,7 @@ def _click_variants(step: StepTrace, max_ops: int, expand: tuple, colors) -> dic
                     continue
                 deeper = layout_graph(step, max_ops=max_ops, expand=expand + key)
                 variants["|".join(key)] = _layout_data(step, deeper, colors)
-                next_frontier.append(key)
+                next_frontier.append((key, deeper))
         frontier = next_frontier
     return variants
 
