@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from dtflab import names
+from dtflab.cluster.task import TaskState
 from dtflab.errors import TaskError
 from dtflab.train.checkpoints import Recovery
 from dtflab.train.history import RunHistory
@@ -270,12 +271,14 @@ class Reports:
         """Raise WorkerDied for a worker program that ended without saying it was done."""
         deadline = time.monotonic() + wait_s
         while True:
-            for info in cluster.tasks:
-                if info.name in self.done or info.name in waiting_for or info.job != "worker":
+            # states(): a cheap read; tasks (with its memory figures) only for the dead one
+            for name, state in cluster.states(programs_only=True).items():
+                if name in self.done or name in waiting_for:
                     continue
-                if str(info.state) in ("killed", "exited"):
-                    raise WorkerDied(info.name, "was killed" if str(info.state) == "killed"
-                                     else info.status)
+                if state is TaskState.KILLED:
+                    raise WorkerDied(name, "was killed")
+                if state is TaskState.EXITED:
+                    raise WorkerDied(name, next(t.status for t in cluster.tasks if t.name == name))
             if time.monotonic() >= deadline:
                 return
             time.sleep(0.1)
