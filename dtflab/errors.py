@@ -28,6 +28,16 @@ class TaskError(DtflabError):
         return lines
 
 
+class StallError(DtflabError):
+    """A step made no progress for far longer than usual and new sessions did not help
+    (train.watchdog). ``stall`` says who, at which step, and for how long."""
+
+    def __init__(self, stall, tries: int):
+        self.stall = stall
+        super().__init__(f"{stall}; gave up after {tries} new session(s): see "
+                         f"`%dtf_cluster status` and `%dtf_cluster logs`, or start a new cluster")
+
+
 class PortInUseError(TaskError):
     """A task could not bind its port because something else holds it."""
 

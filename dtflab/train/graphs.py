@@ -124,13 +124,19 @@ def sync_graph(problem, plan, workers: list[str], seed: int, slow: dict | None =
     return TrainGraph(graph, init, train, loss, (), towers, variables)
 
 
-def async_graph(problem, plan, workers: list[str], seed: int, slow: dict | None = None) -> TrainGraph:
+def async_graph(problem, plan, workers: list[str], seed: int, slow: dict | None = None, *,
+                worker: int) -> TrainGraph:
     """Downpour: each worker reads the parameters, computes gradients on its own batch and
     applies them on the ps without waiting for the others.
 
     Staleness is exact: a global step on the ps counts applied updates; each worker reads it
     just before reading the parameters and gets its new value from its own increment, so
     ``after - before - 1`` updates by others landed in between.
+
+    This builds worker ``worker``'s graph: its tower alone (between-graph replication, as
+    each worker's program did in TF1). The variables, the global step, its lock and the
+    optimizer's slots have the same names in every worker's graph, so the workers' sessions
+    share them on the ps.
     """
     tf = import_tf()
     graph = tf.Graph()
@@ -150,6 +156,8 @@ def async_graph(problem, plan, workers: list[str], seed: int, slow: dict | None 
         optimizer = problem.optimizer()
         towers = []
         for i, device in enumerate(workers):
+            if i != worker:
+                continue
             with tf.device(device), tf.name_scope(f"worker{i}"):
                 x, t = problem.placeholders()
                 before = global_step.read_value()
@@ -158,7 +166,7 @@ def async_graph(problem, plan, workers: list[str], seed: int, slow: dict | None 
                     params = [tf.identity(v) for v in variables]  # this worker's read
                 loss = problem.loss(problem.forward(params, x), t)
                 grads = tf.gradients(loss, params)
-            with tf.name_scope(f"worker{i}_apply"):
+            with tf.name_scope("apply"):  # the same in every worker's graph: Adam's beta powers
                 apply = optimizer.apply_gradients(list(zip(grads, variables)))
                 with tf.control_dependencies([apply]), tf.device(global_step.device):
                     after = counter_lock.execute(increment)

@@ -33,6 +33,8 @@ class RunHistory:
     records: list[StepRecord] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)  # "worker:1 failed: ..." lines
     recoveries: list = field(default_factory=list)  # train.checkpoints.Recovery, one per ps failure
+    stalls: list = field(default_factory=list)  # train.watchdog.Stall, one per stalled step
+    status: str = ""  # the latest stall, as the watchdog said it ("" while none)
     stopped_early: bool = False
     wall_s: float = 0.0
     trace: object = None  # the StepTrace of the step asked for with trace_step=, if any
@@ -43,6 +45,13 @@ class RunHistory:
     def add(self, record: StepRecord) -> None:
         with self._lock:
             self.records.append(record)
+
+    def note_stall(self, stall, new: bool = True) -> None:
+        """The watchdog saw a stall (``new``), or saw how one ended."""
+        with self._lock:
+            if new:
+                self.stalls.append(stall)
+            self.status = str(stall)
 
     def since(self, count: int) -> list[StepRecord]:
         """Records after the first ``count`` (for streaming to a live plot)."""
@@ -91,6 +100,8 @@ class RunHistory:
             text += "; " + "; ".join(self.failures)
         if self.recoveries:
             text += "; " + "; ".join(map(str, self.recoveries))
+        if self.stalls:
+            text += "; " + "; ".join(map(str, self.stalls))
         return text
 
     def __repr__(self) -> str:

@@ -3,12 +3,14 @@
 Every loop takes a Problem, a number of steps and a seed, and returns a RunHistory; with
 ``background=True`` it returns a :class:`BackgroundRun` at once (the kernel stays free, so a
 dashboard's Stop button works). ``slow={"worker:1": 0.05}`` makes a task take that many more
-seconds per step (a straggler, sleeping on the task itself).
+seconds per step (a straggler, sleeping on the task itself). ``watchdog=`` sets when a step
+counts as stalled and how often it is retried on a new session (train.watchdog).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import shutil
 import threading
@@ -16,12 +18,13 @@ import time
 
 from dtflab import names
 from dtflab._quiet import import_tf
-from dtflab.errors import TaskError
+from dtflab.errors import StallError, TaskError
 from dtflab.placement import PlacementPlan
 from dtflab.train import graphs
 from dtflab.train.callbacks import Callback  # noqa: F401  (re-exported)
 from dtflab.train.history import RunHistory
 from dtflab.train.runner import BackgroundRun, Runner, Update
+from dtflab.train.watchdog import settings as watchdog_settings
 
 #: A step that needs a dead task gives up after this long (the sync loop's "within seconds").
 OPERATION_TIMEOUT_MS = 10_000
@@ -30,10 +33,23 @@ OPERATION_TIMEOUT_MS = 10_000
 TRANSIENT_RETRY_S = 10.0
 
 
-def _session(target, graph):
+def _session(target, graph, device_filters=()):
+    """A session with its own config: never the eager context's (which carries a coordination
+    service once a TF2 strategy or ``connect()`` ran in this process). ``device_filters``
+    limits which tasks its master talks to and places ops on."""
     tf = import_tf()
-    config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=OPERATION_TIMEOUT_MS)
+    config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=OPERATION_TIMEOUT_MS,
+                                      device_filters=list(device_filters))
+    # Filtered: place only what this session runs (the whole graph names every worker).
+    config.graph_options.place_pruned_graph = bool(device_filters)
     return tf.compat.v1.Session(target, graph=graph, config=config)
+
+
+def _renewed(session):
+    """A new session on ``session``'s target, graph and config (the servers keep the
+    variables: a distributed session holds none of its own)."""
+    tf = import_tf()
+    return tf.compat.v1.Session(session.sess_str, graph=session.graph, config=session._config)
 
 
 def failed_task(cluster, error) -> tuple[str, int]:
@@ -47,6 +63,14 @@ def failed_task(cluster, error) -> tuple[str, int]:
                 if address in str(error):
                     return job, index
     return names.find(str(error)) or ("unknown", 0)
+
+
+def _describe(job: str, index: int, error) -> str:
+    """'ps:0 failed (UnavailableError)', or the error's own first line when no task is named."""
+    if job == "unknown":
+        first = str(getattr(error, "message", error)).strip().splitlines()[:1]
+        return f"{type(error).__name__}: {first[0][:120] if first else ''}".rstrip(": ")
+    return f"{job}:{index} failed ({type(error).__name__})"
 
 
 def dead_task(cluster) -> tuple[str, int] | None:
@@ -79,18 +103,42 @@ class SessionSteps:
     ``trace_step`` is traced into ``history.trace``. A failed task ends the run with a
     TaskError naming it."""
 
-    def __init__(self, session, fetch, feeds, problem, cluster, history, trace_step=None):
+    def __init__(self, session, fetch, feeds, problem, cluster, history, trace_step=None,
+                 runner=None):
         self.session, self.fetch, self.feeds = session, fetch, feeds
         self.problem, self.cluster, self.history = problem, cluster, history
         self.trace_step = trace_step
         self._prefetch = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dtflab-feed")
         self._upcoming = {0: self._prefetch.submit(feeds, 0)}
+        self.watch = runner.watch if runner is not None else None
+        self._stall = None  # the stall whose session the watchdog closed
+        if runner is not None and session.sess_str:  # an in-process session keeps the variables
+            runner.on_stall = self._on_stall
+
+    def _on_stall(self, worker) -> None:
+        self._stall = self.watch.stalled(worker)
+        _close(self.session, failed=True)
 
     def __call__(self, step: int) -> Update:
-        tf = import_tf()
         upcoming = self._upcoming.pop(step, None)
         feed = upcoming.result() if upcoming is not None else self.feeds(step)
         self._upcoming[step + 1] = self._prefetch.submit(self.feeds, step + 1)
+        tries = 0
+        while True:
+            try:
+                return self._run(step, feed)
+            except _Stalled as stalled:
+                if tries == self.watch.settings.retries:
+                    error = StallError(stalled.stall, tries)
+                    self.history.failures.append(str(error))
+                    self.watch.settle("all", "gave up")
+                    raise error from None
+                tries += 1
+                self.session = _renewed(self.session)
+                self.watch.settle("all", "recovered")
+
+    def _run(self, step, feed) -> Update:
+        tf = import_tf()
         try:
             if step == self.trace_step:
                 from dtflab.tracing.capture import trace
@@ -99,7 +147,14 @@ class SessionSteps:
                 loss = self.history.trace.result
             else:
                 loss = run_step(self.session, self.fetch, feed, self.cluster)
-        except tf.errors.OpError as error:
+        except (tf.errors.OpError, RuntimeError) as error:  # RuntimeError: a closed session
+            stall, self._stall = self._stall, None
+            if stall is not None and dead_task(self.cluster) is None:
+                raise _Stalled(stall) from None
+            if stall is not None:
+                self.watch.settle("all", "a task had died")
+            elif not isinstance(error, tf.errors.OpError):
+                raise
             job, index = failed_task(self.cluster, error)
             self.history.failures.append(f"{job}:{index} failed during step {step}: "
                                          f"{type(error).__name__}")
@@ -112,9 +167,18 @@ class SessionSteps:
         _close(self.session, failed=bool(self.history.failures))
 
 
+class _Stalled(Exception):
+    """The step failed because the watchdog closed its session."""
+
+    def __init__(self, stall):
+        super().__init__(str(stall))
+        self.stall = stall
+
+
 def _synchronous(runner, steps, session, fetch, feeds, problem, cluster, trace_step, background):
     """Run a one-session loop (single, model parallel, sync data parallel) with ``runner``."""
-    stepper = SessionSteps(session, fetch, feeds, problem, cluster, runner.history, trace_step)
+    stepper = SessionSteps(session, fetch, feeds, problem, cluster, runner.history, trace_step,
+                           runner)
 
     def body():
         try:
@@ -144,28 +208,31 @@ def _close(session, failed: bool = False) -> None:
 
 def single(problem, *, steps: int = 200, seed: int = 0, cluster=None, device: str | None = None,
            background: bool = False, callbacks=(), name: str | None = None,
-           trace_step: int | None = None):
+           trace_step: int | None = None, watchdog=True):
     """One process does everything (no cluster), or one task does (``cluster`` + ``device``,
     e.g. ``"/job:worker/task:0"``)."""
+    runner = Runner(RunHistory(name or "single", "single"), callbacks,
+                    watchdog=watchdog_settings(watchdog))
     built = graphs.single_graph(problem, seed, device)
     target = cluster.target(*names.split(device)) if cluster is not None and device else ""
-    return _run_one_replica(built, target, RunHistory(name or "single", "single"), problem,
-                            steps, seed, cluster, background, callbacks, trace_step)
+    return _run_one_replica(built, target, runner, problem, steps, seed, cluster, background,
+                            trace_step)
 
 
 def model_parallel(problem, cluster, plan: PlacementPlan | None = None, *, steps: int = 200,
                    seed: int = 0, background: bool = False, callbacks=(), name: str | None = None,
-                   trace_step: int | None = None):
+                   trace_step: int | None = None, watchdog=True):
     """Variables spread over the ps tasks by layer (or by ``plan``); compute on one task."""
+    runner = Runner(RunHistory(name or "model parallel", "model_parallel"), callbacks,
+                    watchdog=watchdog_settings(watchdog))
     plan = plan or PlacementPlan.by_layer(cluster, job="ps")
     built = graphs.model_parallel_graph(problem, plan, seed)
-    history = RunHistory(name or "model parallel", "model_parallel")
-    return _run_one_replica(built, cluster.target(*names.split(plan.compute)), history,
-                            problem, steps, seed, cluster, background, callbacks, trace_step)
+    return _run_one_replica(built, cluster.target(*names.split(plan.compute)), runner,
+                            problem, steps, seed, cluster, background, trace_step)
 
 
-def _run_one_replica(built, target, history, problem, steps, seed, cluster, background,
-                     callbacks, trace_step):
+def _run_one_replica(built, target, runner, problem, steps, seed, cluster, background,
+                     trace_step):
     """The loop shared by single and model parallel: one copy of the model, one session."""
     session = _session(target, built.graph)
     session.run(built.init)
@@ -175,9 +242,9 @@ def _run_one_replica(built, target, history, problem, steps, seed, cluster, back
         xs, ts = problem.batch(step, seed)
         return {x: xs, t: ts}
 
-    history.cluster = cluster
-    return _synchronous(Runner(history, callbacks), steps, session, _with_train(built), feeds,
-                        problem, cluster, trace_step, background)
+    runner.history.cluster = cluster
+    return _synchronous(runner, steps, session, _with_train(built), feeds, problem, cluster,
+                        trace_step, background)
 
 
 def _with_train(built):
@@ -206,10 +273,11 @@ def _ps_plan(cluster):
 def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
                        workers: int | None = None, slow: dict | None = None,
                        background: bool = False, callbacks=(), name: str | None = None,
-                       trace_step: int | None = None, gradient_bits: int = 32):
+                       trace_step: int | None = None, gradient_bits: int = 32, watchdog=True):
     """A tower per worker on its slice of each global batch; gradients combined on the ps,
     applied once. A dead worker ends the run with a TaskError naming it. ``gradient_bits``
     16 or 8 sends gradients compressed (see graphs.sync_graph)."""
+    watchdog = watchdog_settings(watchdog)
     devices = _workers(cluster, workers)
     plan = _ps_plan(cluster)
     slow_devices = {names.device(task): seconds for task, seconds in (slow or {}).items()}
@@ -227,14 +295,15 @@ def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
             feed[tower.x], feed[tower.t] = xs[i * share:(i + 1) * share], ts[i * share:(i + 1) * share]
         return feed
 
-    return _synchronous(Runner(history, callbacks), steps, session, _with_train(built), feeds,
-                        problem, cluster, trace_step, background)
+    return _synchronous(Runner(history, callbacks, watchdog=watchdog), steps, session,
+                        _with_train(built), feeds, problem, cluster, trace_step, background)
 
 
 def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
                            workers: int | None = None, slow: dict | None = None,
                            checkpoint_every: int | None = None, checkpoint_dir: str | None = None,
-                           background: bool = False, callbacks=(), name: str | None = None):
+                           background: bool = False, callbacks=(), name: str | None = None,
+                           watchdog=True):
     """Downpour SGD: each worker runs its own loop (``steps`` each) and applies its gradients
     on the ps without waiting. A worker that dies is reported in ``history.failures`` and the
     others carry on.
@@ -244,15 +313,22 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
     restores the newest checkpoint and goes on, losing at most K updates
     (``history.recoveries`` says how many). Restarting needs a backend that can (local, dask);
     see ``train.checkpoints``.
+
+    Each worker's session sees only the non-worker tasks and its own worker
+    (``device_filters``): no worker's step can wait on another worker.
     """
+    watchdog = watchdog_settings(watchdog)
     devices = _workers(cluster, workers)
     slow_devices = {names.device(task): seconds for task, seconds in (slow or {}).items()}
-    built = graphs.async_graph(problem, _ps_plan(cluster), devices, seed, slow_devices)
+    plan = _ps_plan(cluster)
+    built = [graphs.async_graph(problem, plan, devices, seed, slow_devices, worker=i)
+             for i in range(len(devices))]
     history = RunHistory(name or f"async parameter server ({len(devices)} workers)", "async",
                          workers=[names.task(d) for d in devices], cluster=cluster)
-    runner = Runner(history, callbacks)
+    runner = Runner(history, callbacks, watchdog=watchdog)
     downpour = _Downpour(built, problem, seed, cluster, devices, history, checkpoint_every,
                          checkpoint_dir)
+    downpour.watch, runner.on_stall = runner.watch, downpour.stalled
 
     def body():
         try:
@@ -268,8 +344,9 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
 
 
 class _Downpour:
-    """The asynchronous loop's state: a session per worker, the optional checkpoints, and the
-    recovery of a dead ps (at most one at a time; sessions made before it are stale)."""
+    """The asynchronous loop's state: a graph and a session per worker (``built[i]``), the
+    optional checkpoints, and the recovery of a dead ps (at most one at a time; sessions made
+    before it are stale)."""
 
     def __init__(self, built, problem, seed, cluster, devices, history, checkpoint_every,
                  checkpoint_dir):
@@ -282,19 +359,34 @@ class _Downpour:
         self.checkpoints, self.own_folder = None, checkpoint_dir is None
         if checkpoint_every is not None:
             folder = checkpoint_dir or tempfile.mkdtemp(prefix="dtflab-checkpoints-")
-            self.checkpoints = Checkpoints(built.graph, built.global_step, folder,
+            self.checkpoints = Checkpoints(built[0].graph, built[0].global_step, folder,
                                            checkpoint_every, len(devices))
         self.targets = [cluster.target(*names.split(d)) for d in devices]
-        # One {"session", "epoch"} per worker: a session made before the last recovery is stale.
-        self.states = [{"session": _session(target, built.graph), "epoch": 0}
-                       for target in self.targets]
-        self.states[0]["session"].run(built.init)
         worker_jobs = {names.split(d)[0] for d in devices}
         self.ps_jobs = {job for job in cluster.addresses if job not in worker_jobs}
+        self.filters = [[f"/job:{job}" for job in sorted(self.ps_jobs)] + [d] for d in devices]
+        self.watch = None  # the run's watchdog, set by the loop
+        # One {"session", "epoch", "stall"} per worker: a session made before the last recovery
+        # is stale; "stall" is the stall whose session the watchdog closed.
+        self.states = [{"session": self._session(i), "epoch": 0, "stall": None}
+                       for i in range(len(devices))]
+        self.states[0]["session"].run(built[0].init)
         self.epoch = 0  # recoveries so far
         self.recovering = threading.Lock()
+        self.saver = None  # a session on worker 0's graph, which holds the checkpoints' saver
         if self.checkpoints is not None:
-            self.checkpoints.save(self.states[0]["session"])  # step 0: a failure before the first K loses < K too
+            self.saver = self._session(0)
+            self.checkpoints.save(self.saver)  # step 0: a failure before the first K loses < K too
+
+    def _session(self, i):
+        return _session(self.targets[i], self.built[i].graph, self.filters[i])
+
+    def stalled(self, worker) -> None:
+        """The watchdog's call: end ``worker``'s stalled step by closing its session."""
+        state = self.states[self.history.workers.index(worker)]
+        state["stall"] = self.watch.stalled(worker)
+        if state["session"] is not None:
+            _close(state["session"], failed=True)
 
     def recover(self, task, seen_epoch) -> None:
         """Restart a dead ps and restore the newest checkpoint (once, whoever asks first)."""
@@ -306,8 +398,9 @@ class _Downpour:
             with self.checkpoints.held():
                 failed_at, began = self.checkpoints.seen_step, time.perf_counter()
                 self.cluster.restart(*task)
-                with _session(self.targets[0], self.built.graph) as session:
-                    resumed = self.checkpoints.restore(session)
+                _close(self.saver, failed=True)  # it knew the dead task's graphs
+                self.saver = self._session(0)
+                resumed = self.checkpoints.restore(self.saver)
                 self.history.recoveries.append(Recovery(f"{task[0]}:{task[1]}", failed_at, resumed,
                                                         time.perf_counter() - began))
             self.epoch += 1
@@ -323,29 +416,54 @@ class _Downpour:
             checkpoints.end_update(None)
             raise
         if checkpoints.end_update(int(result[2])):
-            checkpoints.save(session)
+            checkpoints.save(self.saver)
         return result
 
     def worker_step(self, i):
         """Worker ``i``'s step: one update on its own session, re-run on a new session after a
         recovery; ``None`` once the worker gave up (its failure is in the history)."""
         tf = import_tf()
-        tower, name = self.built.towers[i], self.history.workers[i]
+        tower, name = self.built[i].towers[0], self.history.workers[i]
         state = self.states[i]
 
         def step(local_step):
             xs, ts = self.problem.batch(local_step * len(self.devices) + i, self.seed)
+            tries = 0
             while True:
                 try:
                     loss, before, after = self.one_update(state["session"], tower,
                                                           {tower.x: xs, tower.t: ts})
+                    state["stall"] = None  # a stalled step that finished by itself
                     return Update(float(loss) / len(xs), len(xs), int(after) - 1, name,
                                   int(after - before - 1))
-                except tf.errors.OpError as error:
-                    if not self._recovered(state, error, name):
-                        return None
+                except (tf.errors.OpError, RuntimeError) as error:  # RuntimeError: a closed session
+                    stall, state["stall"] = state["stall"], None
+                    if stall is not None and dead_task(self.cluster) is None:
+                        if not self._unstalled(state, stall, name, tries):
+                            return None
+                        tries += 1
+                        continue
+                    if stall is not None:
+                        self.watch.settle(name, "a task had died")
+                    elif isinstance(error, RuntimeError):
+                        raise
+                    with self.watch.paused(name) if self.watch else contextlib.nullcontext():
+                        if not self._recovered(state, error, name):
+                            return None
 
         return step
+
+    def _unstalled(self, state, stall, name, tries) -> bool:
+        """After the watchdog closed a stalled step's session: a new session (True: retry
+        the batch), or, after ``retries`` of them, this worker's failure (False)."""
+        if tries == self.watch.settings.retries:
+            self.history.failures.append(f"{stall}; gave up after {tries} new session(s); "
+                                         f"the other workers carried on")
+            self.watch.settle(name, "gave up")
+            return False
+        state["session"] = self._session(self.history.workers.index(name))
+        self.watch.settle(name, "recovered")
+        return True
 
     def _recovered(self, state, error, name) -> bool:
         """After a failed update: recover a dead ps and renew the session (True: retry the
@@ -365,17 +483,18 @@ class _Downpour:
                 self.history.failures.append(f"{name} stopped: could not recover {job}:{index} "
                                              f"({failure})")
                 return False
-            i = self.history.workers.index(name)
-            state["epoch"], state["session"] = self.epoch, _session(self.targets[i], self.built.graph)
+            state["epoch"], state["session"] = self.epoch, self._session(self.history.workers.index(name))
             return True
-        self.history.failures.append(f"{name} stopped: {job}:{index} failed "
-                                     f"({type(error).__name__}); the other workers carried on")
+        self.history.failures.append(f"{name} stopped: {_describe(job, index, error)}; "
+                                     f"the other workers carried on")
         return False
 
     def close(self) -> None:
         for state in self.states:
             if state["session"] is not None:
                 _close(state["session"])
+        if self.saver is not None:
+            _close(self.saver)
         if self.checkpoints is not None and self.own_folder:
             shutil.rmtree(self.checkpoints.folder, ignore_errors=True)  # ours, not the user's
         history = self.history

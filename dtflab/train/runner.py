@@ -6,7 +6,9 @@ In [2]: def step(i): return Update(loss_per_example, examples)
 In [3]: runner.run(lambda: runner.loop(200, step), background=True)   # a BackgroundRun
 
 A step returns one :class:`Update`, a list of them (a loop whose results arrive late, or from
-several workers at once), or ``None`` (this worker has ended).
+several workers at once), or ``None`` (this worker has ended). While a run goes on, a watchdog
+(train.watchdog) times every step in progress; a loop that can recover a stalled step sets
+``runner.on_stall``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from dtflab.train.history import RunHistory, StepRecord
+from dtflab.train.watchdog import Watch, Watchdog
 
 
 @dataclass(frozen=True)
@@ -35,12 +38,16 @@ class Runner:
     """Owns one run: its history, its clock (``time_s`` of each record counts from the start
     of :meth:`run`, or from :meth:`restart_clock`), its callbacks and its Stop request."""
 
-    def __init__(self, history: RunHistory, callbacks=(), *, on_stop=None):
+    def __init__(self, history: RunHistory, callbacks=(), *, on_stop=None,
+                 watchdog: Watchdog | None = None):
         self.history = history
         self.callbacks = tuple(callbacks)
         self._on_stop = on_stop  # tells whoever runs the steps elsewhere (worker programs)
         self.started = time.perf_counter()
         self._stop = threading.Event()
+        #: ``on_stall(worker)``: the loop's way to end a stalled step (e.g. close its session).
+        self.on_stall = None
+        self.watch = Watch(watchdog, history, self._stalled) if watchdog is not None else None
 
     # -- for the user (through BackgroundRun and the dashboard) ---------------------------
 
@@ -55,6 +62,10 @@ class Runner:
         return self._stop.is_set()
 
     # -- for loops --------------------------------------------------------------------------
+
+    def _stalled(self, worker: str) -> None:
+        if self.on_stall is not None:
+            self.on_stall(worker)
 
     def restart_clock(self) -> None:
         """Count time from now (a loop whose first step waits on other processes starting)."""
@@ -74,16 +85,25 @@ class Runner:
         """Call ``step(i)`` for i in 0..count-1 (``None``: no limit) until Stop is asked,
         recording what it returns; a step that returns ``None`` ends this loop. With
         ``stop_here=False`` the steps end themselves after a Stop (``on_stop`` told them)."""
-        for i in range(count) if count is not None else itertools.count():
-            if stop_here and self.stop_requested:
-                self.history.stopped_early = True
-                return
-            updates = step(i)
-            if updates is None:
-                self.history.stopped_early = self.stop_requested
-                return
-            for update in ([updates] if isinstance(updates, Update) else updates):
-                self.add(update, i, worker)
+        watch = self.watch
+        try:
+            for i in range(count) if count is not None else itertools.count():
+                if stop_here and self.stop_requested:
+                    self.history.stopped_early = True
+                    return
+                if watch is not None:
+                    watch.begin(worker, i)
+                updates = step(i)
+                if watch is not None:
+                    watch.end(worker)
+                if updates is None:
+                    self.history.stopped_early = self.stop_requested
+                    return
+                for update in ([updates] if isinstance(updates, Update) else updates):
+                    self.add(update, i, worker)
+        finally:
+            if watch is not None:
+                watch.end(worker)
 
     def in_threads(self, loops: dict[str, object]) -> None:
         """Run each ``{worker: body}`` in a thread of its own and wait for all of them. A body
@@ -113,9 +133,13 @@ class Runner:
             self.restart_clock()
             for callback in self.callbacks:
                 callback.on_run_start(self.history)
+            if self.watch is not None:
+                self.watch.start()
             try:
                 body()
             finally:
+                if self.watch is not None:
+                    self.watch.close()
                 self.history.wall_s = time.perf_counter() - self.started
                 for callback in self.callbacks:
                     callback.on_run_end(self.history)

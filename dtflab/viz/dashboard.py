@@ -8,6 +8,7 @@ rollover)`` from a small updater thread, never a redraw. In JupyterLab the figur
 from __future__ import annotations
 
 import collections
+import html
 import threading
 
 from dtflab.viz.palette import PALETTE
@@ -149,11 +150,20 @@ class Dashboard:
             self.stale_source.data = {"left": [k - 0.4 for k in keys], "right": [k + 0.4 for k in keys],
                                       "count": [self._staleness[k] for k in keys]}
 
+    def _show_status(self) -> None:
+        """While runs go on: "running", or what the watchdog says (a stalled worker)."""
+        said = [f"{run.history.name}: {run.history.status}" for run in self.runs
+                if run.history.status]
+        text = "<br>".join(html.escape(line) for line in said) or "running"
+        if self.widget is not None and self.status.value != text:
+            self.status.value = text
+
     def _update_loop(self) -> None:
         try:
             while not self._closed.is_set():
                 finished = all(run.done for run in self.runs)
                 self._push()
+                self._show_status()
                 if finished:
                     break
                 self._closed.wait(self.interval_s)
@@ -165,5 +175,5 @@ class Dashboard:
         if self.widget is not None:
             errors = [f"{run.history.name}: {run.error}" for run in self.runs if run.error]
             summaries = [run.history.summary() for run in self.runs]
-            self.status.value = "<br>".join(errors or summaries)
+            self.status.value = "<br>".join(html.escape(line) for line in errors or summaries)
             self.stop_button.disabled = True

@@ -1,0 +1,192 @@
+"""The watchdog: a run never waits silently.
+
+A worker whose step has run for far longer than its usual step time is *stalled*. The bound is
+``max(floor_s, factor x the median of its last 50 step times)``, and ``first_step_s`` before it
+has finished a step (the first step builds the graph on every task). The watchdog then
+
+- says so in ``history.stalls`` and ``history.status`` ("worker:1 stalled at step 57: ..."),
+  which the live dashboard shows under its plots;
+- asks the loop to recover: loops that run ``tf.compat.v1`` sessions close the stalled
+  worker's session, which cancels the step inside TensorFlow, open a new one and run the same
+  batch again, up to ``retries`` times in a row; after that the worker (in a synchronous loop,
+  the run) ends with a ``TaskError`` saying it stalled at step N.
+
+Loops that cannot recover a step (all-reduce, ParameterServerStrategy) still report it.
+
+In [1]: train.async_parameter_server(problem, cluster, watchdog=train.Watchdog(floor_s=2))
+In [2]: train.async_parameter_server(problem, cluster, watchdog=None)   # no watchdog
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+
+#: How often the watchdog looks (seconds).
+CHECK_EVERY_S = 0.25
+
+
+def _check(name: str, value, minimum: float, *, whole: bool = False, inclusive: bool = False):
+    """A Watchdog setting: a number (``whole``: an integer) above ``minimum`` (or equal to it)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or (whole and value != int(value)) or value < minimum or (
+            value == minimum and not inclusive):
+        need = f"{'a whole number' if whole else 'a number'} {'>=' if inclusive else '>'} {minimum:g}"
+        default = getattr(Watchdog, name)
+        raise ValueError(f"Watchdog({name}={value!r}): {name} must be {need}; "
+                         f"for example Watchdog({name}={default!r}), the default")
+
+
+@dataclass(frozen=True)
+class Watchdog:
+    """When a step counts as stalled, and how often a stalled step is retried.
+
+    ``factor`` x the worker's median step time, but never less than ``floor_s`` seconds;
+    ``first_step_s`` for a worker's first step; ``retries`` new sessions in a row before the
+    worker gives up (0: give up at once)."""
+
+    factor: float = 20.0
+    floor_s: float = 5.0
+    first_step_s: float = 60.0
+    retries: int = 2
+
+    def __post_init__(self):
+        _check("factor", self.factor, 1, inclusive=True)
+        _check("floor_s", self.floor_s, 0)
+        _check("first_step_s", self.first_step_s, 0)
+        _check("retries", self.retries, 0, whole=True, inclusive=True)
+
+
+def settings(watchdog) -> Watchdog | None:
+    """The loops' ``watchdog=`` argument: a Watchdog, True (the defaults) or None/False (off)."""
+    if watchdog is True:
+        return Watchdog()
+    if watchdog is None or watchdog is False:
+        return None
+    if not isinstance(watchdog, Watchdog):
+        raise ValueError(f"watchdog={watchdog!r}: pass train.Watchdog(factor=..., floor_s=..., "
+                         f"first_step_s=..., retries=...), True for the defaults, or None to switch it off")
+    return watchdog
+
+
+@dataclass
+class Stall:
+    """One stalled step. ``outcome``: "stalled" while it lasts, then "recovered" (a new
+    session ran it), "resumed" (it finished by itself) or "gave up"."""
+
+    worker: str
+    step: int
+    waited_s: float
+    bound_s: float
+    usual_s: float | None
+    outcome: str = "stalled"
+
+    def __str__(self) -> str:
+        who = "the run" if self.worker == "all" else self.worker
+        usual = f"its steps take {self.usual_s * 1000:.0f} ms" if self.usual_s else "its first step"
+        text = (f"{who} stalled at step {self.step}: no step for {self.waited_s:.1f} s "
+                f"({usual}; bound {self.bound_s:.1f} s)")
+        return text if self.outcome == "stalled" else f"{text}; {self.outcome}"
+
+
+class Watch:
+    """The watchdog of one run: a thread that looks at every worker's step in progress."""
+
+    def __init__(self, settings: Watchdog, history, on_stall=None):
+        self.settings, self.history = settings, history
+        self.on_stall = on_stall  # called once per stall, from the watchdog's thread
+        self._lock = threading.Lock()
+        self._began: dict[str, tuple[int, float]] = {}  # worker -> (step, when it began)
+        self._times: dict[str, collections.deque] = {}
+        self._current: dict[str, Stall] = {}  # the stall each worker is in, if any
+        self._paused: set[str] = set()  # workers the loop is recovering on purpose
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- from the loop's threads ------------------------------------------------------------
+
+    def begin(self, worker: str, step: int) -> None:
+        with self._lock:
+            self._began[worker] = (step, time.monotonic())
+
+    def end(self, worker: str) -> None:
+        """The step in progress finished (or the worker ended)."""
+        with self._lock:
+            began = self._began.pop(worker, None)
+            stall = self._current.pop(worker, None)
+            if began is not None and stall is None:
+                self._times.setdefault(worker, collections.deque(maxlen=50)).append(
+                    time.monotonic() - began[1])
+        if stall is not None and stall.outcome == "stalled":
+            self._settle(stall, "resumed")
+
+    def stalled(self, worker: str) -> Stall | None:
+        """The stall ``worker`` is in now, if any."""
+        with self._lock:
+            return self._current.get(worker)
+
+    def settle(self, worker: str, outcome: str) -> None:
+        """The loop's answer to a stall: "recovered" (a new session is running the step) or
+        "gave up"."""
+        with self._lock:
+            stall = self._current.pop(worker, None)
+            if worker in self._began and outcome == "recovered":
+                self._began[worker] = (self._began[worker][0], time.monotonic())
+        if stall is not None:
+            self._settle(stall, outcome)
+
+    @contextlib.contextmanager
+    def paused(self, worker: str):
+        """Not watching ``worker`` for the block (the loop restores a task); its step's clock
+        starts again after it."""
+        with self._lock:
+            self._paused.add(worker)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._paused.discard(worker)
+                if worker in self._began:
+                    self._began[worker] = (self._began[worker][0], time.monotonic())
+
+    def bound_s(self, worker: str) -> float:
+        times = self._times.get(worker)
+        if not times:
+            return self.settings.first_step_s
+        return max(self.settings.floor_s, self.settings.factor * statistics.median(times))
+
+    # -- the thread -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._watch, name="dtflab-watchdog", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._closed.wait(CHECK_EVERY_S):
+            now, found = time.monotonic(), []
+            with self._lock:
+                for worker, (step, began) in self._began.items():
+                    bound = self.bound_s(worker)
+                    if worker not in self._current and worker not in self._paused and now - began > bound:
+                        times = self._times.get(worker)
+                        stall = Stall(worker, step, now - began, bound,
+                                      statistics.median(times) if times else None)
+                        self._current[worker] = stall
+                        found.append(stall)
+            for stall in found:
+                self.history.note_stall(stall)
+                if self.on_stall is not None:
+                    self.on_stall(stall.worker)
+
+    def _settle(self, stall: Stall, outcome: str) -> None:
+        stall.outcome = outcome
+        self.history.note_stall(stall, new=False)

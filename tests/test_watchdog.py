@@ -1,0 +1,120 @@
+"""The watchdog: a stalled worker is named, recovered on a new session, or given up.
+
+A stall is made on purpose by freezing a task with SIGSTOP: its process stops answering, as a
+task stuck inside TensorFlow's runtime would, and SIGCONT lets it go on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+
+import pytest
+
+from conftest import wait_until
+from dtflab import train
+from dtflab.errors import StallError
+
+pytestmark = pytest.mark.slow
+
+QUICK = train.Watchdog(floor_s=1.0, first_step_s=30.0)
+
+
+@contextlib.contextmanager
+def frozen(cluster, task: str):
+    """``task`` stopped with SIGSTOP for the block (and always let go after it)."""
+    pid = next(t.pid for t in cluster.tasks if f"{t.job}:{t.index}" == task)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def steps_of(run, worker: str) -> int:
+    return run.history.steps_per_worker.get(worker, 0)
+
+
+def test_a_frozen_ps_stalls_both_workers_and_new_sessions_carry_on(start_cluster):
+    cluster = start_cluster(3)
+    run = train.async_parameter_server(train.exp_regression(), cluster, steps=100_000,
+                                       background=True, watchdog=QUICK)
+    try:
+        assert wait_until(lambda: min(steps_of(run, "worker:0"), steps_of(run, "worker:1")) >= 50,
+                          timeout=60)
+        with frozen(cluster, "ps:0"):
+            assert wait_until(lambda: len(run.history.stalls) >= 2, timeout=20)
+            assert "stalled at step" in run.history.status
+            time.sleep(1.5)  # the new sessions stall too while the ps stays frozen
+        before = {w: steps_of(run, w) for w in ("worker:0", "worker:1")}
+        assert wait_until(lambda: all(steps_of(run, w) >= n + 20 for w, n in before.items()),
+                          timeout=30), run.history.summary()
+    finally:
+        history = run.stop()
+    assert not history.failures, history.failures
+    stalled = {stall.worker for stall in history.stalls}
+    assert stalled == {"worker:0", "worker:1"}
+    assert {stall.outcome for stall in history.stalls} <= {"recovered", "resumed"}
+    assert any(stall.outcome == "recovered" for stall in history.stalls)
+    assert "stalled at step" in history.summary()
+
+
+def test_a_worker_that_stays_frozen_is_given_up_by_name_and_the_others_go_on(start_cluster):
+    cluster = start_cluster(3)
+    run = train.async_parameter_server(train.exp_regression(), cluster, steps=100_000,
+                                       background=True,
+                                       watchdog=train.Watchdog(floor_s=1.0, retries=0))
+    try:
+        assert wait_until(lambda: steps_of(run, "worker:1") >= 50, timeout=60)
+        with frozen(cluster, "worker:1"):
+            assert wait_until(lambda: run.history.failures, timeout=30), run.history.summary()
+            going = steps_of(run, "worker:0")
+            assert wait_until(lambda: steps_of(run, "worker:0") > going + 20, timeout=20)
+    finally:
+        history = run.stop()
+    stuck_at = steps_of(run, "worker:1")  # its steps count from 0: the one it never finished
+    assert history.failures == [
+        f"worker:1 stalled at step {stuck_at}: no step for {history.stalls[0].waited_s:.1f} s "
+        f"(its steps take {history.stalls[0].usual_s * 1000:.0f} ms; bound "
+        f"{history.stalls[0].bound_s:.1f} s); gave up after 0 new session(s); "
+        f"the other workers carried on"]
+    assert history.stalls[0].outcome == "gave up"
+
+
+def test_a_stalled_synchronous_step_ends_the_run_with_a_stall_error(start_cluster):
+    cluster = start_cluster(3)
+    run = train.sync_data_parallel(train.exp_regression(), cluster, steps=100_000,
+                                   background=True, watchdog=train.Watchdog(floor_s=1.0, retries=0))
+    assert wait_until(lambda: run.history.steps >= 30, timeout=60)
+    with frozen(cluster, "worker:1"):
+        with pytest.raises(StallError, match=r"^the run stalled at step \d+: no step for "
+                                             r".*gave up after 0 new session\(s\)"):
+            run.wait(timeout=40)
+    assert run.done
+
+
+def test_the_dashboard_says_which_worker_stalled_while_the_run_goes_on(start_cluster):
+    from dtflab.viz.dashboard import Dashboard
+
+    cluster = start_cluster(3)
+    run = train.async_parameter_server(train.exp_regression(), cluster, steps=100_000,
+                                       background=True, watchdog=QUICK)
+    dashboard = Dashboard(run, interval_s=0.1)
+    try:
+        assert wait_until(lambda: steps_of(run, "worker:1") >= 50, timeout=60)
+        assert dashboard.status.value == "running"
+        with frozen(cluster, "worker:1"):
+            assert wait_until(lambda: "worker:1 stalled at step" in dashboard.status.value,
+                              timeout=20), dashboard.status.value
+    finally:
+        run.stop()
+        dashboard.wait()
+
+
+def test_no_watchdog_means_no_stall_reports(start_cluster):
+    history = train.async_parameter_server(train.exp_regression(), start_cluster(3), steps=20,
+                                           watchdog=None)
+    assert history.stalls == [] and history.status == ""
+    assert history.steps == 40
