@@ -1,7 +1,8 @@
 """Bad input: a one-line error that names the bad value and the fix, and nothing left behind.
 
 Each case goes through a real entry point: the magic in an IPython shell, the ``dtflab``
-command, ``dtflab.start_cluster``, ``PlacementPlan``. It runs twice (the first call warms up
+command, ``dtflab.start_cluster``, ``PlacementPlan``, the training loops (on a real cluster,
+started once for this module), the problems and the watchdog's settings. It runs twice (the first call warms up
 lazy imports); around the second, the test compares this process's child processes, threads
 and file descriptors, the listening ports of this process tree, orphaned dtflab processes
 anywhere on the machine, dtflab's log folders and its running clusters: all must be unchanged.
@@ -23,6 +24,7 @@ import pytest
 from IPython.core.error import UsageError
 
 import dtflab
+from dtflab import train
 from dtflab.cluster import base
 from dtflab.placement import PlacementPlan
 
@@ -65,6 +67,24 @@ def api(call):
     return run
 
 
+#: The cluster the training cases use (ps:0, worker:0, worker:1), started once for the module.
+TRAINING: dict = {}
+PROBLEM = train.exp_regression()
+
+
+def on_cluster(call):
+    """A case that calls ``call(cluster)`` with the module's running cluster."""
+    return api(lambda: call(TRAINING["cluster"]))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def training_cluster():
+    cluster = dtflab.start_cluster(3)
+    TRAINING["cluster"] = cluster
+    yield cluster
+    cluster.stop()
+
+
 CASES = [
     # the magic
     Case("magic-unknown-command", magic("strat 3"), "'strat'", r"did you mean 'start'\?"),
@@ -77,7 +97,7 @@ CASES = [
     Case("magic-negative-ps", magic("start --ps -1"), "got -1", r"use 0 or more"),
     Case("magic-workers-not-a-number", magic("start --workers two"), "got 'two'", r"for example 3"),
     Case("magic-job-without-count", magic("start --jobs master"), "'master'", r"write job=count"),
-    Case("magic-port-out-of-range", magic("start --spec 'ps|localhost:70000'"), "'localhost:70000'",
+    Case("magic-port-out-of-range", magic("start --spec 'ps|localhost:70000'"), "'ps|localhost:70000'",
          r"use a port from 1 to 65535"),
     Case("magic-duplicate-port", magic("start --spec 'ps|localhost:2222,ps|localhost:2222'"),
          "localhost:2222", r"give each task its own port"),
@@ -104,7 +124,7 @@ CASES = [
     Case("cli-unknown-backend", command("cluster", "start", "--backend", "kubernetes"), "'kubernetes'",
          r"choose one of: dask, inprocess, local"),
     Case("cli-job-twice", command("cluster", "start", "--jobs", "ps=1,ps=2"), "'ps'", r"give each job once"),
-    Case("cli-port-zero", command("cluster", "start", "--spec", "ps|localhost:0"), "'localhost:0'",
+    Case("cli-port-zero", command("cluster", "start", "--spec", "ps|localhost:0"), "'ps|localhost:0'",
          r"use a port from 1 to 65535"),
     Case("cli-scheduler-without-scheme", command("cluster", "start", "--scheduler", "localhost:8786"),
          "'localhost:8786'", r"write it as tcp://host:port"),
@@ -142,6 +162,70 @@ CASES = [
          "'greedyy'", r"did you mean 'greedy'\?"),
     Case("placement-device-not-a-string", api(lambda: PlacementPlan(devices=DEVICES).assign("w1", 3)),
          "got 3", r"a device is a string like '/job:ps/task:0'"),
+    Case("api-job-count-not-a-number", api(lambda: dtflab.start_cluster(jobs="ps=x")), "'ps=x'",
+         r"for example 3"),
+    # the task options
+    Case("task-negative-threads", api(lambda: dtflab.start_cluster(2, inter_op_threads=-1)),
+         "inter_op_threads=-1", r"at least 0; for example inter_op_threads=2"),
+    Case("task-huge-threads", api(lambda: dtflab.start_cluster(2, intra_op_threads=10**6)),
+         "intra_op_threads=1000000", r"at most 256"),
+    Case("task-threads-fraction", api(lambda: dtflab.start_cluster(2, inter_op_threads=1.5)),
+         "inter_op_threads=1.5", r"a whole number"),
+    # the problems
+    Case("problem-zero-batch", api(lambda: train.exp_regression(batch_size=0)), "batch_size=0",
+         r"at least 1; for example batch_size=100"),
+    Case("problem-one-class", api(lambda: train.classification(classes=1)), "classes=1",
+         r"at least 2; for example classes=10"),
+    Case("problem-fractional-width", api(lambda: train.classification(width=10.5)), "width=10.5",
+         r"a whole number; for example width=1024"),
+    # the training loops
+    Case("train-zero-steps", api(lambda: train.single(PROBLEM, steps=0)), "steps=0",
+         r"at least 1; for example steps=200"),
+    Case("train-negative-seed", api(lambda: train.single(PROBLEM, seed=-1)), "seed=-1",
+         r"at least 0; for example seed=0"),
+    Case("train-trace-step-past-the-end", api(lambda: train.single(PROBLEM, steps=10, trace_step=10)),
+         "trace_step=10", r"at most 9"),
+    Case("train-device-without-cluster", api(lambda: train.single(PROBLEM, device="worker:0")),
+         "device='worker:0'", r"pass cluster= too"),
+    Case("train-unknown-device", on_cluster(lambda c: train.single(PROBLEM, cluster=c, device="worker:7")),
+         "'worker:7'", r"use one of: /job:ps/task:0, /job:worker/task:0, /job:worker/task:1"),
+    Case("train-not-a-cluster", api(lambda: train.sync_data_parallel(PROBLEM, "cluster")), "cluster='cluster'",
+         r"dtflab\.start_cluster\(3\)"),
+    Case("train-zero-workers", on_cluster(lambda c: train.sync_data_parallel(PROBLEM, c, workers=0)),
+         "workers=0", r"at least 1"),
+    Case("train-too-many-workers", on_cluster(lambda c: train.async_parameter_server(PROBLEM, c, workers=3)),
+         "workers=3", r"at most 2; for example workers=2"),
+    Case("train-slow-unknown-task", on_cluster(
+        lambda c: train.async_parameter_server(PROBLEM, c, slow={"worker:5": 0.05})), "'worker:5'",
+         r"use one of: worker:0, worker:1"),
+    Case("train-slow-negative", on_cluster(
+        lambda c: train.sync_data_parallel(PROBLEM, c, slow={"worker:1": -1})), "slow['worker:1']=-1",
+         r"0 or more"),
+    Case("train-zero-checkpoint-every", on_cluster(
+        lambda c: train.async_parameter_server(PROBLEM, c, checkpoint_every=0)), "checkpoint_every=0",
+         r"for example checkpoint_every=20"),
+    Case("train-gradient-bits", on_cluster(lambda c: train.sync_data_parallel(PROBLEM, c, gradient_bits=4)),
+         "gradient_bits=4", r"one of 32, 16, 8"),
+    Case("train-plan-of-another-cluster", on_cluster(
+        lambda c: train.model_parallel(PROBLEM, c, PlacementPlan.by_layer(None, devices=DEVICES, job="ps"))),
+         "'/job:ps/task:1'", r"use one of: /job:ps/task:0"),
+    Case("train-ps-strategy-zero-steps", on_cluster(lambda c: train.ps_strategy(PROBLEM, c, steps=0)),
+         "steps=0", r"for example steps=200"),
+    Case("train-all-reduce-zero-threads", api(lambda: train.all_reduce(PROBLEM, threads=0)),
+         "threads=0", r"for example threads=1"),
+    Case("train-all-reduce-slow-unknown", api(lambda: train.all_reduce(PROBLEM, slow={"worker:2": 1})),
+         "'worker:2'", r"use one of: worker:0, worker:1"),
+    Case("train-all-reduce-collective-timeout", api(
+        lambda: train.all_reduce(PROBLEM, collective_timeout_s=0)), "collective_timeout_s=0",
+         r"more than 0; for example collective_timeout_s=30"),
+    # the watchdog's settings
+    Case("watchdog-negative-floor", api(lambda: train.Watchdog(floor_s=-1)), "floor_s=-1",
+         r"for example Watchdog\(floor_s=5\.0\)"),
+    Case("watchdog-fractional-retries", api(lambda: train.Watchdog(retries=1.5)), "retries=1.5",
+         r"a whole number >= 0"),
+    Case("watchdog-not-settings", on_cluster(
+        lambda c: train.async_parameter_server(PROBLEM, c, watchdog=30)), "watchdog=30",
+         r"pass train\.Watchdog\(factor=\.\.\."),
 ]
 
 
@@ -170,7 +254,8 @@ def leftovers() -> dict:
 
 def test_there_are_enough_cases_across_every_entry_point():
     kinds = {case.id.split("-")[0] for case in CASES}
-    assert len(CASES) >= 25 and kinds == {"magic", "cli", "api", "placement"}
+    assert len(CASES) >= 60 and kinds == {"magic", "cli", "api", "placement", "task", "problem",
+                                          "train", "watchdog"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])

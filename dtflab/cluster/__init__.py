@@ -59,6 +59,10 @@ def check_request(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
     return backends[name], resolve_layout(n, ps=ps, workers=workers, jobs=jobs, spec=spec)
 
 
+#: More threads per task than any machine dtflab runs on has cores to give them.
+MAX_THREADS = 256
+
+
 def start_cluster(n=None, *, backend=None, ps=None, workers=None, jobs=None, spec=None,
                   timeout: float = 60.0, inter_op_threads: int | None = None,
                   intra_op_threads: int | None = None, scheduler: str | None = None,
@@ -89,6 +93,11 @@ def start_cluster(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
                                           spec=spec, timeout=timeout, scheduler=scheduler,
                                           client=client, network=network,
                                           start_method=start_method)
+    from dtflab import checks
+
+    for name, threads in (("inter_op_threads", inter_op_threads), ("intra_op_threads", intra_op_threads)):
+        if threads is not None:  # 0: TensorFlow's default (one per core)
+            checks.whole(threads, name, minimum=0, maximum=MAX_THREADS, example=2)
     unknown = sorted(set(programs or {}) - set(layout))
     if unknown:
         raise ValueError(f"programs name job {unknown[0]!r}, which the cluster lacks; its jobs "

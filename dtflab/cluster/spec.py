@@ -92,7 +92,10 @@ def parse_jobs(jobs) -> dict[str, int]:
         parse_job_name(name)
         if name in counts:
             raise ValueError(f"job {name!r} is named twice in jobs {jobs!r}; give each job once")
-        counts[name] = parse_count(count, f"the task count of job {name!r}")
+        try:
+            counts[name] = parse_count(count, f"the task count of job {name!r}")
+        except ValueError as exc:
+            raise ValueError(f"in jobs {jobs!r}, {exc}") from None
     if not counts:
         raise ValueError("jobs is empty; give at least one job, for example 'worker=2'")
     return counts
@@ -117,7 +120,10 @@ def parse_legacy_spec(text: str) -> Layout:
             raise ValueError(
                 f"bad cluster spec entry {entry!r}: write job|host:port, for example ps|localhost:2223"
             )
-        layout.setdefault(parse_job_name(job.strip()), []).append(parse_address(address))
+        try:
+            layout.setdefault(parse_job_name(job.strip()), []).append(parse_address(address))
+        except ValueError as exc:  # quote the entry as it was typed, not the part parsed
+            raise ValueError(f"in cluster spec entry {entry!r}, {exc}") from None
     return _checked(layout)
 
 

@@ -52,7 +52,7 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
                background: bool = False, callbacks=(), name: str | None = None,
                timeout: float = 60.0, start_method: str | None = None,
                collective_timeout_s: float | None = None, threads: int | None = None,
-               lockstep: bool = False):
+               lockstep: bool = False, watchdog=True):
     """Train ``problem`` with MultiWorkerMirroredStrategy in ``workers`` worker programs.
 
     In [1]: run = train.all_reduce(problem, workers=2, background=True)
@@ -76,24 +76,33 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
     ``lockstep=True`` makes each worker wait, after each step, until this notebook has
     recorded it and run the callbacks: callbacks then see the workers between steps (what
     ``WireBytes`` needs for exact per-step bytes; it turns this on), for one local round trip
-    per step.
+    per step. The watchdog reports a step that stalls (every worker waits in the collective)
+    but cannot end it; a dead worker ends the run as above.
     """
     from dtflab.cluster import run as run_programs
     from dtflab.cluster.spec import parse_count
 
+    from dtflab import checks
+    from dtflab.cluster import MAX_THREADS
+    from dtflab.train.loops import _checked_run
+
+    from dtflab.train.watchdog import settings as watchdog_settings
+
+    _checked_run(steps, seed, trace_step)
+    watchdog = watchdog_settings(watchdog)
     workers = parse_count(workers, "workers")
+    checks.seconds(timeout, "timeout", example=60)
+    if collective_timeout_s is not None:
+        checks.seconds(collective_timeout_s, "collective_timeout_s", example=30)
+    if threads is not None:
+        checks.whole(threads, "threads", maximum=MAX_THREADS, example=1)
     if problem.batch_size % workers:
         raise ValueError(f"the batch of {problem.batch_size} does not split into {workers} equal "
                          f"slices; choose workers that divide it, e.g. workers=2")
-    unknown = sorted(set(slow or {}) - {f"worker:{i}" for i in range(workers)})
-    if unknown:
-        raise ValueError(f"slow names {unknown[0]!r}, which is not one of the {workers} workers; "
-                         f"use worker:0 .. worker:{workers - 1}")
-    if checkpoint_every is not None and (isinstance(checkpoint_every, bool)
-                                         or not isinstance(checkpoint_every, int)
-                                         or checkpoint_every < 1):
-        raise ValueError(f"checkpoint_every must be a positive number of steps, got "
-                         f"{checkpoint_every!r}; for example 10")
+    chosen = [f"worker:{i}" for i in range(workers)]
+    slow = checks.tasks_in(slow, "slow", chosen, example={chosen[-1]: 0.05})
+    if checkpoint_every is not None:
+        checks.whole(checkpoint_every, "checkpoint_every", example=10)
     lockstep = lockstep or any(getattr(callback, "between_steps", False) for callback in callbacks)
     folder = checkpoint_dir or (tempfile.mkdtemp(prefix="dtflab-allreduce-")
                                 if checkpoint_every or trace_step is not None else "")
@@ -117,7 +126,7 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
     history = RunHistory(name or f"all-reduce ({workers} workers)", "all_reduce",
                          workers=[f"worker:{i}" for i in range(workers)], cluster=cluster)
     history.details["fingerprints"] = {worker: [] for worker in history.workers}
-    runner = Runner(history, callbacks, on_stop=reports.send_stop)
+    runner = Runner(history, callbacks, on_stop=reports.send_stop, watchdog=watchdog)
     job = _Job(cluster, reports, history, checkpoint_every, timeout, lockstep)
 
     def body():

@@ -16,7 +16,7 @@ import shutil
 import threading
 import time
 
-from dtflab import names
+from dtflab import checks, names
 from dtflab._quiet import import_tf
 from dtflab.errors import StallError, TaskError
 from dtflab.placement import PlacementPlan
@@ -211,6 +211,13 @@ def single(problem, *, steps: int = 200, seed: int = 0, cluster=None, device: st
            trace_step: int | None = None, watchdog=True):
     """One process does everything (no cluster), or one task does (``cluster`` + ``device``,
     e.g. ``"/job:worker/task:0"``)."""
+    _checked_run(steps, seed, trace_step)
+    if device is not None:
+        if cluster is None:
+            raise ValueError(f"device={device!r} needs the cluster it is on: pass cluster= too, "
+                             f"or leave device out to train in this process")
+        _check_cluster(cluster)
+        device = _checked_device(cluster, device, "device")
     runner = Runner(RunHistory(name or "single", "single"), callbacks,
                     watchdog=watchdog_settings(watchdog))
     built = graphs.single_graph(problem, seed, device)
@@ -223,9 +230,13 @@ def model_parallel(problem, cluster, plan: PlacementPlan | None = None, *, steps
                    seed: int = 0, background: bool = False, callbacks=(), name: str | None = None,
                    trace_step: int | None = None, watchdog=True):
     """Variables spread over the ps tasks by layer (or by ``plan``); compute on one task."""
+    _checked_run(steps, seed, trace_step)
+    _check_cluster(cluster)
     runner = Runner(RunHistory(name or "model parallel", "model_parallel"), callbacks,
                     watchdog=watchdog_settings(watchdog))
     plan = plan or PlacementPlan.by_layer(cluster, job="ps")
+    for device in [plan.compute, *plan.devices]:
+        _checked_device(cluster, device, "plan")
     built = graphs.model_parallel_graph(problem, plan, seed)
     return _run_one_replica(built, cluster.target(*names.split(plan.compute)), runner,
                             problem, steps, seed, cluster, background, trace_step)
@@ -254,15 +265,45 @@ def _with_train(built):
         return tf.identity(built.loss)
 
 
-def _workers(cluster, workers):
+def _checked_run(steps, seed, trace_step=None) -> None:
+    """The arguments every loop takes, checked before anything is built."""
+    checks.whole(steps, "steps", example=200)
+    checks.whole(seed, "seed", minimum=0, example=0)
+    if trace_step is not None:
+        checks.whole(trace_step, "trace_step", minimum=0, maximum=steps - 1, example=min(5, steps - 1))
+
+
+def _workers(cluster, workers, slow=None):
+    """The worker devices a data-parallel run uses, and ``slow`` as {device: seconds}."""
+    _check_cluster(cluster)
     tasks = [f"worker:{i}" for i in range(len(cluster.addresses.get("worker", [])))]
     if not tasks:
         raise ValueError(f"data parallelism needs a 'worker' job; this cluster has: "
                          f"{', '.join(cluster.addresses)}")
-    chosen = tasks[:workers] if workers else tasks
-    if workers and workers > len(tasks):
-        raise ValueError(f"workers={workers} but the cluster has {len(tasks)} worker tasks")
-    return [names.device(task) for task in chosen]
+    if workers is not None:
+        checks.whole(workers, "workers", maximum=len(tasks), example=len(tasks))
+    chosen = tasks[:workers] if workers is not None else tasks
+    slow = checks.tasks_in(slow, "slow", chosen, example={chosen[-1]: 0.05})
+    return [names.device(task) for task in chosen], {names.device(t): s for t, s in slow.items()}
+
+
+def _checked_device(cluster, device, what: str) -> str:
+    """``device`` as a full device name, if it names a task of ``cluster``."""
+    tasks = [f"{job}:{i}" for job, addresses in cluster.addresses.items() for i in range(len(addresses))]
+    try:
+        task = "{}:{}".format(*names.split(device))
+    except (ValueError, AttributeError):
+        task = None
+    if task not in tasks:
+        raise ValueError(f"{what} names {device!r}, which is not a task of this cluster; "
+                         f"use one of: {', '.join(names.device(t) for t in tasks)}")
+    return names.device(task)
+
+
+def _check_cluster(cluster) -> None:
+    if not hasattr(cluster, "addresses") or not hasattr(cluster, "target"):
+        raise ValueError(f"cluster={cluster!r}: pass a running cluster, e.g. "
+                         f"cluster = dtflab.start_cluster(3) or %dtf_cluster start 3")
 
 
 def _ps_plan(cluster):
@@ -277,10 +318,11 @@ def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
     """A tower per worker on its slice of each global batch; gradients combined on the ps,
     applied once. A dead worker ends the run with a TaskError naming it. ``gradient_bits``
     16 or 8 sends gradients compressed (see graphs.sync_graph)."""
+    _checked_run(steps, seed, trace_step)
+    checks.one_of(gradient_bits, "gradient_bits", (32, 16, 8))
     watchdog = watchdog_settings(watchdog)
-    devices = _workers(cluster, workers)
+    devices, slow_devices = _workers(cluster, workers, slow)
     plan = _ps_plan(cluster)
-    slow_devices = {names.device(task): seconds for task, seconds in (slow or {}).items()}
     built = graphs.sync_graph(problem, plan, devices, seed, slow_devices, gradient_bits)
     session = _session(cluster.target(*names.split(plan.compute)), built.graph)
     session.run(built.init)
@@ -317,9 +359,11 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
     Each worker's session sees only the non-worker tasks and its own worker
     (``device_filters``): no worker's step can wait on another worker.
     """
+    _checked_run(steps, seed)
+    if checkpoint_every is not None:
+        checks.whole(checkpoint_every, "checkpoint_every", example=20)
     watchdog = watchdog_settings(watchdog)
-    devices = _workers(cluster, workers)
-    slow_devices = {names.device(task): seconds for task, seconds in (slow or {}).items()}
+    devices, slow_devices = _workers(cluster, workers, slow)
     plan = _ps_plan(cluster)
     built = [graphs.async_graph(problem, plan, devices, seed, slow_devices, worker=i)
              for i in range(len(devices))]

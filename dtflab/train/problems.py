@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dtflab import checks
 from dtflab._quiet import import_tf
 
 
@@ -94,6 +95,7 @@ class Problem:
 
 def exp_regression(batch_size: int = 100) -> Problem:
     """y = exp(x), x uniform in [0, 1): MLP 1-16-32-1, leaky ReLU 0.2, l2_loss, Adam, batch 100."""
+    checks.whole(batch_size, "batch_size", example=100)
     return Problem("exp_regression", (1, 16, 32, 1), "leaky_relu", "l2", batch_size)
 
 
@@ -102,5 +104,9 @@ def classification(width: int = 1024, batch_size: int = 4096, features: int = 64
     """Gaussian clusters in ``features`` dimensions, an MLP with two hidden layers of ``width``:
     heavy enough (width 1024: 1.1 M parameters, batch 4096: ~7 GFLOP a step) for two
     one-core workers to beat one on 2 cores (see benchmarks/training.py)."""
+    checks.whole(width, "width", example=1024)
+    checks.whole(batch_size, "batch_size", example=4096)
+    checks.whole(features, "features", example=64)
+    checks.whole(classes, "classes", minimum=2, example=10)
     return Problem(f"classification_{width}", (features, width, width, classes), "relu",
                    "softmax", batch_size)
