@@ -70,7 +70,7 @@ def soak(args) -> dict:
             dashboard.close()
             walls.append(time.perf_counter() - began)
             history = run.history
-            outcomes.append({"run": i, "hung": hung, "stalls": [str(s) for s in history.stalls],
+            outcomes.append({"run": i, "hung": hung, "stalls": [str(s) for s in getattr(history, "stalls", [])],
                              "failures": list(history.failures), "steps": history.steps,
                              "error": repr(run.error) if run.error else None})
             print(f"run {i}: {history.summary()}", file=sys.stderr, flush=True)

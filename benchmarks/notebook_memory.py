@@ -1,17 +1,28 @@
-"""Peak memory of each tutorial: the kernel plus every process it starts, summed as PSS.
+"""Peak memory of each tutorial: the kernel plus every process it starts, summed as PSS,
+and, where this machine allows it, the peak of a Binder-sized memory cgroup around it all.
 
 Each notebook is executed top to bottom in a fresh kernel while a sampler adds up the
 proportional set size (shared TensorFlow pages divided among the processes that map them) of
-the kernel and all its descendants every 0.25 s. Binder gives 1-2 GB.
+the kernel and all its descendants every 0.25 s. mybinder.org gives one user 2 GB and restarts
+the kernel above it.
 
-    python benchmarks/notebook_memory.py [notebooks/03_*.ipynb ...]
+With ``--cgroup`` (root and the cgroup-v1 memory controller, as on Linux hosts without
+cgroup v2), each notebook runs in a child cgroup limited to ``--limit-mb`` (default 2048), as
+Binder limits a user's pod: the executor, the kernel and every task it starts are inside, and
+the cgroup's own peak (``memory.max_usage_in_bytes``: page cache included) is reported beside
+the PSS, with how often the limit was hit (``memory.failcnt``) and the OOM kills.
+
+    python benchmarks/notebook_memory.py [--cgroup] [notebooks/03_*.ipynb ...]
 
 Prints one JSON line: peak MB and seconds per notebook.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -64,11 +75,70 @@ def measure(path: Path) -> dict:
     return {"peak_pss_mb": round(peak[0]), "seconds": round(time.perf_counter() - started, 1)}
 
 
+MEMORY = Path("/sys/fs/cgroup/memory")
+
+
+def cgroup_unavailable() -> str | None:
+    """Why a memory cgroup cannot be made here, or None."""
+    if os.geteuid() != 0:
+        return "not root"
+    if not (MEMORY / "memory.limit_in_bytes").exists():
+        return "no cgroup-v1 memory controller at /sys/fs/cgroup/memory"
+    return None
+
+
+def own_cgroup() -> Path:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return MEMORY / path.lstrip("/")
+    return MEMORY
+
+
+def in_cgroup(path: Path, limit_mb: int, python: str = sys.executable) -> dict:
+    """Run ``path`` in a fresh child cgroup limited to ``limit_mb``; its peaks and OOM kills."""
+    group = own_cgroup() / f"dtflab-notebook-{os.getpid()}-{time.monotonic_ns()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(limit_mb * 2**20))
+        join = f"open({str(group / 'cgroup.procs')!r}, 'w').write(str(__import__('os').getpid()))"
+        code = (f"{join}; import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+                f"import notebook_memory as m; print(json.dumps(m.measure(__import__('pathlib').Path({str(path)!r}))))")
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True)
+        result = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {
+            "error": (done.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+        oom = dict(line.split() for line in (group / "memory.oom_control").read_text().splitlines())
+        result.update(cgroup_peak_mb=round(int((group / "memory.max_usage_in_bytes").read_text()) / 2**20),
+                      limit_mb=limit_mb, limit_hits=int((group / "memory.failcnt").read_text()),
+                      oom_kills=int(oom.get("oom_kill", 0)))
+        return result
+    finally:
+        for _ in range(50):  # the last processes may still be exiting
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
 def main() -> None:
-    paths = [Path(p) for p in sys.argv[1:]] or sorted((ROOT / "notebooks").glob("*.ipynb"))
-    results = {path.name: measure(path) for path in paths}
-    print(json.dumps({"benchmark": "notebook_memory", "notebooks": results,
-                      "largest_peak_pss_mb": max(r["peak_pss_mb"] for r in results.values())}))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="*", help="default: every notebook in notebooks/")
+    parser.add_argument("--cgroup", action="store_true",
+                        help="run each notebook in a memory cgroup of --limit-mb, as Binder does")
+    parser.add_argument("--limit-mb", type=int, default=2048, help="the cgroup's limit (default 2048)")
+    args = parser.parse_args()
+    paths = [Path(p) for p in args.notebooks] or sorted((ROOT / "notebooks").glob("*.ipynb"))
+    if args.cgroup and cgroup_unavailable():
+        parser.error(f"--cgroup: {cgroup_unavailable()}; run as root on a host with the cgroup-v1 "
+                     f"memory controller, or leave --cgroup out")
+    results = {path.name: in_cgroup(path.resolve(), args.limit_mb) if args.cgroup else measure(path)
+               for path in paths}
+    summary = {"benchmark": "notebook_memory", "notebooks": results,
+               "largest_peak_pss_mb": max(r.get("peak_pss_mb", 0) for r in results.values())}
+    if args.cgroup:
+        summary["largest_cgroup_peak_mb"] = max(r["cgroup_peak_mb"] for r in results.values())
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

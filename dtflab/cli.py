@@ -14,6 +14,7 @@ import argparse
 import signal
 import sys
 import time
+from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dtflab.cluster.server import build_parser as server_parser
 
     parser = argparse.ArgumentParser(prog="dtflab", description="Distributed TensorFlow task servers.")
-    commands = parser.add_subparsers(dest="command", metavar="{lab,server,cluster,run}")
+    commands = parser.add_subparsers(dest="command", metavar="{lab,server,cluster,run,binder}")
     commands.add_parser("lab", help="open JupyterLab on the tutorial notebooks (extra arguments "
                                     "go to jupyter lab, e.g. --no-browser --port 8899)")
     commands.add_parser("server", parents=[server_parser()], add_help=False,
@@ -40,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
                                           "host (other hosts can reach the tasks)")
     start.add_argument("--timeout", type=float, default=60.0,
                        help="seconds to wait for every task to listen (default 60)")
+    binder = commands.add_parser("binder", help="print the mybinder.org badge for this clone's "
+                                 "GitHub remote (paste it into README.md)")
+    binder.add_argument("--remote", default="origin", help="the git remote to use (default origin)")
+    binder.add_argument("--branch", default="main", help="the branch Binder builds (default main)")
     run = commands.add_parser(
         "run", help="run SCRIPT as every worker's program, with TF_CONFIG set (foreground)",
         description="Run SCRIPT [ARGS...] as every worker task's program (and the chief's, with "
@@ -148,7 +153,6 @@ def run_cluster(args) -> int:
 def run_lab(extra: list[str]) -> int:
     """JupyterLab on the clone's notebooks/; --allow-root only when running as root."""
     import os
-    from pathlib import Path
 
     notebooks = Path(__file__).resolve().parents[1] / "notebooks"
     if not notebooks.is_dir():
@@ -182,6 +186,15 @@ def main(argv=None) -> int:
         return run_cluster(args)
     if args.command == "run":
         return run_programs(args)
+    if args.command == "binder":
+        from dtflab.binder_link import badge
+
+        try:
+            print(badge(Path(__file__).resolve().parents[1], args.branch, args.remote))
+        except ValueError as exc:
+            print(f"dtflab binder: {exc}", file=sys.stderr)
+            return 2
+        return 0
     parser.print_help()
     return 2
 

@@ -37,9 +37,11 @@ if not Path(CHROMIUM).exists():
         reason=f"BROWSER TIER NOT RUN: no chromium at {CHROMIUM}; install it with "
                f"`apt-get install chromium` (.ci/run does)"))
 
+# Asynchronous, late in a notebook that ran several clusters: where runs used to stall
+# (README, "The asynchronous stall"); the watchdog would now say so under the plot.
 LIVE_CELL = """# (added by the browser test) a long run to watch, stopped with the Stop button
-live = train.sync_data_parallel(problem, dtflab.start_cluster(ps=1, workers=2),
-                                steps=1_000_000, background=True, name="live")
+live = train.async_parameter_server(problem, dtflab.start_cluster(ps=1, workers=2),
+                                    steps=1_000_000, background=True, name="live")
 live_dashboard = Dashboard(live, interval_s=0.25)
 live_dashboard"""
 
