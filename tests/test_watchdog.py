@@ -95,6 +95,24 @@ def test_a_stalled_synchronous_step_ends_the_run_with_a_stall_error(start_cluste
     assert run.done
 
 
+def test_a_briefly_stalled_synchronous_step_is_retried_on_a_new_session(start_cluster):
+    cluster = start_cluster(3)
+    run = train.sync_data_parallel(train.exp_regression(), cluster, steps=100_000,
+                                   background=True, watchdog=train.Watchdog(floor_s=1.0, retries=10))
+    try:
+        assert wait_until(lambda: run.history.steps >= 30, timeout=60)
+        with frozen(cluster, "worker:1"):
+            assert wait_until(lambda: run.history.stalls, timeout=20)
+            time.sleep(1.5)
+        going = run.history.steps
+        assert wait_until(lambda: run.history.steps > going + 30, timeout=30), run.history.summary()
+    finally:
+        history = run.stop()
+    assert run.error is None and not history.failures
+    assert "recovered" in {stall.outcome for stall in history.stalls}
+    assert all(str(stall).startswith("the run stalled at step ") for stall in history.stalls)
+
+
 def test_the_dashboard_says_which_worker_stalled_while_the_run_goes_on(start_cluster):
     from dtflab.viz.dashboard import Dashboard
 

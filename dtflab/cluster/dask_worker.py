@@ -1,8 +1,10 @@
 """What runs on Dask workers for the dask backend (called through ``Client.run``).
 
-Each worker hosts its task as a child process (a ``Task``, spawned): TensorFlow cannot stop a
-server inside a running process, so a server in the worker process itself could never be
-killed or stopped without restarting the Dask worker. The child ends with its worker. The
+Each worker hosts its task as a child process (a ``Task``): TensorFlow cannot stop a server
+inside a running process, so a server in the worker process itself could never be killed or
+stopped without restarting the Dask worker. A worker in a process of its own spawns its task,
+which ends with the worker; a worker running inside the owner's process (the LocalCluster
+dtflab makes) forks it from the owner's warm fork server instead, which ends with the owner. The
 owner sends what each task runs (a ``Command``: a task server, or the user's program, whose
 script must be at the same path on the worker's machine).
 
@@ -12,6 +14,7 @@ dtflab must be importable on the workers (installed in their environment).
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import tempfile
@@ -36,10 +39,11 @@ def reserve_port(port: int | None = None, dask_worker=None) -> str:
     return f"{worker_host(dask_worker)}:{port}"
 
 
-def start_task(cluster_id: str, commands: dict, timeout: float, dask_worker=None) -> dict:
+def start_task(cluster_id: str, commands: dict, timeout: float, owner_pid: int | None = None,
+               dask_worker=None) -> dict:
     """Start this worker's task ``commands[worker address] = (job, index, Command)`` and wait
-    until it runs."""
-    from dtflab.cluster.launch import Spawner
+    until it runs. ``owner_pid``: the process that started the cluster."""
+    from dtflab.cluster.launch import FORK, Spawner, launcher_for
     from dtflab.cluster.task import Task, await_ready
     from dtflab.errors import PortInUseError, TaskError
 
@@ -50,7 +54,8 @@ def start_task(cluster_id: str, commands: dict, timeout: float, dask_worker=None
     tasks = _hosted.setdefault(cluster_id, {})
     task = tasks.setdefault((job, index), Task(job, index, log_dir / f"{job}-{index}.log"))
     try:
-        await_ready({task: task.launch(Spawner(), command)}, timeout)
+        launcher = launcher_for(FORK, None, timeout) if os.getpid() == owner_pid else Spawner()
+        await_ready({task: task.launch(launcher, command)}, timeout)
     except (TaskError, OSError) as exc:
         return {"ok": False, "port_in_use": isinstance(exc, PortInUseError), "what": str(exc),
                 "log_tail": getattr(exc, "log_tail", "")}

@@ -36,20 +36,19 @@ TRANSIENT_RETRY_S = 10.0
 def _session(target, graph, device_filters=()):
     """A session with its own config: never the eager context's (which carries a coordination
     service once a TF2 strategy or ``connect()`` ran in this process). ``device_filters``
-    limits which tasks its master talks to and places ops on."""
+    limits which tasks its master talks to and places ops on; TensorFlow's distributed master
+    places the whole graph (it ignores ``place_pruned_graph``), so a filtered session needs a
+    graph that names no other task."""
     tf = import_tf()
     config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=OPERATION_TIMEOUT_MS,
                                       device_filters=list(device_filters))
-    # Filtered: place only what this session runs (the whole graph names every worker).
-    config.graph_options.place_pruned_graph = bool(device_filters)
     return tf.compat.v1.Session(target, graph=graph, config=config)
 
 
 def _renewed(session):
-    """A new session on ``session``'s target, graph and config (the servers keep the
-    variables: a distributed session holds none of its own)."""
-    tf = import_tf()
-    return tf.compat.v1.Session(session.sess_str, graph=session.graph, config=session._config)
+    """A new session like ``session`` (made by :func:`_session` without filters) on the same
+    target and graph: the servers keep the variables, a distributed session holds none."""
+    return _session(session.sess_str, session.graph)
 
 
 def failed_task(cluster, error) -> tuple[str, int]:

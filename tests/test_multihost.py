@@ -1,0 +1,236 @@
+"""Clusters across hosts: a Dask scheduler and workers on three hosts, dtflab on the first.
+
+The hosts are network namespaces this module creates (``ip netns add``), each with its own
+address on one subnet, joined by a bridge that lives in a fourth namespace (so this machine's
+own firewall never sees their traffic). ``h1`` runs the ``dask scheduler`` and the dtflab
+program under test; ``h2`` and ``h3`` each run two ``dask worker`` processes. Nothing listens
+on this machine's own network: the test reads what the program on ``h1`` reports.
+
+Needs root (CAP_NET_ADMIN) and iproute2; ``.ci/run`` runs as root and installs iproute2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.multihost, pytest.mark.slow]
+
+IP = shutil.which("ip") or "/usr/sbin/ip"
+ROOT = Path(__file__).resolve().parents[1]
+MWMS = ROOT / "tests" / "programs" / "mwms_custom_loop.py"
+
+# What dtflab does from the first host, reported as one JSON object.
+DRIVER = r'''
+import json, sys, time
+from dask.distributed import Client
+
+import dtflab
+from dtflab import train
+from dtflab._quiet import import_tf
+from dtflab.tracing import short_device
+from dtflab.tracing.examples import exp_regression as exp_regression_graph
+
+scheduler, mwms, expected_workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+out = {}
+
+
+def dask_workers():
+    with Client(scheduler, timeout="30s") as client:
+        return sorted(client.scheduler_info(n_workers=-1)["workers"])
+
+
+deadline = time.monotonic() + 90
+while len(dask_workers()) < expected_workers and time.monotonic() < deadline:
+    time.sleep(0.5)
+out["dask_workers"] = dask_workers()
+
+cluster = dtflab.start_cluster(jobs="ps=2,worker=2", scheduler=scheduler)
+out["addresses"] = cluster.addresses
+out["dask_hosts"] = {f"{t.job}:{t.index}": t.host for t in cluster.tasks}
+
+problem = train.exp_regression()
+single = train.single(problem, steps=60, seed=0)
+model = train.model_parallel(problem, cluster, steps=60, seed=0)
+sync = train.sync_data_parallel(problem, cluster, steps=60, seed=0)
+out["model_parallel_vs_single"] = max(abs(a - b) for a, b in zip(single.losses, model.losses))
+out["sync_vs_single"] = max(abs(a - b) / max(a, 1e-9) for a, b in zip(single.losses, sync.losses))
+out["steps"] = [model.steps, sync.steps]
+
+tf = import_tf()
+built = exp_regression_graph("/job:ps/task:0", "/job:ps/task:1", "/job:worker/task:0")
+with tf.compat.v1.Session(cluster.target("worker"), graph=built.graph) as session:
+    session.run(built.init)
+    step = dtflab.trace(session, built.loss, built.feed)
+out["bytes_between"] = {f"{short_device(a)}->{short_device(b)}": n
+                        for (a, b), n in step.bytes_between().items()}
+
+before = next(t for t in cluster.tasks if (t.job, t.index) == ("worker", 1))
+cluster.kill("worker:1")
+out["killed_state"] = str(next(t for t in cluster.tasks if (t.job, t.index) == ("worker", 1)).state)
+cluster.restart("worker:1")
+after = next(t for t in cluster.tasks if (t.job, t.index) == ("worker", 1))
+out["restart"] = {"state": str(after.state), "same_address": after.address == before.address,
+                  "new_pid": after.pid != before.pid}
+with tf.Graph().as_default():
+    with tf.device("/job:worker/task:1"):
+        hello = tf.constant("across hosts")
+    with tf.compat.v1.Session(cluster.target("ps", 0)) as session:
+        out["restarted_answers"] = session.run(hello).decode()
+cluster.stop()
+
+programs = dtflab.run(mwms, "4", workers=2, chief=True, scheduler=scheduler)
+out["program_addresses"] = programs.addresses
+out["program_exit_codes"] = programs.wait(timeout=120)
+out["program_losses"] = {f"{job}:{i}": [line for line in programs.logs(job, i).splitlines()
+                                        if line.startswith("step ")]
+                         for job, addresses in programs.addresses.items() for i in range(len(addresses))}
+programs.stop()
+
+out["dask_workers_after"] = dask_workers()
+print("RESULT " + json.dumps(out), flush=True)
+'''
+
+
+class Hosts:
+    """Three hosts (namespaces h1..h3 on one subnet) and a switch namespace with the bridge."""
+
+    def __init__(self):
+        tag = secrets.token_hex(2)
+        self.switch = f"dtflab-sw-{tag}"
+        self.names = [f"dtflab-h{i}-{tag}" for i in (1, 2, 3)]
+        subnet = f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(250)}"
+        self.addresses = [f"{subnet}.{i}" for i in (1, 2, 3)]
+        self.processes: list[subprocess.Popen] = []
+        self.tag = tag
+
+    def ip(self, *args, namespace=None):
+        prefix = [IP, "netns", "exec", namespace, IP] if namespace else [IP]
+        subprocess.run(prefix + list(args), check=True, capture_output=True, timeout=30)
+
+    def build(self) -> None:
+        self.ip("netns", "add", self.switch)
+        self.ip("link", "add", "br0", "type", "bridge", namespace=self.switch)
+        self.ip("link", "set", "br0", "up", namespace=self.switch)
+        for i, (name, address) in enumerate(zip(self.names, self.addresses), start=1):
+            inside, outside = f"dth{i}{self.tag}", f"dts{i}{self.tag}"
+            self.ip("netns", "add", name)
+            self.ip("link", "add", inside, "type", "veth", "peer", "name", outside)
+            self.ip("link", "set", inside, "netns", name)
+            self.ip("link", "set", outside, "netns", self.switch)
+            self.ip("link", "set", outside, "master", "br0", namespace=self.switch)
+            self.ip("link", "set", outside, "up", namespace=self.switch)
+            self.ip("addr", "add", f"{address}/24", "dev", inside, namespace=name)
+            self.ip("link", "set", inside, "up", namespace=name)
+            self.ip("link", "set", "lo", "up", namespace=name)
+
+    def start(self, host: int, *argv, **popen) -> subprocess.Popen:
+        """A process on host ``host`` (0-based), stopped when the hosts are removed."""
+        process = subprocess.Popen([IP, "netns", "exec", self.names[host], *argv], **popen)
+        self.processes.append(process)
+        return process
+
+    def remove(self) -> None:
+        for process in reversed(self.processes):
+            process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for name in self.names + [self.switch]:  # deleting a namespace deletes its veth ends
+            subprocess.run([IP, "netns", "del", name], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """What the program on h1 saw, with the Dask scheduler on h1 and two workers on h2 and h3."""
+    if os.geteuid() != 0 or not os.path.exists(IP):
+        pytest.skip("MULTIHOST TIER NOT RUN: building hosts as network namespaces needs root and "
+                    "iproute2 (`apt-get install iproute2`; .ci/run runs as root)")
+    folder = tmp_path_factory.mktemp("multihost")
+    hosts = Hosts()
+    try:
+        hosts.build()
+        scheduler_file = folder / "scheduler.json"
+        quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        hosts.start(0, sys.executable, "-m", "distributed.cli.dask_scheduler", "--host",
+                    hosts.addresses[0], "--port", "0", "--dashboard-address",
+                    f"{hosts.addresses[0]}:0", "--scheduler-file", str(scheduler_file), **quiet)
+        deadline = time.monotonic() + 60
+        while not scheduler_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        scheduler = json.loads(scheduler_file.read_text())["address"]
+        for host in (1, 2):
+            for _ in range(2):
+                hosts.start(host, sys.executable, "-m", "distributed.cli.dask_worker", scheduler,
+                            "--host", hosts.addresses[host], "--nthreads", "1", "--no-dashboard",
+                            **quiet)
+        driver = folder / "driver.py"
+        driver.write_text(DRIVER)
+        done = subprocess.run([IP, "netns", "exec", hosts.names[0], sys.executable, str(driver),
+                               scheduler, str(MWMS), "4"], capture_output=True, text=True,
+                              timeout=600, cwd=ROOT)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        assert done.returncode == 0 and lines, done.stderr[-3000:]
+        result = json.loads(lines[-1][len("RESULT "):])
+        result["scheduler"], result["hosts"] = scheduler, hosts.addresses
+        yield result
+    finally:
+        hosts.remove()
+
+
+def host_of(address: str) -> str:
+    return address.removeprefix("tcp://").rsplit(":", 1)[0]
+
+
+def test_tasks_advertise_their_own_hosts_address(report):
+    _, h2, h3 = report["hosts"]
+    assert [host_of(w) for w in report["dask_workers"]] == [h2, h2, h3, h3]
+    assert {job: [host_of(a) for a in addresses] for job, addresses in report["addresses"].items()} == {
+        "ps": [h2, h2], "worker": [h3, h3]}
+    for task, dask_worker in report["dask_hosts"].items():
+        job, index = task.split(":")
+        assert host_of(dask_worker) == host_of(report["addresses"][job][int(index)])
+
+
+def test_model_and_data_parallel_training_cross_hosts_and_match_one_process(report):
+    assert report["steps"] == [60, 60]
+    assert report["model_parallel_vs_single"] < 1e-5
+    assert report["sync_vs_single"] < 1e-4
+
+
+def test_a_traced_step_shows_the_bytes_each_host_sends(report):
+    # The 2016 placement: weights on ps:0 (host 2), biases on ps:1 (host 2), compute on
+    # worker:0 (host 3): every parameter crosses from one host to the other, once per step.
+    assert report["bytes_between"] == {"ps:0->worker:0": 2240, "ps:1->worker:0": 196}
+
+
+def test_a_task_killed_on_another_host_restarts_on_its_address(report):
+    assert report["killed_state"] == "killed"
+    assert report["restart"] == {"state": "running", "same_address": True, "new_pid": True}
+    assert report["restarted_answers"] == "across hosts"
+
+
+def test_program_tasks_run_across_hosts_with_identical_losses(report):
+    # MultiWorkerMirroredStrategy's all-reduce between a chief and two workers on two hosts.
+    _, h2, h3 = report["hosts"]
+    hosts = {job: [host_of(a) for a in addresses] for job, addresses in report["program_addresses"].items()}
+    assert hosts == {"chief": [h2], "worker": [h2, h3]}
+    assert report["program_exit_codes"] == {"chief:0": 0, "worker:0": 0, "worker:1": 0}
+    losses = report["program_losses"]
+    assert len(losses["chief:0"]) == 4
+    assert losses["chief:0"] == losses["worker:0"] == losses["worker:1"]
+
+
+def test_stopping_leaves_the_external_dask_cluster_running(report):
+    assert report["dask_workers_after"] == report["dask_workers"]
