@@ -137,8 +137,10 @@ def test_single_runs_on_a_task_given_as_a_device_string():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(workers=0), "workers"),
     (dict(workers=3), "does not split into 3"),
-    (dict(slow={"worker:5": 0.1}), "'worker:5', which is not one of the 2 workers"),
-    (dict(checkpoint_every=0), "checkpoint_every must be a positive number"),
+    (dict(slow={"worker:5": 0.1}), r"names 'worker:5'.*which is not a task of this run; use one of: "
+                                   r"worker:0, worker:1"),
+    (dict(checkpoint_every=0), r"checkpoint_every=0: checkpoint_every must be a whole number of at "
+                               r"least 1; for example checkpoint_every=10"),
 ])
 def test_bad_input_is_refused_before_anything_starts(kwargs, message):
     with pytest.raises(ValueError, match=message):

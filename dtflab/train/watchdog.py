@@ -51,7 +51,7 @@ class Watchdog:
 
     factor: float = 20.0
     floor_s: float = 5.0
-    first_step_s: float = 60.0
+    first_step_s: float = 30.0
     retries: int = 2
 
     def __post_init__(self):
