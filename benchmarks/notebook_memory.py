@@ -101,10 +101,8 @@ def in_cgroup(path: Path, limit_mb: int, python: str = sys.executable) -> dict:
     group.mkdir()
     try:
         (group / "memory.limit_in_bytes").write_text(str(limit_mb * 2**20))
-        join = f"open({str(group / 'cgroup.procs')!r}, 'w').write(str(__import__('os').getpid()))"
-        code = (f"{join}; import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-                f"import notebook_memory as m; print(json.dumps(m.measure(__import__('pathlib').Path({str(path)!r}))))")
-        done = subprocess.run([python, "-c", code], capture_output=True, text=True)
+        done = subprocess.run([python, __file__, "--join", str(group), str(path)],
+                              capture_output=True, text=True)
         result = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {
             "error": (done.stderr.strip().splitlines() or ["no output"])[-1][:300]}
         oom = dict(line.split() for line in (group / "memory.oom_control").read_text().splitlines())
@@ -127,7 +125,12 @@ def main() -> None:
     parser.add_argument("--cgroup", action="store_true",
                         help="run each notebook in a memory cgroup of --limit-mb, as Binder does")
     parser.add_argument("--limit-mb", type=int, default=2048, help="the cgroup's limit (default 2048)")
+    parser.add_argument("--join", metavar="CGROUP", help=argparse.SUPPRESS)  # in_cgroup's child
     args = parser.parse_args()
+    if args.join:  # move into the cgroup first: the kernel and its tasks start inside it
+        (Path(args.join) / "cgroup.procs").write_text(str(os.getpid()))
+        print(json.dumps(measure(Path(args.notebooks[0]))))
+        return
     paths = [Path(p) for p in args.notebooks] or sorted((ROOT / "notebooks").glob("*.ipynb"))
     if args.cgroup and cgroup_unavailable():
         parser.error(f"--cgroup: {cgroup_unavailable()}; run as root on a host with the cgroup-v1 "

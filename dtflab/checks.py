@@ -42,6 +42,21 @@ def one_of(value, name: str, choices) -> object:
     raise ValueError(f"{name}={value!r}: {name} must be one of {listed}")
 
 
+def run_arguments(steps, seed, trace_step=None) -> None:
+    """What every training loop takes: ``steps`` >= 1, ``seed`` >= 0, ``trace_step`` inside the run."""
+    whole(steps, "steps", example=200)
+    whole(seed, "seed", minimum=0, example=0)
+    if trace_step is not None:
+        whole(trace_step, "trace_step", minimum=0, maximum=steps - 1, example=min(5, steps - 1))
+
+
+def cluster(value) -> None:
+    """Something with a cluster's ``addresses`` and ``target``."""
+    if not hasattr(value, "addresses") or not hasattr(value, "target"):
+        raise ValueError(f"cluster={value!r}: pass a running cluster, e.g. "
+                         f"cluster = dtflab.start_cluster(3) or %dtf_cluster start 3")
+
+
 def tasks_in(given: dict | None, name: str, tasks: list[str], *, example) -> dict[str, float]:
     """``{"worker:1": seconds}`` naming only ``tasks``, seconds 0 or more."""
     if given is None:

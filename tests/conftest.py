@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -16,6 +17,16 @@ import pytest
 from dtflab.cluster.ports import free_ports  # noqa: F401  (tests import it from here)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+#: iproute2's ``ip``, for the tests that build hosts as network namespaces (root only).
+IP = shutil.which("ip") or "/usr/sbin/ip"
+
+
+def run_ip(*args, namespace: str | None = None) -> None:
+    """Run ``ip ARGS`` here, or inside network namespace ``namespace``; fails the test on error."""
+    prefix = [IP, "netns", "exec", namespace, IP] if namespace else [IP]
+    subprocess.run(prefix + list(args), check=True, capture_output=True, timeout=30)
 
 
 def wait_until(condition, timeout: float = 5.0, interval: float = 0.05) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
@@ -22,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import IP, run_ip
+
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
-IP = shutil.which("ip") or "/usr/sbin/ip"
 ROOT = Path(__file__).resolve().parents[1]
 MWMS = ROOT / "tests" / "programs" / "mwms_custom_loop.py"
 
@@ -112,25 +112,21 @@ class Hosts:
         self.processes: list[subprocess.Popen] = []
         self.tag = tag
 
-    def ip(self, *args, namespace=None):
-        prefix = [IP, "netns", "exec", namespace, IP] if namespace else [IP]
-        subprocess.run(prefix + list(args), check=True, capture_output=True, timeout=30)
-
     def build(self) -> None:
-        self.ip("netns", "add", self.switch)
-        self.ip("link", "add", "br0", "type", "bridge", namespace=self.switch)
-        self.ip("link", "set", "br0", "up", namespace=self.switch)
+        run_ip("netns", "add", self.switch)
+        run_ip("link", "add", "br0", "type", "bridge", namespace=self.switch)
+        run_ip("link", "set", "br0", "up", namespace=self.switch)
         for i, (name, address) in enumerate(zip(self.names, self.addresses), start=1):
             inside, outside = f"dth{i}{self.tag}", f"dts{i}{self.tag}"
-            self.ip("netns", "add", name)
-            self.ip("link", "add", inside, "type", "veth", "peer", "name", outside)
-            self.ip("link", "set", inside, "netns", name)
-            self.ip("link", "set", outside, "netns", self.switch)
-            self.ip("link", "set", outside, "master", "br0", namespace=self.switch)
-            self.ip("link", "set", outside, "up", namespace=self.switch)
-            self.ip("addr", "add", f"{address}/24", "dev", inside, namespace=name)
-            self.ip("link", "set", inside, "up", namespace=name)
-            self.ip("link", "set", "lo", "up", namespace=name)
+            run_ip("netns", "add", name)
+            run_ip("link", "add", inside, "type", "veth", "peer", "name", outside)
+            run_ip("link", "set", inside, "netns", name)
+            run_ip("link", "set", outside, "netns", self.switch)
+            run_ip("link", "set", outside, "master", "br0", namespace=self.switch)
+            run_ip("link", "set", outside, "up", namespace=self.switch)
+            run_ip("addr", "add", f"{address}/24", "dev", inside, namespace=name)
+            run_ip("link", "set", inside, "up", namespace=name)
+            run_ip("link", "set", "lo", "up", namespace=name)
 
     def start(self, host: int, *argv, **popen) -> subprocess.Popen:
         """A process on host ``host`` (0-based), stopped when the hosts are removed."""

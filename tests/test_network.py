@@ -12,7 +12,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import socket
 import subprocess
 import sys
@@ -20,10 +19,9 @@ import sys
 import psutil
 import pytest
 
-from conftest import wait_until
+from conftest import IP, run_ip, wait_until
 from test_cli import DTFLAB, stop, wait_for_line
 
-IP = shutil.which("ip") or "/usr/sbin/ip"
 REACH = """import socket, sys
 try:
     socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()
@@ -44,19 +42,15 @@ def other_host():
     subnet = f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(250)}"
     host_ip, other_ip = f"{subnet}.1", f"{subnet}.2"
 
-    def ip(*args, namespaced=False):
-        prefix = [IP, "netns", "exec", namespace, IP] if namespaced else [IP]
-        subprocess.run(prefix + list(args), check=True, capture_output=True, timeout=30)
-
     try:
-        ip("netns", "add", namespace)
-        ip("link", "add", here, "type", "veth", "peer", "name", there)
-        ip("link", "set", there, "netns", namespace)
-        ip("addr", "add", f"{host_ip}/30", "dev", here)
-        ip("link", "set", here, "up")
-        ip("addr", "add", f"{other_ip}/30", "dev", there, namespaced=True)
-        ip("link", "set", there, "up", namespaced=True)
-        ip("link", "set", "lo", "up", namespaced=True)
+        run_ip("netns", "add", namespace)
+        run_ip("link", "add", here, "type", "veth", "peer", "name", there)
+        run_ip("link", "set", there, "netns", namespace)
+        run_ip("addr", "add", f"{host_ip}/30", "dev", here)
+        run_ip("link", "set", here, "up")
+        run_ip("addr", "add", f"{other_ip}/30", "dev", there, namespace=namespace)
+        run_ip("link", "set", there, "up", namespace=namespace)
+        run_ip("link", "set", "lo", "up", namespace=namespace)
         yield namespace, host_ip
     finally:
         subprocess.run([IP, "netns", "del", namespace], capture_output=True)  # deletes the pair

@@ -79,16 +79,13 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
     per step. The watchdog reports a step that stalls (every worker waits in the collective)
     but cannot end it; a dead worker ends the run as above.
     """
-    from dtflab.cluster import run as run_programs
-    from dtflab.cluster.spec import parse_count
-
     from dtflab import checks
     from dtflab.cluster import MAX_THREADS
-    from dtflab.train.loops import _checked_run
-
+    from dtflab.cluster import run as run_programs
+    from dtflab.cluster.spec import parse_count
     from dtflab.train.watchdog import settings as watchdog_settings
 
-    _checked_run(steps, seed, trace_step)
+    checks.run_arguments(steps, seed, trace_step)
     watchdog = watchdog_settings(watchdog)
     workers = parse_count(workers, "workers")
     checks.seconds(timeout, "timeout", example=60)

@@ -34,7 +34,6 @@ class RunHistory:
     failures: list[str] = field(default_factory=list)  # "worker:1 failed: ..." lines
     recoveries: list = field(default_factory=list)  # train.checkpoints.Recovery, one per ps failure
     stalls: list = field(default_factory=list)  # train.watchdog.Stall, one per stalled step
-    status: str = ""  # the latest stall, as the watchdog said it ("" while none)
     stopped_early: bool = False
     wall_s: float = 0.0
     trace: object = None  # the StepTrace of the step asked for with trace_step=, if any
@@ -46,12 +45,16 @@ class RunHistory:
         with self._lock:
             self.records.append(record)
 
-    def note_stall(self, stall, new: bool = True) -> None:
-        """The watchdog saw a stall (``new``), or saw how one ended."""
+    def note_stall(self, stall) -> None:
+        """The watchdog saw a stall (it sets the stall's outcome when it ends)."""
         with self._lock:
-            if new:
-                self.stalls.append(stall)
-            self.status = str(stall)
+            self.stalls.append(stall)
+
+    @property
+    def status(self) -> str:
+        """The latest stall, as the watchdog says it now ("" while there was none)."""
+        with self._lock:
+            return str(self.stalls[-1]) if self.stalls else ""
 
     def since(self, count: int) -> list[StepRecord]:
         """Records after the first ``count`` (for streaming to a live plot)."""

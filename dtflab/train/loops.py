@@ -72,6 +72,20 @@ def _describe(job: str, index: int, error) -> str:
     return f"{job}:{index} failed ({type(error).__name__})"
 
 
+def _stall_behind(error, stall, cluster, watch, worker):
+    """After a failed step: ``stall`` if the failure is the watchdog closing a stalled step's
+    session while every task lives (the loop recovers it), else None (a failure for the loop's
+    usual handling; a stall whose task died is settled as such). A closed session with no
+    stall behind it is not a TensorFlow failure: re-raised."""
+    if stall is not None and dead_task(cluster) is None:
+        return stall
+    if stall is not None:
+        watch.settle(worker, "a task had died")
+    elif not isinstance(error, import_tf().errors.OpError):
+        raise error
+    return None
+
+
 def dead_task(cluster) -> tuple[str, int] | None:
     """A task of ``cluster`` that was killed or exited, if any."""
     for task in (cluster.tasks if cluster is not None else ()):
@@ -102,16 +116,15 @@ class SessionSteps:
     ``trace_step`` is traced into ``history.trace``. A failed task ends the run with a
     TaskError naming it."""
 
-    def __init__(self, session, fetch, feeds, problem, cluster, history, trace_step=None,
-                 runner=None):
+    def __init__(self, session, fetch, feeds, problem, cluster, runner, trace_step=None):
         self.session, self.fetch, self.feeds = session, fetch, feeds
-        self.problem, self.cluster, self.history = problem, cluster, history
+        self.problem, self.cluster, self.history = problem, cluster, runner.history
         self.trace_step = trace_step
         self._prefetch = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dtflab-feed")
         self._upcoming = {0: self._prefetch.submit(feeds, 0)}
-        self.watch = runner.watch if runner is not None else None
+        self.watch = runner.watch
         self._stall = None  # the stall whose session the watchdog closed
-        if runner is not None and session.sess_str:  # an in-process session keeps the variables
+        if session.sess_str:  # an in-process session keeps the variables: never closed
             runner.on_stall = self._on_stall
 
     def _on_stall(self, worker) -> None:
@@ -148,12 +161,8 @@ class SessionSteps:
                 loss = run_step(self.session, self.fetch, feed, self.cluster)
         except (tf.errors.OpError, RuntimeError) as error:  # RuntimeError: a closed session
             stall, self._stall = self._stall, None
-            if stall is not None and dead_task(self.cluster) is None:
+            if _stall_behind(error, stall, self.cluster, self.watch, "all") is not None:
                 raise _Stalled(stall) from None
-            if stall is not None:
-                self.watch.settle("all", "a task had died")
-            elif not isinstance(error, tf.errors.OpError):
-                raise
             job, index = failed_task(self.cluster, error)
             self.history.failures.append(f"{job}:{index} failed during step {step}: "
                                          f"{type(error).__name__}")
@@ -176,8 +185,7 @@ class _Stalled(Exception):
 
 def _synchronous(runner, steps, session, fetch, feeds, problem, cluster, trace_step, background):
     """Run a one-session loop (single, model parallel, sync data parallel) with ``runner``."""
-    stepper = SessionSteps(session, fetch, feeds, problem, cluster, runner.history, trace_step,
-                           runner)
+    stepper = SessionSteps(session, fetch, feeds, problem, cluster, runner, trace_step)
 
     def body():
         try:
@@ -210,12 +218,12 @@ def single(problem, *, steps: int = 200, seed: int = 0, cluster=None, device: st
            trace_step: int | None = None, watchdog=True):
     """One process does everything (no cluster), or one task does (``cluster`` + ``device``,
     e.g. ``"/job:worker/task:0"``)."""
-    _checked_run(steps, seed, trace_step)
+    checks.run_arguments(steps, seed, trace_step)
     if device is not None:
         if cluster is None:
             raise ValueError(f"device={device!r} needs the cluster it is on: pass cluster= too, "
                              f"or leave device out to train in this process")
-        _check_cluster(cluster)
+        checks.cluster(cluster)
         device = _checked_device(cluster, device, "device")
     runner = Runner(RunHistory(name or "single", "single"), callbacks,
                     watchdog=watchdog_settings(watchdog))
@@ -229,8 +237,8 @@ def model_parallel(problem, cluster, plan: PlacementPlan | None = None, *, steps
                    seed: int = 0, background: bool = False, callbacks=(), name: str | None = None,
                    trace_step: int | None = None, watchdog=True):
     """Variables spread over the ps tasks by layer (or by ``plan``); compute on one task."""
-    _checked_run(steps, seed, trace_step)
-    _check_cluster(cluster)
+    checks.run_arguments(steps, seed, trace_step)
+    checks.cluster(cluster)
     runner = Runner(RunHistory(name or "model parallel", "model_parallel"), callbacks,
                     watchdog=watchdog_settings(watchdog))
     plan = plan or PlacementPlan.by_layer(cluster, job="ps")
@@ -264,17 +272,9 @@ def _with_train(built):
         return tf.identity(built.loss)
 
 
-def _checked_run(steps, seed, trace_step=None) -> None:
-    """The arguments every loop takes, checked before anything is built."""
-    checks.whole(steps, "steps", example=200)
-    checks.whole(seed, "seed", minimum=0, example=0)
-    if trace_step is not None:
-        checks.whole(trace_step, "trace_step", minimum=0, maximum=steps - 1, example=min(5, steps - 1))
-
-
 def _workers(cluster, workers, slow=None):
     """The worker devices a data-parallel run uses, and ``slow`` as {device: seconds}."""
-    _check_cluster(cluster)
+    checks.cluster(cluster)
     tasks = [f"worker:{i}" for i in range(len(cluster.addresses.get("worker", [])))]
     if not tasks:
         raise ValueError(f"data parallelism needs a 'worker' job; this cluster has: "
@@ -299,12 +299,6 @@ def _checked_device(cluster, device, what: str) -> str:
     return names.device(task)
 
 
-def _check_cluster(cluster) -> None:
-    if not hasattr(cluster, "addresses") or not hasattr(cluster, "target"):
-        raise ValueError(f"cluster={cluster!r}: pass a running cluster, e.g. "
-                         f"cluster = dtflab.start_cluster(3) or %dtf_cluster start 3")
-
-
 def _ps_plan(cluster):
     job = "ps" if "ps" in cluster.addresses else next(iter(cluster.addresses))
     return PlacementPlan.round_robin(cluster, job=job, compute=f"/job:{job}/task:0")
@@ -317,7 +311,7 @@ def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
     """A tower per worker on its slice of each global batch; gradients combined on the ps,
     applied once. A dead worker ends the run with a TaskError naming it. ``gradient_bits``
     16 or 8 sends gradients compressed (see graphs.sync_graph)."""
-    _checked_run(steps, seed, trace_step)
+    checks.run_arguments(steps, seed, trace_step)
     checks.one_of(gradient_bits, "gradient_bits", (32, 16, 8))
     watchdog = watchdog_settings(watchdog)
     devices, slow_devices = _workers(cluster, workers, slow)
@@ -358,7 +352,7 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
     Each worker's session sees only the non-worker tasks and its own worker
     (``device_filters``): no worker's step can wait on another worker.
     """
-    _checked_run(steps, seed)
+    checks.run_arguments(steps, seed)
     if checkpoint_every is not None:
         checks.whole(checkpoint_every, "checkpoint_every", example=20)
     watchdog = watchdog_settings(watchdog)
@@ -481,15 +475,11 @@ class _Downpour:
                                   int(after - before - 1))
                 except (tf.errors.OpError, RuntimeError) as error:  # RuntimeError: a closed session
                     stall, state["stall"] = state["stall"], None
-                    if stall is not None and dead_task(self.cluster) is None:
+                    if _stall_behind(error, stall, self.cluster, self.watch, name) is not None:
                         if not self._unstalled(state, stall, name, tries):
                             return None
                         tries += 1
                         continue
-                    if stall is not None:
-                        self.watch.settle(name, "a task had died")
-                    elif isinstance(error, RuntimeError):
-                        raise
                     with self.watch.paused(name) if self.watch else contextlib.nullcontext():
                         if not self._recovered(state, error, name):
                             return None

@@ -72,12 +72,12 @@ def ps_strategy(problem, cluster, *, steps: int = 200, seed: int = 0, background
     not measured here (TensorFlow does not expose which update a worker read). The watchdog
     reports a stalled step here but cannot end it (the coordinator owns the workers' calls).
     """
-    from dtflab.train.loops import _check_cluster, _checked_run
+    from dtflab import checks
     from dtflab.train.watchdog import settings as watchdog_settings
 
-    _checked_run(steps, seed)
-    _check_cluster(cluster)
-    watchdog_settings(watchdog)
+    checks.run_arguments(steps, seed)
+    checks.cluster(cluster)
+    watchdog = watchdog_settings(watchdog)
     tf = import_tf()
     strategy = strategy or strategy_for(cluster)
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
@@ -107,7 +107,7 @@ def ps_strategy(problem, cluster, *, steps: int = 200, seed: int = 0, background
 
     history = RunHistory(name or f"ParameterServerStrategy ({len(cluster.addresses['worker'])} workers)",
                          "ps_strategy", workers=["any worker"], cluster=cluster)
-    runner = Runner(history, callbacks, watchdog=watchdog_settings(watchdog))
+    runner = Runner(history, callbacks, watchdog=watchdog)
     pending = []  # (step, RemoteValue): up to 5 steps in flight
 
     def finished(keep: int):

@@ -122,7 +122,7 @@ class Watch:
                 self._times.setdefault(worker, collections.deque(maxlen=50)).append(
                     time.monotonic() - began[1])
         if stall is not None and stall.outcome == "stalled":
-            self._settle(stall, "resumed")
+            stall.outcome = "resumed"  # the history holds this object: its status follows
 
     def stalled(self, worker: str) -> Stall | None:
         """The stall ``worker`` is in now, if any."""
@@ -137,7 +137,7 @@ class Watch:
             if worker in self._began and outcome == "recovered":
                 self._began[worker] = (self._began[worker][0], time.monotonic())
         if stall is not None:
-            self._settle(stall, outcome)
+            stall.outcome = outcome
 
     @contextlib.contextmanager
     def paused(self, worker: str):
@@ -186,7 +186,3 @@ class Watch:
                 self.history.note_stall(stall)
                 if self.on_stall is not None:
                     self.on_stall(stall.worker)
-
-    def _settle(self, stall: Stall, outcome: str) -> None:
-        stall.outcome = outcome
-        self.history.note_stall(stall, new=False)
