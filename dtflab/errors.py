@@ -32,10 +32,10 @@ class StallError(DtflabError):
     """A step made no progress for far longer than usual and new sessions did not help
     (train.watchdog). ``stall`` says who, at which step, and for how long."""
 
-    def __init__(self, stall, tries: int):
+    def __init__(self, stall, what_was_tried: str):
         self.stall = stall
-        super().__init__(f"{stall}; gave up after {tries} new session(s): see "
-                         f"`%dtf_cluster status` and `%dtf_cluster logs`, or start a new cluster")
+        super().__init__(f"{stall}; {what_was_tried}: see `%dtf_cluster status` and "
+                         f"`%dtf_cluster logs`, or start a new cluster")
 
 
 class PortInUseError(TaskError):

@@ -82,3 +82,20 @@ def eager_context_created() -> bool:
         return context._context is not None and bool(context._context._initialized)
     except AttributeError as exc:
         raise _moved("eager context", "the fork server's safety check", exc) from None
+
+
+def patient_coordination(cluster_spec, heartbeat_s: float) -> None:
+    """Configure the coordination service MultiWorkerMirroredStrategy would start, with
+    ``heartbeat_s`` before a silent task counts as dead (TensorFlow's own default is 10 s, and
+    it ends every worker when it fires). Call before the strategy is made."""
+    try:
+        from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+        from tensorflow.python.distribute import multi_worker_util
+        from tensorflow.python.eager import context
+    except ImportError as exc:
+        raise _moved("coordination service config", "train.all_reduce's heartbeat", exc) from None
+    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+            for job in ("chief", "worker") if job in cluster_spec.jobs]
+    context.context().configure_coordination_service(
+        service_type="standalone", service_leader=multi_worker_util.coordination_leader(cluster_spec),
+        heartbeat_timeout_in_ms=int(heartbeat_s * 1000), coordinated_jobs=jobs)

@@ -108,9 +108,17 @@ def test_a_click_on_a_transfer_selects_its_records_on_the_timeline(sync_towers):
     link_to_timeline(partition, timeline)
     edges = partition.select(name="transfers")[0].data_source
     (callback,) = edges.selected.js_property_callbacks["change:indices"]
-    records = callback.args["records"].data["name"]
-    for names in edges.data["highlight"]:  # every edge lights up at least its RPC record
-        assert set(names.split("\n")) & set(records)
+    records = set(callback.args["records"].data["name"])
+    # TF records a RecvTensor RPC for most transfers of a step, not always all (measured: 3 of
+    # 25 traces missed some); every key the trace recorded must light up from its edge.
+    recorded = {t.key for t in sync_towers.transfers if t.start_us is not None}
+    assert len(recorded) >= len(sync_towers.transfers) // 2
+    lit = set()
+    for names in edges.data["highlight"]:
+        names = set(names.split("\n"))
+        assert names & records or not names & recorded
+        lit |= names & records
+    assert recorded <= lit
 
 
 def test_standalone_html_works_offline(model_parallel, tmp_path):

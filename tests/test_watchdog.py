@@ -30,7 +30,8 @@ def frozen(cluster, task: str):
     try:
         yield
     finally:
-        os.kill(pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):  # a restart may have replaced it
+            os.kill(pid, signal.SIGCONT)
 
 
 def steps_of(run, worker: str) -> int:
@@ -136,3 +137,54 @@ def test_no_watchdog_means_no_stall_reports(start_cluster):
                                            watchdog=None)
     assert history.stalls == [] and history.status == ""
     assert history.steps == 40
+
+
+def test_a_stalled_all_reduce_ends_with_a_stall_error_and_leaves_no_worker(tmp_path):
+    run = train.all_reduce(train.exp_regression(), workers=2, steps=100_000, background=True,
+                           watchdog=train.Watchdog(floor_s=1.0, retries=1))
+    programs = run.history.cluster
+    assert wait_until(lambda: run.history.steps >= 60, timeout=90)
+    with frozen(programs, "worker:1"):
+        with pytest.raises(StallError, match=r"^the run stalled at step \d+: no step for .*"
+                                             r"still no step after \d+\.\d s, so the run ended"):
+            run.wait(timeout=60)
+    assert run.history.stalls[-1].outcome == "gave up"
+    assert run.history.failures and "so the run ended" in run.history.failures[-1]
+    assert all(str(t.state) != "running" for t in programs.tasks)
+
+
+def test_a_stalled_all_reduce_with_checkpoints_restarts_every_worker_and_goes_on(tmp_path):
+    run = train.all_reduce(train.exp_regression(), workers=2, steps=100_000, background=True,
+                           checkpoint_every=20, checkpoint_dir=str(tmp_path),
+                           watchdog=train.Watchdog(floor_s=1.0, retries=0))
+    programs = run.history.cluster
+    try:
+        assert wait_until(lambda: run.history.steps >= 60, timeout=90)
+        with frozen(programs, "worker:1"):
+            assert wait_until(lambda: run.history.recoveries, timeout=60), run.history.summary()
+        going = run.history.steps
+        assert wait_until(lambda: run.history.steps > going + 40, timeout=60), run.history.summary()
+    finally:
+        history = run.stop()
+    assert run.error is None
+    (recovery,) = history.recoveries
+    assert recovery.restarted == "every worker" and recovery.lost < 20 + 1
+    assert history.stalls[0].outcome == "recovered"
+
+
+def test_a_worker_frozen_past_tensorflows_own_heartbeat_does_not_end_the_all_reduce():
+    # TensorFlow ends every worker after 10 s without a heartbeat; dtflab's workers allow 120 s
+    # and leave the decision to the watchdog (here: patient enough for a 13 s freeze).
+    run = train.all_reduce(train.exp_regression(), workers=2, steps=100_000, background=True,
+                           watchdog=train.Watchdog(floor_s=10.0, retries=1))
+    programs = run.history.cluster
+    try:
+        assert wait_until(lambda: run.history.steps >= 60, timeout=90)
+        with frozen(programs, "worker:1"):
+            time.sleep(13)
+        going = run.history.steps
+        assert wait_until(lambda: run.history.steps > going + 40, timeout=30), run.history.summary()
+    finally:
+        history = run.stop()
+    assert run.error is None and not history.failures
+    assert [stall.outcome for stall in history.stalls] == ["resumed"]

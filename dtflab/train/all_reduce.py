@@ -15,6 +15,7 @@ agree on the last step inside the next all-reduce.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from dtflab import names
 from dtflab.cluster.task import TaskState
-from dtflab.errors import TaskError
+from dtflab.errors import StallError, TaskError
 from dtflab.train.checkpoints import Recovery
 from dtflab.train.history import RunHistory
 from dtflab.train.runner import Runner, Update
@@ -76,8 +77,9 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
     ``lockstep=True`` makes each worker wait, after each step, until this notebook has
     recorded it and run the callbacks: callbacks then see the workers between steps (what
     ``WireBytes`` needs for exact per-step bytes; it turns this on), for one local round trip
-    per step. The watchdog reports a step that stalls (every worker waits in the collective)
-    but cannot end it; a dead worker ends the run as above.
+    per step. The watchdog reports a step that stalls (every worker waits in the collective);
+    if it lasts ``1 + retries`` times the watchdog's bound, the run restarts every worker from
+    the newest checkpoint (with ``checkpoint_every``) or ends with a ``StallError``.
     """
     from dtflab import checks
     from dtflab.cluster import MAX_THREADS
@@ -124,7 +126,7 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
                          workers=[f"worker:{i}" for i in range(workers)], cluster=cluster)
     history.details["fingerprints"] = {worker: [] for worker in history.workers}
     runner = Runner(history, callbacks, on_stop=reports.send_stop, watchdog=watchdog)
-    job = _Job(cluster, reports, history, checkpoint_every, timeout, lockstep)
+    job = _Job(cluster, reports, history, checkpoint_every, timeout, lockstep, runner.watch)
 
     def body():
         try:
@@ -148,13 +150,22 @@ def _escaped(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
 
+class _Stalled(Exception):
+    """The watchdog's stall lasted past its retries: the job must restart or end."""
+
+    def __init__(self, stall):
+        super().__init__(str(stall))
+        self.stall = stall
+
+
 class _Job:
     """The worker programs of one run, seen from the notebook: their step reports, and the
-    restart of all of them after one died (when they checkpoint)."""
+    restart of all of them after one died or the run stalled (when they checkpoint)."""
 
-    def __init__(self, cluster, reports, history, checkpoint_every, timeout, lockstep):
+    def __init__(self, cluster, reports, history, checkpoint_every, timeout, lockstep, watch):
         self.cluster, self.reports, self.history = cluster, reports, history
         self.checkpoint_every, self.timeout, self.lockstep = checkpoint_every, timeout, lockstep
+        self.watch = watch
         self.last_step = -1
         self.recorded = False  # the previous step's records went through the runner
 
@@ -168,9 +179,12 @@ class _Job:
         self.recorded = False
         while True:
             try:
-                messages = self.reports.next_step(self.cluster)
+                messages = self.reports.next_step(self.cluster, self._waiting)
             except WorkerDied as died:
                 self._after_death(died)
+                continue
+            except _Stalled as stalled:
+                self._after_stall(stalled.stall)
                 continue
             if messages is None:
                 return None
@@ -184,19 +198,50 @@ class _Job:
 
     def _after_death(self, died: WorkerDied) -> None:
         step = self.last_step + 1
+        if self.watch is not None and self.watch.stalled("all") is not None:
+            self.watch.settle("all", "a task had died")
         failure = (f"{died.worker} {died.status} during step {step}: every other worker waits "
                    f"for it in the all-reduce, so the whole job stopped")
         self.history.failures.append(failure)
         if not self.checkpoint_every:
             raise TaskError(*names.split(died.worker), f"{died.status} during step {step}; every other "
                             f"worker waits for it in the all-reduce, so the whole job stopped "
-                            f"(pass checkpoint_every=K to resume from a checkpoint)") from None
+                            f"(pass checkpoint_every=K to resume from a checkpoint)",
+                            log_tail=self.cluster.logs(*names.split(died.worker))[-4000:]) from None
+        self._restart_all(died.worker, step)
+
+    def _waiting(self) -> None:
+        """While no report comes: a stall that has lasted ``1 + retries`` times its bound (the
+        time a session loop spends on its new sessions) is given up on."""
+        stall = self.watch.stalled("all") if self.watch is not None else None
+        if stall is not None and self.watch.waited_s("all") >= stall.bound_s * (
+                1 + self.watch.settings.retries):
+            raise _Stalled(stall)
+
+    def _after_stall(self, stall) -> None:
+        """A collective cannot be cancelled from here: without checkpoints the run ends with a
+        StallError; with them every worker restarts from the newest one."""
+        waited = self.watch.waited_s("all")
+        if not self.checkpoint_every:
+            error = StallError(stall, f"still no step after {waited:.1f} s, so the run ended "
+                                      f"(pass checkpoint_every=K to restart every worker from a "
+                                      f"checkpoint instead)")
+            self.history.failures.append(str(error))
+            self.watch.settle("all", "gave up")
+            raise error
+        self.history.failures.append(f"{stall}; no step for {waited:.1f} s: every worker restarts")
+        self._restart_all("the run (stalled)", self.last_step + 1)
+        self.watch.settle("all", "recovered")
+
+    def _restart_all(self, cause: str, step: int) -> None:
+        """Restart every worker (the survivors hang in a collective) from the newest checkpoint."""
         began = time.perf_counter()
-        for worker in self.history.workers:  # the survivors hang in a collective: all go
-            self.cluster.restart(*names.split(worker))
-        hellos = self.reports.accept(self.cluster, self.timeout)
+        with self.watch.paused("all") if self.watch is not None else contextlib.nullcontext():
+            for worker in self.history.workers:
+                self.cluster.restart(*names.split(worker))
+            hellos = self.reports.accept(self.cluster, self.timeout)
         resumed = min(hello["resumed_at"] for hello in hellos.values())
-        self.history.recoveries.append(Recovery(died.worker, step, resumed,
+        self.history.recoveries.append(Recovery(cause, step, resumed,
                                                 time.perf_counter() - began, "every worker"))
 
 
@@ -253,8 +298,9 @@ class Reports:
             pass
         messages.put({"kind": "closed"})
 
-    def next_step(self, cluster) -> list[dict] | None:
-        """Every worker's next ``step`` message (the same step), or ``None`` when all are done."""
+    def next_step(self, cluster, waiting=lambda: None) -> list[dict] | None:
+        """Every worker's next ``step`` message (the same step), or ``None`` when all are done.
+        ``waiting()`` is called every POLL_S while none comes (it may raise to end the wait)."""
         messages = []
         for worker in sorted(self.queues):
             while True:
@@ -262,6 +308,7 @@ class Reports:
                     message = self.queues[worker].get(timeout=POLL_S)
                 except queue.Empty:
                     self._check_alive(cluster)
+                    waiting()
                     continue
                 if message["kind"] == "step":
                     messages.append(message)

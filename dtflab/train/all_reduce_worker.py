@@ -26,6 +26,12 @@ import time
 
 #: How long a worker keeps trying to reach the notebook that started it.
 CONNECT_TIMEOUT_S = 60.0
+#: Seconds without a heartbeat before TensorFlow's coordination service counts a worker as
+#: dead and ends every worker. TensorFlow's default, 10 s, ends the whole job when one worker is
+#: starved of CPU that long (measured: a worker frozen for 13 s ended both); dtflab notices dead
+#: workers itself (their process ends) and stalled steps with its watchdog, so TensorFlow's
+#: check is only the last resort here.
+HEARTBEAT_S = 120.0
 
 
 def arguments(argv):
@@ -86,6 +92,7 @@ def main(argv=None) -> int:
     args = arguments(sys.argv[1:] if argv is None else argv)
     import tensorflow as tf
 
+    from dtflab.tf_private import patient_coordination
     from dtflab.train.problems import Problem
 
     if args.threads:
@@ -100,6 +107,7 @@ def main(argv=None) -> int:
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING,
         timeout_seconds=args.timeout or None)
+    patient_coordination(resolver.cluster_spec(), HEARTBEAT_S)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(resolver, communication_options=options)
     workers = strategy.num_replicas_in_sync
     share = problem.batch_size // workers

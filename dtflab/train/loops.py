@@ -141,7 +141,7 @@ class SessionSteps:
                 return self._run(step, feed)
             except _Stalled as stalled:
                 if tries == self.watch.settings.retries:
-                    error = StallError(stalled.stall, tries)
+                    error = StallError(stalled.stall, f"gave up after {tries} new session(s)")
                     self.history.failures.append(str(error))
                     self.watch.settle("all", "gave up")
                     raise error from None

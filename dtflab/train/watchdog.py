@@ -11,7 +11,9 @@ has finished a step (the first step builds the graph on every task). The watchdo
   batch again, up to ``retries`` times in a row; after that the worker (in a synchronous loop,
   the run) ends with a ``TaskError`` saying it stalled at step N.
 
-Loops that cannot recover a step (all-reduce, ParameterServerStrategy) still report it.
+``all_reduce`` cannot cancel a collective: a stall that lasts ``1 + retries`` times its bound
+restarts every worker from a checkpoint, or ends the run with a ``StallError``.
+``ps_strategy`` only reports a stall (its coordinator owns the call).
 
 In [1]: train.async_parameter_server(problem, cluster, watchdog=train.Watchdog(floor_s=2))
 In [2]: train.async_parameter_server(problem, cluster, watchdog=None)   # no watchdog
@@ -128,6 +130,12 @@ class Watch:
         """The stall ``worker`` is in now, if any."""
         with self._lock:
             return self._current.get(worker)
+
+    def waited_s(self, worker: str) -> float:
+        """How long ``worker``'s step in progress has run (0 if none is)."""
+        with self._lock:
+            began = self._began.get(worker)
+        return time.monotonic() - began[1] if began is not None else 0.0
 
     def settle(self, worker: str, outcome: str) -> None:
         """The loop's answer to a stall: "recovered" (a new session is running the step) or
