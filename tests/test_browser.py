@@ -12,8 +12,10 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -52,6 +54,18 @@ ALL_EXECUTED = """() => { const nb = window.jupyterapp.shell.currentWidget;
 KERNEL_IDLE = """() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
     const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
     return !!k && k.status === 'idle'; }"""
+UNFINISHED = """() => { const nb = window.jupyterapp.shell.currentWidget;
+    const cells = nb.content.widgets.filter(c => c.model.type === 'code');
+    const open = cells.filter(c => c.model.executionCount === null);
+    const first = open[0];
+    const text = first ? first.model.outputs.toJSON().map(o => o.text || JSON.stringify(o.data || o.evalue || '')).join('') : '';
+    return `kernel ${nb.sessionContext.session.kernel.status}; ${open.length} of ${cells.length} code cells `
+        + `unfinished; the first: ${first ? JSON.stringify(first.model.sharedModel.getSource().slice(0, 200)) : '-'}`
+        + `; its output ends ${JSON.stringify(text.slice(-300))}`; }"""
+#: How long a notebook's run-all may take in the browser (the longest took 50 s in CI).
+RUN_ALL_S = 300
+#: url -> (the lab server's pid, its log): where a hung kernel's stacks are printed.
+SERVERS = {}
 ERROR_OUTPUTS = """() => window.jupyterapp.shell.currentWidget.content.widgets
     .filter(c => c.model.type === 'code')
     .flatMap(c => c.model.outputs.toJSON())
@@ -75,6 +89,10 @@ def lab(tmp_path):
     (port,), token = free_ports(1), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                IPYTHONDIR=str(tmp_path / "ipython"))
+    startup = tmp_path / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-stacks-on-sigusr1.py").write_text(
+        "import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n")
     log = open(tmp_path / "lab.log", "wb")
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
@@ -82,6 +100,7 @@ def lab(tmp_path):
          f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True",
          "--ServerApp.allow_root=True"], env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
+    SERVERS[url] = (server.pid, tmp_path / "lab.log")
 
     def up():
         try:
@@ -117,12 +136,36 @@ def page():
 
 
 def open_and_run_all(page, url, token, notebook):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page.goto(f"{url}/lab/tree/notebooks/{notebook}?token={token}")
     page.wait_for_selector(".jp-Notebook", timeout=90_000)
     page.wait_for_function(KERNEL_IDLE, timeout=120_000)
-    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-    page.wait_for_function(ALL_EXECUTED, timeout=600_000, polling=1000)
+    # Not awaited: execute()'s promise ends with the last cell, and evaluate() has no timeout.
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    try:
+        page.wait_for_function(ALL_EXECUTED, timeout=RUN_ALL_S * 1000, polling=1000)
+    except PlaywrightTimeout:
+        raise AssertionError(f"{notebook} did not finish in {RUN_ALL_S} s; "
+                             f"{page.evaluate(UNFINISHED)}\n{kernel_stacks(url)}") from None
     assert page.evaluate(ERROR_OUTPUTS) == []
+
+
+def kernel_stacks(url) -> str:
+    """Every thread's stack in the lab's kernels (faulthandler, armed by the startup file the
+    ``lab`` fixture writes, prints them to the server's log on SIGUSR1), the main thread first."""
+    import psutil
+
+    server, log = SERVERS[url]
+    start = log.stat().st_size
+    kernels = [p for p in psutil.Process(server).children(recursive=True)
+               if "ipykernel_launcher" in " ".join(p.cmdline())]
+    for kernel in kernels:
+        kernel.send_signal(signal.SIGUSR1)
+    time.sleep(2)
+    with open(log, "rb") as text:
+        text.seek(start)
+        return f"kernel stacks ({len(kernels)} kernel(s)):\n" + text.read().decode(errors="replace")[:8000]
 
 
 def ink(png: bytes) -> int:

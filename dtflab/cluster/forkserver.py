@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -248,6 +249,8 @@ def serve(control: socket.socket) -> int:
     signal.set_wakeup_fd(wake_write.fileno())
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select below
     children: set[int] = set()
+    gc.collect()
+    gc.freeze()
     control.send(json.dumps({"ready": os.getpid()}).encode())
     with selectors.DefaultSelector() as events:
         events.register(control, selectors.EVENT_READ, "control")
