@@ -249,6 +249,9 @@ def serve(control: socket.socket) -> int:
     signal.set_wakeup_fd(wake_write.fileno())
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select below
     children: set[int] = set()
+    # Everything imported so far goes to the GC's permanent generation: a child's collections
+    # then never write to those objects' headers, so their pages stay shared (measured: four
+    # all-reduce workers 778 -> 547 MB of private memory).
     gc.collect()
     gc.freeze()
     control.send(json.dumps({"ready": os.getpid()}).encode())

@@ -111,6 +111,8 @@ class Task:
         A fork server that refuses (forking would not be safe) is replaced by a spawn."""
         from dtflab.cluster.launch import Spawner
 
+        if self.process is not None:  # the one it replaces, which may have ended by itself
+            self.process.close_stdin()
         self.state, self.exit_code, self._final_log = TaskState.STARTING, None, None
         try:
             self.process, ready_fd = launcher.launch(command.module, command.args, self.log_path,

@@ -324,14 +324,18 @@ class Reports:
         """Raise WorkerDied for a worker program that ended without saying it was done."""
         deadline = time.monotonic() + wait_s
         while True:
-            # states(): a cheap read; tasks (with its memory figures) only for the dead one
-            for name, state in cluster.states(programs_only=True).items():
-                if name in self.done or name in waiting_for:
-                    continue
-                if state is TaskState.KILLED:
-                    raise WorkerDied(name, "was killed")
-                if state is TaskState.EXITED:
-                    raise WorkerDied(name, next(t.status for t in cluster.tasks if t.name == name))
+            # states(): a cheap read; tasks (with its memory figures) only for the dead ones
+            dead = [name for name, state in cluster.states(programs_only=True).items()
+                    if name not in self.done and name not in waiting_for
+                    and state in (TaskState.KILLED, TaskState.EXITED)]
+            if dead:
+                # The cause first: a survivor's collective fails once its peer is gone, and it
+                # may exit (code 1) before this look.
+                infos = sorted((t for t in cluster.tasks if t.name in dead),
+                               key=lambda t: (t.state is not TaskState.KILLED, (t.exit_code or 0) >= 0))
+                first = infos[0]
+                raise WorkerDied(first.name, "was killed" if first.state is TaskState.KILLED
+                                 else first.status)
             if time.monotonic() >= deadline:
                 return
             time.sleep(0.1)
