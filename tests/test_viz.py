@@ -126,3 +126,39 @@ def test_standalone_html_works_offline(model_parallel, tmp_path):
     html = open(path).read()
     assert "Bokeh" in html and "cdn.bokeh.org" not in html
     assert "Partitioned graph" in html and "Bytes on the wire" in html
+
+
+def test_the_scaling_models_follow_their_formulas():
+    from dtflab.viz.scaling import ScalingModel
+
+    model = ScalingModel(step_s=1.0, compute_s=0.8, wire_s=0.1)  # rest 0.1 s
+    assert model.amdahl(1) == model.communication(1) == 1.0
+    assert model.amdahl(4) == pytest.approx(1 / (0.2 + 0.8 / 4))  # 2.5x
+    assert model.communication(4) == pytest.approx(1 / (0.8 / 4 + 0.1 + 4 * 0.1))  # 1.43x
+    assert model.best_workers == pytest.approx(8 ** 0.5)
+    assert model.communication(model.best_workers) > max(model.communication(2), model.communication(4))
+
+
+def test_the_scaling_picture_starts_from_a_traced_one_worker_step(cluster):
+    from dtflab import train
+    from dtflab.viz.scaling import GOOGLE_2016, ScalingModel, scaling_figure, speedups
+
+    history = train.sync_data_parallel(train.classification(width=64, batch_size=256), cluster,
+                                       steps=3, workers=1, trace_step=1)
+    model = ScalingModel.from_trace(history.trace)
+    worker = next(t for d, t in history.trace.device_totals().items() if "/job:worker" in d)
+    assert model.compute_s == pytest.approx(worker["compute_us"] / 1e6)
+    assert 0 < model.parallel_fraction < 1 and model.compute_s + model.wire_s <= model.step_s
+    assert model.amdahl(64) < 1 / (1 - model.parallel_fraction)
+    rates = {1: 10.0, 2: 15.0}
+    fig = scaling_figure(rates, model)
+    assert renderer(fig, "measured")["y"] == [1.0, 1.5]
+    quoted = renderer(fig, "quoted")
+    assert list(zip(quoted["x"], quoted["y"])) == [(50, 40.0), (500, 300.0)]
+    assert all(q.source.startswith("Google") for q in GOOGLE_2016)
+    assert any("their figures" in item.label["value"] for item in fig.legend[0].items)
+    with pytest.raises(ValueError, match=r"rates has no one-worker run \(keys \[2, 4\]\)"):
+        speedups({2: 1.0, 4: 2.0})
+    two = train.sync_data_parallel(train.exp_regression(), cluster, steps=3, workers=2, trace_step=1)
+    with pytest.raises(ValueError, match="the trace has 2 worker devices"):
+        ScalingModel.from_trace(two.trace)
