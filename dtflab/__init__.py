@@ -45,6 +45,10 @@ def __getattr__(name):
         from dtflab.viz.architectures import architectures
 
         return architectures
+    if name in ("ScalingModel", "scaling_figure"):
+        from dtflab.viz import scaling
+
+        return getattr(scaling, name)
     if name == "short_device":
         from dtflab.names import short
 
@@ -95,6 +99,7 @@ def load_ipython_extension(ipython) -> None:
 
 
 __all__ = ["Cluster", "PlacementPlan", "PlacementEditor", "Dashboard", "architectures",
+           "ScalingModel", "scaling_figure",
            "short_device", "show", "compare", "train", "TaskInfo", "TaskState", "start_cluster", "run",
            "trace", "profile", "tf_log", "DtflabError",
            "NotSupportedError", "TaskError", "__version__"]

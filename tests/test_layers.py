@@ -85,7 +85,8 @@ def test_a_moved_private_module_names_the_feature_that_broke(monkeypatch):
 
 
 def test_the_names_a_notebook_uses_come_from_dtflab_or_dtflab_train():
-    from dtflab import Dashboard, PlacementEditor, PlacementPlan, TaskError, short_device  # noqa: F401
+    from dtflab import (Dashboard, PlacementEditor, PlacementPlan, ScalingModel,  # noqa: F401
+                        TaskError, scaling_figure, short_device)
     from dtflab.train import (all_reduce, async_parameter_server, model_parallel,  # noqa: F401
                               ps_strategy, single, strategy_for, sync_data_parallel)
 

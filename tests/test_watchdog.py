@@ -143,7 +143,7 @@ def test_a_stalled_all_reduce_ends_with_a_stall_error_and_leaves_no_worker(tmp_p
     run = train.all_reduce(train.exp_regression(), workers=2, steps=100_000, background=True,
                            watchdog=train.Watchdog(floor_s=1.0, retries=1))
     programs = run.history.cluster
-    assert wait_until(lambda: run.history.steps >= 60, timeout=90)
+    assert wait_until(lambda: run.history.steps >= 60, timeout=90), (run.error, run.history.summary())
     with frozen(programs, "worker:1"):
         with pytest.raises(StallError, match=r"^the run stalled at step \d+: no step for .*"
                                              r"still no step after \d+\.\d s, so the run ended"):
@@ -159,7 +159,7 @@ def test_a_stalled_all_reduce_with_checkpoints_restarts_every_worker_and_goes_on
                            watchdog=train.Watchdog(floor_s=1.0, retries=0))
     programs = run.history.cluster
     try:
-        assert wait_until(lambda: run.history.steps >= 60, timeout=90)
+        assert wait_until(lambda: run.history.steps >= 60, timeout=90), (run.error, run.history.summary())
         with frozen(programs, "worker:1"):
             assert wait_until(lambda: run.history.recoveries, timeout=60), run.history.summary()
         going = run.history.steps
@@ -179,7 +179,7 @@ def test_a_worker_frozen_past_tensorflows_own_heartbeat_does_not_end_the_all_red
                            watchdog=train.Watchdog(floor_s=10.0, retries=1))
     programs = run.history.cluster
     try:
-        assert wait_until(lambda: run.history.steps >= 60, timeout=90)
+        assert wait_until(lambda: run.history.steps >= 60, timeout=90), (run.error, run.history.summary())
         with frozen(programs, "worker:1"):
             time.sleep(13)
         going = run.history.steps
