@@ -55,8 +55,15 @@ def did_you_mean(word, choices) -> str:
 
 
 def _last_meaningful_line(text: str) -> str:
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip()
+    """The line that says what went wrong: the last one, or, after a crash that faulthandler
+    followed with every thread's stack, the crash's own line (``free(): invalid size; Fatal
+    Python error: Aborted``)."""
+    lines = [line.strip() for line in text.strip().splitlines()]
+    fatal = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error:")]
+    if fatal:
+        before = _last_meaningful_line("\n".join(lines[:fatal[-1]]))
+        return "; ".join(part for part in (before, lines[fatal[-1]]) if part)[:300]
+    for line in reversed(lines):
         if line and not line.startswith(("WARNING: All log messages", "I0000", "W0000")):
             return line[:300]
     return ""

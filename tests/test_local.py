@@ -49,7 +49,11 @@ def test_stop_ends_every_process_and_frees_every_port(start_cluster):
     assert all(t.state is TaskState.STOPPED for t in cluster.tasks)
     for port in ports:
         with socket.socket() as s:
+            # SO_REUSEADDR: a connection of an earlier test may have left this port number in
+            # TIME_WAIT; what must fail here is a process still listening on it.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("", port))
+            s.listen()
     cluster.stop()  # twice is fine
 
 

@@ -92,6 +92,20 @@ def test_a_failing_program_is_a_task_error_with_its_last_stderr_lines(run_progra
     assert [t.status for t in cluster.tasks] == ["exited with code 0", "exited with code 1"]
 
 
+def test_a_program_that_crashes_in_c_leaves_its_python_stack_in_the_log(run_programs, tmp_path):
+    script = tmp_path / "crashes.py"
+    script.write_text("import os, sys\n"
+                      "def deep_inside_the_runtime():\n"
+                      "    print('free(): invalid size', file=sys.stderr, flush=True)\n"
+                      "    os.abort()\n"
+                      "deep_inside_the_runtime()\n")
+    cluster = run_programs(script, workers=1)
+    with pytest.raises(TaskError, match=r"^worker:0 exited with code -6: free\(\): invalid size; "
+                                        r"Fatal Python error: Aborted$") as raised:
+        cluster.wait(timeout=60)
+    assert 'line 4 in deep_inside_the_runtime' in cluster.logs("worker:0")
+
+
 def test_kill_and_restart_a_program_task(run_programs, tmp_path):
     script = tmp_path / "sleeper.py"
     script.write_text("import os, time\nprint('run', os.getpid(), flush=True)\ntime.sleep(600)\n")

@@ -8,7 +8,7 @@ import weakref
 
 from dtflab.cluster.ports import choose_ports
 from dtflab.cluster.spec import Layout, layout_to_legacy_spec, parse_address, parse_task
-from dtflab.cluster.task import TaskInfo, TaskState
+from dtflab.cluster.task import TaskInfo, TaskState, log_tail
 from dtflab.errors import NotSupportedError, PortInUseError, TaskError
 
 _running: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
@@ -319,7 +319,7 @@ class Cluster:
         return {}
 
     def _task_log_tail(self, job: str, index: int, lines: int = 12) -> str:
-        return "\n".join(self._task_logs(job, index).splitlines()[-lines:])
+        return log_tail(self._task_logs(job, index), lines)
 
     def _server_args(self, job: str, index: int) -> list[str]:
         return []
@@ -415,3 +415,4 @@ def _ui():
     import importlib
 
     return importlib.import_module(UI)
+

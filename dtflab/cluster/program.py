@@ -4,7 +4,8 @@
 ``__name__ == "__main__"``, the working directory is the caller's, and the environment carries
 ``TF_CONFIG`` (set by the cluster). The process ends when its owner does (``--exit_with_parent``
 as for task servers). Exit code: the script's (``sys.exit``), 1 for an uncaught exception (its
-traceback goes to the task's log), 0 otherwise.
+traceback goes to the task's log), 0 otherwise. A crash in C++ (an abort, a segfault) leaves every
+thread's Python stack in the log (``faulthandler``).
 
 The process then ends with a normal interpreter exit, as ``python SCRIPT`` would: atexit
 handlers run and TensorFlow shuts down as usual (MultiWorkerMirroredStrategy's workers wait
@@ -14,6 +15,7 @@ for each other there), also in a task forked from the fork server.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import runpy
 import sys
@@ -66,6 +68,9 @@ def main(argv=None) -> int:
     if ready_fd is not None:
         with os.fdopen(ready_fd, "w") as ready:
             ready.write(f"ready {os.getpid()}\n")
+    # A crash inside TensorFlow's C++ (an abort, a segfault) leaves the Python stack of every
+    # thread in the task's log, where `%dtf_cluster logs` and a TaskError's last lines show it.
+    faulthandler.enable()
     return run_script(args.script, args.args)
 
 

@@ -168,7 +168,7 @@ class Task:
             return ""
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        return "\n".join(self.logs().splitlines()[-lines:])
+        return log_tail(self.logs(), lines)
 
 
 def stop_all(tasks, *, grace: float = STOP_GRACE_S) -> None:
@@ -227,3 +227,20 @@ def await_ready(pending: dict, timeout: float) -> None:
         for ready_fd in pending.values():
             with contextlib.suppress(OSError):
                 os.close(ready_fd)
+
+
+def log_tail(log: str, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a task's log; after a crash that faulthandler reported, the
+    crash's own lines and the crashing thread's stack instead (the other threads' stacks and
+    the list of extension modules come after them)."""
+    text = log.splitlines()
+    fatal = [i for i, line in enumerate(text) if line.startswith("Fatal Python error:")]
+    if not fatal:
+        return "\n".join(text[-lines:])
+    start = fatal[-1]
+    current = next((i for i in range(start, len(text)) if text[i].startswith("Current thread")), None)
+    stack = []
+    if current is not None:
+        stack = [text[current]] + [line for line in text[current + 1:current + 1 + lines]
+                                   if line.startswith("  File")]
+    return "\n".join(text[max(start - 2, 0):start + 1] + stack)

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from dtflab import names
-from dtflab.cluster.task import TaskState
+from dtflab.cluster.task import TaskState, log_tail
 from dtflab.errors import StallError, TaskError
 from dtflab.train.checkpoints import Recovery
 from dtflab.train.history import RunHistory
@@ -170,7 +170,10 @@ class _Job:
         self.recorded = False  # the previous step's records went through the runner
 
     def start(self) -> dict:
-        return self.reports.accept(self.cluster, self.timeout)
+        try:
+            return self.reports.accept(self.cluster, self.timeout)
+        except WorkerDied as died:
+            raise self._error(died, f"{died.status} before its first step") from None
 
     def step(self, _):
         """The next step's records, one per worker; ``None`` once every worker is done."""
@@ -204,11 +207,14 @@ class _Job:
                    f"for it in the all-reduce, so the whole job stopped")
         self.history.failures.append(failure)
         if not self.checkpoint_every:
-            raise TaskError(*names.split(died.worker), f"{died.status} during step {step}; every other "
-                            f"worker waits for it in the all-reduce, so the whole job stopped "
-                            f"(pass checkpoint_every=K to resume from a checkpoint)",
-                            log_tail=self.cluster.logs(*names.split(died.worker))[-4000:]) from None
+            raise self._error(died, f"{died.status} during step {step}; every other worker waits "
+                                    f"for it in the all-reduce, so the whole job stopped (pass "
+                                    f"checkpoint_every=K to resume from a checkpoint)") from None
         self._restart_all(died.worker, step)
+
+    def _error(self, died: WorkerDied, what: str) -> TaskError:
+        return TaskError(*names.split(died.worker), what,
+                         log_tail=log_tail(self.cluster.logs(*names.split(died.worker))))
 
     def _waiting(self) -> None:
         """While no report comes: a stall that has lasted ``1 + retries`` times its bound (the
@@ -239,7 +245,10 @@ class _Job:
         with self.watch.paused("all") if self.watch is not None else contextlib.nullcontext():
             for worker in self.history.workers:
                 self.cluster.restart(*names.split(worker))
-            hellos = self.reports.accept(self.cluster, self.timeout)
+            try:
+                hellos = self.reports.accept(self.cluster, self.timeout)
+            except WorkerDied as died:
+                raise self._error(died, f"{died.status} while every worker restarted") from None
         resumed = min(hello["resumed_at"] for hello in hellos.values())
         self.history.recoveries.append(Recovery(cause, step, resumed,
                                                 time.perf_counter() - began, "every worker"))
