@@ -4,6 +4,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -259,3 +260,29 @@ def test_dtflab_server_stops_cleanly_on_sigterm():
             process.kill()
         process.stdout.close()
         process.stderr.close()
+
+
+def test_a_port_let_back_out_again_reaches_its_new_listener(run_programs, tmp_path):
+    # train.all_reduce lets its workers reach an ephemeral port of this process; the OS may hand
+    # the same number to a later run, which must get through too.
+    script = tmp_path / "calls_back.py"
+    script.write_text("import socket, sys\n"
+                      "with socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=10) as s:\n"
+                      "    s.sendall(b'hello from the task')\n")
+    first = socket.create_server(("127.0.0.1", 0))
+    port = first.getsockname()[1]
+    (tmp_path / "idle.py").write_text("")
+    cluster = run_programs(tmp_path / "idle.py", workers=1)
+    cluster.let_tasks_reach(port)
+    first.close()
+    with socket.socket() as second:
+        second.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        second.bind(("127.0.0.1", port))
+        second.listen()
+        cluster.let_tasks_reach(port)
+        caller = run_programs(script, str(port), workers=1)
+        second.settimeout(30)
+        connection, _ = second.accept()
+        with connection:
+            assert connection.recv(100) == b"hello from the task"
+        assert caller.wait(timeout=30) == {"worker:0": 0}

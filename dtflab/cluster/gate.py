@@ -258,11 +258,20 @@ class _Doors:
         return "ok"
 
 
+#: Ports already let back out. Each stays open (it leads to whatever listens on that port of
+#: the owner's machine), so a later request for the same number, which the owner's OS may hand
+#: out again, is already answered.
+_reversed: set[int] = set()
+
+
 def _reverse(port: int, outside: _Outside) -> str:
+    if port in _reversed:
+        return f"ok {port}"
     try:
         listener = socket.create_server(("127.0.0.1", port))  # inside the namespace
     except OSError as exc:
         return f"failed {port} {exc.strerror}"
+    _reversed.add(port)
     threading.Thread(target=_accept_until_closed, args=(listener, _back_out(outside), port),
                      daemon=True).start()
     return f"ok {port}"
