@@ -286,3 +286,14 @@ def test_a_port_let_back_out_again_reaches_its_new_listener(run_programs, tmp_pa
         with connection:
             assert connection.recv(100) == b"hello from the task"
         assert caller.wait(timeout=30) == {"worker:0": 0}
+
+
+def test_a_spawned_program_gets_exactly_its_own_arguments(run_programs, tmp_path):
+    # The launcher appends --netns and --ready_fd after the script's arguments; the script
+    # must not see them (all_reduce(start_method="spawn") failed on "--netns").
+    script = tmp_path / "argv.py"
+    script.write_text("import json, sys\nprint(json.dumps(sys.argv[1:]), flush=True)\n")
+    cluster = run_programs(script, "--steps=3", "plain", workers=1, start_method="spawn")
+    assert cluster.start_method == "spawn"
+    assert cluster.wait(timeout=120) == {"worker:0": 0}
+    assert json.loads(cluster.logs("worker:0").strip().splitlines()[-1]) == ["--steps=3", "plain"]

@@ -52,11 +52,13 @@ def run_script(script: str, args: list[str]) -> int:
 def main(argv=None) -> int:
     # Options come before the script; everything after it is the script's own.
     argv = list(sys.argv[1:] if argv is None else argv)
-    ready_fd = None
-    if "--ready_fd" in argv:  # appended by the launcher, after the script's arguments
-        at = len(argv) - 1 - argv[::-1].index("--ready_fd")
-        ready_fd, argv = int(argv[at + 1]), argv[:at] + argv[at + 2:]
+    appended = {}  # the launcher appends --ready_fd and --netns after the script's arguments
+    while len(argv) >= 2 and argv[-2] in ("--ready_fd", "--netns"):
+        appended[argv[-2]], argv = int(argv[-1]), argv[:-2]
+    ready_fd = appended.get("--ready_fd")
     args = build_parser().parse_args(argv)
+    if "--netns" in appended:
+        args.netns = appended["--netns"]
     if args.netns is not None:  # first: joining a user namespace needs a single thread
         from dtflab.cluster.netns import join
 
