@@ -126,7 +126,8 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
                          workers=[f"worker:{i}" for i in range(workers)], cluster=cluster)
     history.details["fingerprints"] = {worker: [] for worker in history.workers}
     runner = Runner(history, callbacks, on_stop=reports.send_stop, watchdog=watchdog)
-    job = _Job(cluster, reports, history, checkpoint_every, timeout, lockstep, runner.watch)
+    job = _Job(cluster, reports, history, checkpoint_every, timeout, lockstep, runner.watch,
+               trace_step)
 
     def body():
         try:
@@ -162,10 +163,15 @@ class _Job:
     """The worker programs of one run, seen from the notebook: their step reports, and the
     restart of all of them after one died or the run stalled (when they checkpoint)."""
 
-    def __init__(self, cluster, reports, history, checkpoint_every, timeout, lockstep, watch):
+    #: How often a worker that crashed in the traced step is restarted to trace it again.
+    TRACE_RETRIES = 2
+
+    def __init__(self, cluster, reports, history, checkpoint_every, timeout, lockstep, watch,
+                 trace_step=None):
         self.cluster, self.reports, self.history = cluster, reports, history
         self.checkpoint_every, self.timeout, self.lockstep = checkpoint_every, timeout, lockstep
-        self.watch = watch
+        self.watch, self.trace_step = watch, trace_step
+        self.trace_retries = self.TRACE_RETRIES
         self.last_step = -1
         self.recorded = False  # the previous step's records went through the runner
 
@@ -205,6 +211,16 @@ class _Job:
             self.watch.settle("all", "a task had died")
         failure = (f"{died.worker} {died.status} during step {step}: every other worker waits "
                    f"for it in the all-reduce, so the whole job stopped")
+        if step == self.trace_step and died.status.startswith("exited with code -") and self.trace_retries:
+            # TensorFlow's profiler crashed (see all_reduce_worker): a checkpoint from just
+            # before this step is there, so every worker restarts from it and traces it again.
+            self.trace_retries -= 1
+            crash = self._error(died, f"{died.status} in the traced step {step}")
+            self.history.failures.append(f"{crash}; TensorFlow's profiler crashes now and then "
+                                         f"on a loaded machine: every worker restarted at step "
+                                         f"{step} to trace it again")
+            self._restart_all(died.worker, step)
+            return
         self.history.failures.append(failure)
         if not self.checkpoint_every:
             raise self._error(died, f"{died.status} during step {step}; every other worker waits "
