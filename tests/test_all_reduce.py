@@ -19,6 +19,8 @@ from conftest import wait_until
 pytestmark = pytest.mark.slow
 
 PROBLEM = train.exp_regression()
+#: A program that binds 127.0.0.1:PORT (its argument) inside the tasks' network.
+_BINDS = str(__import__("pathlib").Path(__file__).with_name("programs") / "binds_port.py")
 #: Same seed and global batch as one process: float rounding of the gradient sums only.
 TOLERANCE = 1e-5
 #: Big enough that tensors dominate gRPC's framing: 85,002 parameters, 340,008 bytes.
@@ -151,6 +153,27 @@ def test_a_worker_that_crashes_in_the_traced_step_is_restarted_and_the_step_trac
                for timings in history.trace.timings.values())
     for worker in ("worker:0", "worker:1"):
         assert {r.step for r in history.records if r.worker == worker} == set(range(8))
+
+
+def test_a_worker_that_dies_before_its_hello_ends_the_run_instead_of_hanging_it():
+    # The others wait in the strategy's start-up for it and never say hello; the notebook must
+    # notice the dead one (CI once hung here forever: a worker's port was taken).
+    run = train.all_reduce(train.exp_regression(batch_size=99), workers=3, steps=50, background=True)
+    run.history.cluster.kill("worker", 2)
+    with pytest.raises(TaskError, match=r"^worker:2 was killed before its first step"):
+        run.wait(timeout=60)
+    assert all(str(t.state) != "running" for t in run.history.cluster.tasks)
+
+
+def test_a_run_closes_the_way_back_it_opened_for_its_workers():
+    history = train.all_reduce(PROBLEM, workers=2, steps=3)
+    # the report port's number is free again inside the private network: a task may bind it
+    port = history.details["report_port"]
+    probe = dtflab.run(_BINDS, str(port), workers=1)
+    try:
+        assert probe.wait(timeout=60) == {"worker:0": 0}, probe.logs("worker:0")
+    finally:
+        probe.stop()
 
 
 def test_single_runs_on_a_task_given_as_a_device_string():

@@ -168,6 +168,21 @@ def test_owner_sigkill_leaves_no_fork_server_gate_program_or_task(tmp_path):
     assert wait_until(lambda: all_gone(pids), timeout=5.0), "processes outlived their owner"
 
 
+def test_a_program_stuck_in_c_holding_the_gil_still_ends_with_its_owner(tmp_path):
+    # As a MultiWorkerMirroredStrategy worker waiting for a dead peer in its start-up does:
+    # the thread that watches standard input can never run again.
+    script = tmp_path / "stuck.py"
+    script.write_text("import ctypes\nctypes.PyDLL(None).sleep(600)\n")
+    with owner_of("import json, sys, time, dtflab\n"
+                  f"r = dtflab.run({str(script)!r}, workers=1)\n"
+                  "time.sleep(2)\n"
+                  "print(json.dumps([t.pid for t in r.tasks]), flush=True)\n"
+                  "time.sleep(600)\n") as (tasks, pids):
+        assert len(tasks) == 1 and psutil.Process(tasks[0]).status() != psutil.STATUS_ZOMBIE
+
+    assert wait_until(lambda: all_gone(pids), timeout=5.0), "processes outlived their owner"
+
+
 def test_dtflab_run_prefixes_lines_and_exits_1_when_a_program_fails(tmp_path):
     script = tmp_path / "job.py"
     script.write_text("import os, sys\nprint('hello from', os.environ['DTFLAB_TASK'])\n"

@@ -167,8 +167,10 @@ def test_a_stalled_all_reduce_with_checkpoints_restarts_every_worker_and_goes_on
     finally:
         history = run.stop()
     assert run.error is None
-    (recovery,) = history.recoveries
-    assert recovery.restarted == "every worker" and recovery.lost < 20 + 1
+    # One restart, or more on a loaded machine: the first step after a restart traces the
+    # step function again, which can outlast this watchdog's 1 s bound.
+    assert history.recoveries, history.summary()
+    assert all(r.restarted == "every worker" and r.lost < 20 + 1 for r in history.recoveries)
     assert history.stalls[0].outcome == "recovered"
 
 

@@ -257,6 +257,9 @@ class Cluster:
         where the tasks share this machine's network; the local backend's private network
         opens a way back for that port alone."""
 
+    def stop_letting_tasks_reach(self, port: int) -> None:
+        """Undo ``let_tasks_reach(port)`` once nothing listens there any more."""
+
     def connect(self, job_name: str = "client") -> list[str]:
         """Make this cluster's devices usable from eager TF2 code in this process.
 

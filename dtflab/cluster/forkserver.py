@@ -270,8 +270,10 @@ def serve(control: socket.socket) -> int:
                 request = json.loads(message)["fork"]
                 why_not = unsafe()
                 if why_not is None:
+                    server_pid = os.getpid()
                     pid = os.fork()
                     if pid == 0:
+                        _end_with(server_pid)
                         _child(request, fds, (control, wake_read, wake_write))
                     children.add(pid)
                     reply = {"forked": pid}
@@ -299,6 +301,19 @@ class ChildExit(BaseException):
     def __init__(self, code: int):
         super().__init__(code)
         self.code = code
+
+
+def _end_with(server_pid: int) -> None:
+    """In a forked child: SIGKILL from the kernel when the fork server ends (it ends with its
+    owner). The child's own watch on its standard input needs the GIL, which a thread stuck in
+    TensorFlow's C++ may hold for ever (a MultiWorkerMirroredStrategy worker waiting in its
+    start-up for a peer that died); this needs nothing from the child."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != server_pid:  # the server ended before the prctl
+        os._exit(1)
 
 
 def _child(request: dict, fds: list[int], server_fds) -> None:

@@ -18,7 +18,7 @@ process's side) and ends with it, even on SIGKILL. Only IPv4 loopback is forward
 The protocol, one line each way: the owner writes commands on the gate's stdin, the gate
 answers on a pipe. ``ready PID`` or ``unavailable WHY`` once at start; then
 ``open P1,P2`` -> ``ok`` | ``port-in-use P``; ``close P1,P2`` -> ``ok``;
-``reverse P`` -> ``ok P`` | ``failed P WHY``.
+``reverse P`` -> ``ok P`` | ``failed P WHY``; ``unreverse P`` -> ``ok P``.
 """
 
 from __future__ import annotations
@@ -92,6 +92,10 @@ class Gate:
         """Let the tasks reach ``127.0.0.1:port`` of this machine; None, or why not."""
         answer = self._ask(f"reverse {port}")
         return None if answer == f"ok {port}" else (answer or "the gate did not answer")
+
+    def unreverse(self, port: int) -> None:
+        """Close what ``reverse(port)`` opened (the tasks may bind that number again)."""
+        self._ask(f"unreverse {port}")
 
     def _ask(self, command: str, timeout: float = 10.0) -> str | None:
         with self._lock:
@@ -258,10 +262,10 @@ class _Doors:
         return "ok"
 
 
-#: Ports already let back out. Each stays open (it leads to whatever listens on that port of
-#: the owner's machine), so a later request for the same number, which the owner's OS may hand
-#: out again, is already answered.
-_reversed: set[int] = set()
+#: Ports let back out, by number: the listener inside the namespace. A second request for a
+#: number still open is answered by the same door; ``unreverse`` closes it, so the number is
+#: free again for a task inside.
+_reversed: dict[int, socket.socket] = {}
 
 
 def _reverse(port: int, outside: _Outside) -> str:
@@ -271,9 +275,18 @@ def _reverse(port: int, outside: _Outside) -> str:
         listener = socket.create_server(("127.0.0.1", port))  # inside the namespace
     except OSError as exc:
         return f"failed {port} {exc.strerror}"
-    _reversed.add(port)
+    _reversed[port] = listener
     threading.Thread(target=_accept_until_closed, args=(listener, _back_out(outside), port),
                      daemon=True).start()
+    return f"ok {port}"
+
+
+def _unreverse(port: int) -> str:
+    listener = _reversed.pop(port, None)
+    if listener is not None:
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+        listener.close()
     return f"ok {port}"
 
 
@@ -307,6 +320,8 @@ def serve(answers, commands) -> int:
             answers.write(doors.remove(_ports(rest)) + "\n")
         elif word == "reverse" and rest.isdigit():
             answers.write(_reverse(int(rest), outside) + "\n")
+        elif word == "unreverse" and rest.isdigit():
+            answers.write(_unreverse(int(rest)) + "\n")
         else:
             answers.write(f"unknown {line.strip()}\n")
     outside.close()

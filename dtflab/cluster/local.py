@@ -128,3 +128,8 @@ class LocalCluster(Cluster):
         with self._lock:
             if self._net is not None:
                 self._net.let_tasks_reach(port)
+
+    def stop_letting_tasks_reach(self, port: int) -> None:
+        with self._lock:
+            if self._net is not None:
+                self._net.stop_letting_tasks_reach(port)

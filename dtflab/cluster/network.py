@@ -64,6 +64,9 @@ class HostNetwork:
     def let_tasks_reach(self, port: int) -> None:
         pass
 
+    def stop_letting_tasks_reach(self, port: int) -> None:
+        pass
+
 
 class PrivateNetwork:
     """A network namespace behind a gate; one per process (see ``private_network``)."""
@@ -106,6 +109,9 @@ class PrivateNetwork:
         why_not = self.gate.reverse(port)
         if why_not is not None:
             raise DtflabError(f"the tasks cannot reach port {port} of this process: {why_not}")
+
+    def stop_letting_tasks_reach(self, port: int) -> None:
+        self.gate.unreverse(port)
 
     def close(self) -> None:
         self.gate.close()

@@ -125,6 +125,7 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
     history = RunHistory(name or f"all-reduce ({workers} workers)", "all_reduce",
                          workers=[f"worker:{i}" for i in range(workers)], cluster=cluster)
     history.details["fingerprints"] = {worker: [] for worker in history.workers}
+    history.details["report_port"] = reports.port
     runner = Runner(history, callbacks, on_stop=reports.send_stop, watchdog=watchdog)
     job = _Job(cluster, reports, history, checkpoint_every, timeout, lockstep, runner.watch,
                trace_step)
@@ -139,6 +140,7 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
                 history.trace = _worker_trace(Path(folder, "trace"), history.workers)
         finally:
             reports.close()
+            cluster.stop_letting_tasks_reach(reports.port)
             cluster.stop()
             if folder and not checkpoint_dir:
                 shutil.rmtree(folder, ignore_errors=True)
@@ -289,18 +291,25 @@ class Reports:
         self.connections, self.queues, self.done = {}, {}, set()
         hellos = {}
         deadline = time.monotonic() + timeout
-        self.listener.settimeout(POLL_S)
+        self.listener.settimeout(0.05)
+        # A worker connects first and says hello once its strategy is up, which needs every
+        # worker: the hellos are read in threads, so a worker that died meanwhile is noticed.
+        greeted: queue.Queue = queue.Queue()
         while len(hellos) < self.workers:
             try:
                 connection, _ = self.listener.accept()
+                threading.Thread(target=self._hello, args=(connection, greeted),
+                                 name="dtflab-reports-hello", daemon=True).start()
             except socket.timeout:
+                pass
+            try:
+                connection, lines, hello = greeted.get(timeout=0.05)
+            except queue.Empty:
                 self._check_alive(cluster, waiting_for=set(hellos))
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"only {len(hellos)} of {self.workers} workers reported "
                                        f"within {timeout:g} s; see cluster.logs('worker:0')")
                 continue
-            lines = connection.makefile("r")
-            hello = json.loads(lines.readline() or "{}")
             if hello.get("kind") != "hello":
                 connection.close()
                 continue
@@ -313,6 +322,15 @@ class Reports:
             threading.Thread(target=self._read, args=(lines, self.queues[worker]),
                              name=f"dtflab-reports-{worker}", daemon=True).start()
         return hellos
+
+    @staticmethod
+    def _hello(connection, greeted: queue.Queue) -> None:
+        lines = connection.makefile("r")
+        try:
+            hello = json.loads(lines.readline() or "{}")
+        except (OSError, ValueError):
+            hello = {}
+        greeted.put((connection, lines, hello))
 
     @staticmethod
     def _read(lines, messages: queue.Queue) -> None:
