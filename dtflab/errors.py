@@ -54,12 +54,16 @@ def did_you_mean(word, choices) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+#: How faulthandler begins its report of a crash (the stacks follow it).
+CRASH_MARK = "Fatal Python error:"
+
+
 def _last_meaningful_line(text: str) -> str:
     """The line that says what went wrong: the last one, or, after a crash that faulthandler
     followed with every thread's stack, the crash's own line (``free(): invalid size; Fatal
     Python error: Aborted``)."""
     lines = [line.strip() for line in text.strip().splitlines()]
-    fatal = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error:")]
+    fatal = [i for i, line in enumerate(lines) if line.startswith(CRASH_MARK)]
     if fatal:
         before = _last_meaningful_line("\n".join(lines[:fatal[-1]]))
         return "; ".join(part for part in (before, lines[fatal[-1]]) if part)[:300]

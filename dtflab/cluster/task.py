@@ -15,6 +15,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dtflab.errors import CRASH_MARK
+
 STOP_GRACE_S = 2.0
 LOG_TAIL_LINES = 12
 
@@ -234,7 +236,7 @@ def log_tail(log: str, lines: int = LOG_TAIL_LINES) -> str:
     crash's own lines and the crashing thread's stack instead (the other threads' stacks and
     the list of extension modules come after them)."""
     text = log.splitlines()
-    fatal = [i for i, line in enumerate(text) if line.startswith("Fatal Python error:")]
+    fatal = [i for i, line in enumerate(text) if line.startswith(CRASH_MARK)]
     if not fatal:
         return "\n".join(text[-lines:])
     start = fatal[-1]

@@ -33,6 +33,7 @@ from dtflab.errors import StallError, TaskError
 from dtflab.train.checkpoints import Recovery
 from dtflab.train.history import RunHistory
 from dtflab.train.runner import Runner, Update
+from dtflab.train.watchdog import Stalled
 
 WORKER_PROGRAM = Path(__file__).with_name("all_reduce_worker.py")
 #: How often a wait for a worker's next message looks at whether the worker still runs.
@@ -153,14 +154,6 @@ def _escaped(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
 
-class _Stalled(Exception):
-    """The watchdog's stall lasted past its retries: the job must restart or end."""
-
-    def __init__(self, stall):
-        super().__init__(str(stall))
-        self.stall = stall
-
-
 class _Job:
     """The worker programs of one run, seen from the notebook: their step reports, and the
     restart of all of them after one died or the run stalled (when they checkpoint)."""
@@ -194,7 +187,7 @@ class _Job:
             except WorkerDied as died:
                 self._after_death(died)
                 continue
-            except _Stalled as stalled:
+            except Stalled as stalled:
                 self._after_stall(stalled.stall)
                 continue
             if messages is None:
@@ -211,8 +204,6 @@ class _Job:
         step = self.last_step + 1
         if self.watch is not None and self.watch.stalled("all") is not None:
             self.watch.settle("all", "a task had died")
-        failure = (f"{died.worker} {died.status} during step {step}: every other worker waits "
-                   f"for it in the all-reduce, so the whole job stopped")
         if step == self.trace_step and died.status.startswith("exited with code -") and self.trace_retries:
             # TensorFlow's profiler crashed (see all_reduce_worker): a checkpoint from just
             # before this step is there, so every worker restarts from it and traces it again.
@@ -223,7 +214,9 @@ class _Job:
                                          f"{step} to trace it again")
             self._restart_all(died.worker, step)
             return
-        self.history.failures.append(failure)
+        self.history.failures.append(f"{died.worker} {died.status} during step {step}: every "
+                                     f"other worker waits for it in the all-reduce, so the whole "
+                                     f"job stopped")
         if not self.checkpoint_every:
             raise self._error(died, f"{died.status} during step {step}; every other worker waits "
                                     f"for it in the all-reduce, so the whole job stopped (pass "
@@ -240,7 +233,7 @@ class _Job:
         stall = self.watch.stalled("all") if self.watch is not None else None
         if stall is not None and self.watch.waited_s("all") >= stall.bound_s * (
                 1 + self.watch.settings.retries):
-            raise _Stalled(stall)
+            raise Stalled(stall)
 
     def _after_stall(self, stall) -> None:
         """A collective cannot be cancelled from here: without checkpoints the run ends with a

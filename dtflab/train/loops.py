@@ -24,6 +24,7 @@ from dtflab.train import graphs
 from dtflab.train.callbacks import Callback  # noqa: F401  (re-exported)
 from dtflab.train.history import RunHistory
 from dtflab.train.runner import BackgroundRun, Runner, Update
+from dtflab.train.watchdog import Stalled
 from dtflab.train.watchdog import settings as watchdog_settings
 
 #: A step that needs a dead task gives up after this long (the sync loop's "within seconds").
@@ -139,7 +140,7 @@ class SessionSteps:
         while True:
             try:
                 return self._run(step, feed)
-            except _Stalled as stalled:
+            except Stalled as stalled:
                 if tries == self.watch.settings.retries:
                     error = StallError(stalled.stall, f"gave up after {tries} new session(s)")
                     self.history.failures.append(str(error))
@@ -162,7 +163,7 @@ class SessionSteps:
         except (tf.errors.OpError, RuntimeError) as error:  # RuntimeError: a closed session
             stall, self._stall = self._stall, None
             if _stall_behind(error, stall, self.cluster, self.watch, "all") is not None:
-                raise _Stalled(stall) from None
+                raise Stalled(stall) from None
             job, index = failed_task(self.cluster, error)
             self.history.failures.append(f"{job}:{index} failed during step {step}: "
                                          f"{type(error).__name__}")
@@ -173,14 +174,6 @@ class SessionSteps:
     def close(self) -> None:
         self._prefetch.shutdown(wait=True, cancel_futures=True)
         _close(self.session, failed=bool(self.history.failures))
-
-
-class _Stalled(Exception):
-    """The step failed because the watchdog closed its session."""
-
-    def __init__(self, stall):
-        super().__init__(str(stall))
-        self.stall = stall
 
 
 def _synchronous(runner, steps, session, fetch, feeds, problem, cluster, trace_step, background):

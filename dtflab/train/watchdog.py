@@ -95,6 +95,15 @@ class Stall:
         return text if self.outcome == "stalled" else f"{text}; {self.outcome}"
 
 
+class Stalled(Exception):
+    """Raised inside a loop's step when the watchdog's stall ends it there: the loop then
+    recovers the step (a new session, a restart from a checkpoint) or gives up."""
+
+    def __init__(self, stall: Stall):
+        super().__init__(str(stall))
+        self.stall = stall
+
+
 class Watch:
     """The watchdog of one run: a thread that looks at every worker's step in progress."""
 
