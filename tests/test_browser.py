@@ -247,8 +247,11 @@ def test_data_parallel_views_render_and_the_live_plot_streams_until_stopped(lab,
     # 90 s: on a loaded machine a first step that stalls is retried by the watchdog after 30 s.
     if not wait_until(lambda: shot(page, plot) != first, timeout=90, interval=0.5):
         shot(page, live, str(SHOTS / "live_dashboard_unchanged.png"))
+        kernel = page.evaluate(KERNEL_PRINT_WITHIN, [
+            "print(live.history.steps_per_worker, repr(live.history.status), live.done, live.error)", 10_000])
         pytest.fail(f"the live loss plot did not change in 90 s; the run says {status.inner_text()!r}, "
-                    f"the browser console {page.console_errors}")
+                    f"the browser console {page.console_errors}; in the kernel: {kernel}\n"
+                    f"{kernel_stacks(url)}")
     shot(page, live, str(SHOTS / "live_dashboard.png"))
     live.get_by_role("button", name="Stop").dispatch_event("click")  # no wait for a still layout
     assert wait_until(lambda: "steps in" in status.inner_text(), timeout=60), status.inner_text()
@@ -288,6 +291,16 @@ KERNEL_PRINT = """async (code) => {
     future.onIOPub = (msg) => { if (msg.header.msg_type === "stream") out += msg.content.text; };
     await future.done;
     return out.trim();
+}"""
+
+
+KERNEL_PRINT_WITHIN = """async ([code, ms]) => {
+    const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+    const future = kernel.requestExecute({code, store_history: false});
+    let out = "";
+    future.onIOPub = (msg) => { if (msg.header.msg_type === "stream") out += msg.content.text; };
+    const late = new Promise(done => setTimeout(() => done("no answer"), ms));
+    return (await Promise.race([future.done.then(() => out.trim()), late]));
 }"""
 
 

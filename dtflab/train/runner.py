@@ -64,7 +64,10 @@ class Runner:
     # -- for loops --------------------------------------------------------------------------
 
     def _stalled(self, worker: str) -> None:
-        if self.on_stall is not None:
+        # A step that ended between the watchdog's look and now needs nothing: ending it would
+        # close a session the next step then fails on, with no stall to explain it (seen in CI
+        # under load: a sync run ended with "ps:0 failed ... (CancelledError)").
+        if self.on_stall is not None and self.watch.stalled(worker) is not None:
             self.on_stall(worker)
 
     def restart_clock(self) -> None:
