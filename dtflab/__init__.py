@@ -22,6 +22,10 @@ from dtflab.errors import DtflabError, NotSupportedError, TaskError
 __version__ = "0.1.0"
 
 
+PICTURES = ("cluster_picture", "placement_picture", "towers_picture", "coordinator_picture",
+            "downpour_picture", "checkpoint_picture")
+
+
 def __getattr__(name):
     # Imported on first use: a task server imports dtflab and must stay single-threaded until
     # it has joined its private network (numpy starts threads on import).
@@ -45,6 +49,10 @@ def __getattr__(name):
         from dtflab.viz.architectures import architectures
 
         return architectures
+    if name in PICTURES:
+        from dtflab.viz import pictures
+
+        return getattr(pictures, name)
     if name in ("ScalingModel", "scaling_figure"):
         from dtflab.viz import scaling
 
@@ -99,7 +107,7 @@ def load_ipython_extension(ipython) -> None:
 
 
 __all__ = ["Cluster", "PlacementPlan", "PlacementEditor", "Dashboard", "architectures",
-           "ScalingModel", "scaling_figure",
+           "ScalingModel", "scaling_figure", *PICTURES,
            "short_device", "show", "compare", "train", "TaskInfo", "TaskState", "start_cluster", "run",
            "trace", "profile", "tf_log", "DtflabError",
            "NotSupportedError", "TaskError", "__version__"]

@@ -1,0 +1,76 @@
+"""The tutorials' idea pictures are drawn from real clusters, plans and problems, and say what
+the measurements then find."""
+
+import pytest
+
+import dtflab
+from dtflab import PlacementPlan, short_device, train
+from dtflab.viz.pictures import checkpoint_schedule, downpour_schedule
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with dtflab.start_cluster(jobs="master=1,ps=2") as c:
+        yield c
+
+
+def test_the_cluster_picture_names_every_task_its_address_and_process(cluster):
+    picture = dtflab.cluster_picture(cluster)
+    texts = picture.texts()
+    assert picture._repr_svg_().startswith("<svg")
+    for task in cluster.tasks:
+        assert task.name in texts and task.address in texts and f"pid {task.pid}" in texts
+    assert texts[0] == "3 tasks in 2 job(s), started by dtflab"
+
+
+def test_the_placement_picture_counts_the_bytes_a_traced_step_moves(cluster):
+    problem = train.exp_regression()
+    plan = PlacementPlan(cluster, compute="master:0").assign("w*", "ps:0").assign("b*", "ps:1")
+    texts = dtflab.placement_picture(plan, problem).texts()
+    step = train.model_parallel(problem, cluster, plan, steps=3, trace_step=1).trace
+    moved = {(short_device(a), short_device(b)): n for (a, b), n in step.bytes_between().items()}
+    for ps in ("ps:0", "ps:1"):
+        assert f"parameters {moved[(ps, 'master:0')]:,} B" in texts
+        assert f"gradients {moved[('master:0', ps)]:,} B" in texts
+    assert "w2 16x32: 2,048 B" in texts and "b3 1: 4 B" in texts
+
+
+def test_the_towers_picture_splits_the_batch_and_sends_the_whole_model():
+    texts = dtflab.towers_picture(train.exp_regression(batch_size=99), workers=3).texts()
+    assert [t for t in texts if t.startswith("examples")] == [
+        "examples 0-32 of each batch", "examples 33-65 of each batch", "examples 66-98 of each batch"]
+    assert "parameters 2,436 B" in texts and "gradients 2,436 B" in texts
+    with pytest.raises(ValueError, match="workers=0"):
+        dtflab.towers_picture(train.exp_regression(), workers=0)
+
+
+def test_downpours_staleness_counts_the_other_workers_pushes_between_a_read_and_a_push():
+    rows = downpour_schedule({"worker:0": 2, "worker:1": 3}, until=12)
+    # worked by hand: a step reads the version after every push up to its start, and is stale
+    # by the other worker's pushes strictly between its start and its own push
+    assert [b.label for b in rows["worker:0"]] == ["read v0, stale 0", "read v1, stale 1", "read v3, stale 0",
+                                                   "read v5, stale 0", "read v6, stale 1", "read v8, stale 0"]
+    assert [b.label for b in rows["worker:1"]] == ["read v0, stale 1", "read v2, stale 1", "read v5, stale 1",
+                                                   "read v7, stale 1"]
+    assert "read v8, stale 0" in dtflab.downpour_picture().texts()
+    with pytest.raises(ValueError, match=r"step_times\['worker:1'\]=0"):
+        dtflab.downpour_picture({"worker:0": 2, "worker:1": 0})
+
+
+def test_the_checkpoint_picture_redoes_the_steps_since_the_last_save():
+    (blocks,) = checkpoint_schedule(every=20, failed_at=53, steps=80).values()
+    saves = [b for b in blocks if b.kind == "save"]
+    (lost,) = [b for b in blocks if b.kind == "lost"]
+    assert [round((b.start + b.end) / 2) for b in saves] == [20, 40]
+    assert lost.end - lost.start == 13 and lost.label == "40-52 again"
+    assert "40-52 again" in dtflab.checkpoint_picture().texts()
+    with pytest.raises(ValueError, match="failed_at=80 must fall inside the run"):
+        dtflab.checkpoint_picture(every=20, failed_at=80, steps=80)
+
+
+def test_the_coordinator_picture_gives_each_task_its_role():
+    with dtflab.start_cluster(ps=2, workers=2, backend="inprocess") as c:
+        texts = dtflab.coordinator_picture(c).texts()
+    assert "this kernel: the chief" in texts and "schedule" in texts
+    assert texts.count("runs the steps it is sent") == 2
+    assert "variables 0, 2, ..." in texts and "variables 1, 3, ..." in texts
