@@ -90,7 +90,7 @@ def test_the_names_a_notebook_uses_come_from_dtflab_or_dtflab_train():
     from dtflab.train import (all_reduce, async_parameter_server, model_parallel,  # noqa: F401
                               ps_strategy, single, strategy_for, sync_data_parallel)
 
-    for notebook in (PACKAGE.parent / "notebooks").glob("*.ipynb"):
+    for notebook in (PACKAGE.parent / "notebooks").glob("**/*.ipynb"):
         deep = [line for line in notebook.read_text().split("\\n")
                 if "from dtflab." in line and "from dtflab.train import" not in line]
         assert deep == [], (notebook.name, deep)
