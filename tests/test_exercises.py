@@ -3,22 +3,19 @@ answer, the solutions sit in collapsed cells that CI still runs (the notebook te
 wrong or missing answer gets a hint."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from dtflab import exercises
+from tutorials import NOTEBOOKS, name
 
-HERE = Path(__file__).resolve().parents[1] / "notebooks"
-NOTEBOOKS = sorted(HERE.glob("*.ipynb")) + sorted(HERE.glob("ja/*.ipynb"))  # English, then Japanese
-NAME = lambda path: str(path.relative_to(HERE))  # noqa: E731
 
 
 def source(cell) -> str:
     return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=NAME)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=name)
 def test_every_exercise_has_a_collapsed_solution_and_a_check_that_does_not_show_it(path):
     cells = json.loads(path.read_text())["cells"]
     solutions = [i for i, c in enumerate(cells) if "solution" in c.get("metadata", {}).get("tags", [])]

@@ -10,9 +10,9 @@ from pathlib import Path
 import nbformat
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
+from tutorials import ENGLISH
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGLISH = sorted((ROOT / "notebooks").glob("*.ipynb"))
 JAPANESE = re.compile(r"[\u3040-\u30ff\u4e00-\u9fff]")
 FIELD = re.compile(r"\{([^{}]*)\}")
 WORDS = re.compile(r"'[^']*'")

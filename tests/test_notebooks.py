@@ -1,14 +1,11 @@
 """Every tutorial runs top to bottom in a fresh kernel, quietly, and is committed without outputs."""
 
 import re
-from pathlib import Path
 
 import nbformat
 import pytest
+from tutorials import NOTEBOOKS, name
 
-HERE = Path(__file__).resolve().parents[1] / "notebooks"
-NOTEBOOKS = sorted(HERE.glob("*.ipynb")) + sorted(HERE.glob("ja/*.ipynb"))  # English, then Japanese
-NAME = lambda path: str(path.relative_to(HERE))  # noqa: E731
 TF_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d|oneDNN|cuda|absl::InitializeLog", re.M)
 
 
@@ -16,7 +13,7 @@ def test_there_are_notebooks():
     assert [path.name for path in NOTEBOOKS][:1] == ["00_quickstart.ipynb"]
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=NAME)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=name)
 def test_committed_without_outputs(path):
     notebook = nbformat.read(path, as_version=4)
     for cell in notebook.cells:
@@ -26,7 +23,7 @@ def test_committed_without_outputs(path):
 
 @pytest.mark.slow
 @pytest.mark.notebook
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=NAME)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=name)
 def test_runs_top_to_bottom_without_tensorflow_noise(path, tmp_path):
     from nbclient import NotebookClient
 

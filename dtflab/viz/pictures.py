@@ -54,6 +54,7 @@ class _Drawing:
     width: float = 0.0
     height: float = 0.0
     parts: list[str] = field(default_factory=list)
+    heads: set[str] = field(default_factory=set)  # the arrows' colours, one arrowhead each
 
     def text(self, x, y, words, *, size=11, color="#222", anchor="start", weight="normal") -> None:
         self.parts.append(f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" fill="{color}" '
@@ -65,6 +66,7 @@ class _Drawing:
                           f'fill="{fill}" fill-opacity="{opacity}" stroke="{stroke}"/>')
 
     def arrow(self, x0, y0, x1, y1, color, label="", above=True, near_end=False) -> None:
+        self.heads.add(color)
         self.parts.append(f'<line x1="{x0:.1f}" y1="{y0:.1f}" x2="{x1:.1f}" y2="{y1:.1f}" '
                           f'stroke="{color}" stroke-width="1.6" marker-end="url(#head-{color[1:]})"/>')
         if label:  # written from one end along the gap, above or below the line
@@ -75,10 +77,9 @@ class _Drawing:
             self.text(x, y, label, size=10, color=color, anchor="start" if toward > 0 else "end")
 
     def picture(self) -> Picture:
-        colors = sorted({part.split('stroke="')[1][:7] for part in self.parts if "marker-end" in part})
         heads = "".join(f'<marker id="head-{c[1:]}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
                         f'markerHeight="7" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="{c}"/></marker>'
-                        for c in colors)
+                        for c in sorted(self.heads))
         title = (f'<text x="{MARGIN}" y="18" font-size="13" font-weight="bold" fill="#222" '
                  f'font-family="sans-serif">{html.escape(self.title)}</text>')
         return Picture(f'<svg xmlns="http://www.w3.org/2000/svg" width="{self.width:.0f}" '
@@ -122,10 +123,6 @@ def boxes_and_arrows(title: str, columns: list[list[_Box]], arrows: list[tuple[s
     return drawing.picture()
 
 
-def _variables(problem) -> list[tuple[str, tuple[int, ...], int]]:
-    return [(name, value.shape, value.nbytes) for name, value in problem.initial_values()]
-
-
 def _shape(shape) -> str:
     return "x".join(map(str, shape))
 
@@ -151,19 +148,19 @@ def placement_picture(plan, problem) -> Picture:
     from dtflab.names import short
     from dtflab.placement.plan import VariableInfo
 
-    infos = [VariableInfo(name, tuple(shape), "float32", n) for name, shape, n in _variables(problem)]
+    infos = [VariableInfo(name, value.shape, value.dtype.name, value.nbytes)
+             for name, value in problem.initial_values()]
     where = plan.placement(infos)
-    holders = [d for d in plan.devices if d != plan.compute and any(v == d for v in where.values())]
+    totals = plan.bytes_per_device(infos)
+    holders = [d for d, n in totals.items() if n and d != plan.compute]
     columns = [[], [_Box("compute", [short(plan.compute), "every matmul, activation,", "the loss, the gradients"],
                          PALETTE[3])]]
     arrows = []
     for i, device in enumerate(holders):
-        held = [(info.name, info.shape, info.nbytes) for info in infos if where[info.name] == device]
-        total = sum(n for _, _, n in held)
-        columns[0].append(_Box(device, [short(device)] + [f"{name} {_shape(s)}: {n:,} B" for name, s, n in held],
-                               PALETTE[i % len(PALETTE)]))
-        arrows += [(device, "compute", f"parameters {total:,} B", True),
-                   ("compute", device, f"gradients {total:,} B", True)]
+        held = [f"{v.name} {_shape(v.shape)}: {v.nbytes:,} B" for v in infos if where[v.name] == device]
+        columns[0].append(_Box(device, [short(device), *held], PALETTE[i % len(PALETTE)]))
+        arrows += [(device, "compute", f"parameters {totals[device]:,} B", True),
+                   ("compute", device, f"gradients {totals[device]:,} B", True)]
     return boxes_and_arrows(f"{problem.name}: what crosses in one step", columns, arrows)
 
 
@@ -191,8 +188,9 @@ def coordinator_picture(cluster) -> Picture:
     variables sit round robin on the ps tasks."""
     tasks = cluster.tasks
     workers = [_Box(t.name, [t.name, "runs the steps it is sent"], PALETTE[0]) for t in tasks if t.job == "worker"]
-    ps = [_Box(t.name, [t.name, f"variables {t.index}, {t.index + len([p for p in tasks if p.job == 'ps'])}, ..."],
-               PALETTE[1]) for t in tasks if t.job == "ps"]
+    ps_tasks = [t for t in tasks if t.job == "ps"]
+    ps = [_Box(t.name, [t.name, f"variables {t.index}, {t.index + len(ps_tasks)}, ..."], PALETTE[1])
+          for t in ps_tasks]
     chief = _Box("chief", ["this kernel: the chief", "ClusterCoordinator", "schedule(step) -> a free worker"],
                  PALETTE[3])
     arrows = [("chief", w.key, "schedule" if i == 0 else "", False) for i, w in enumerate(workers)]
