@@ -11,7 +11,7 @@ import pytest
 import dtflab
 from dtflab import train
 from dtflab.errors import TaskError
-from dtflab.train import loops
+from dtflab.train import sessions
 from dtflab.viz.dashboard import Dashboard
 
 from conftest import wait_until
@@ -94,7 +94,7 @@ def test_a_killed_worker_ends_a_sync_run_with_its_name_and_async_carries_on(star
     # Sessions that touched the dead task close in the background, which waits out TF's
     # operation timeout; the run reported its error without waiting. Those threads end:
     closers = lambda: [t for t in threading.enumerate() if t.name == "dtflab-session-close"]
-    assert wait_until(lambda: not closers(), timeout=loops.OPERATION_TIMEOUT_MS / 1000 + 5)
+    assert wait_until(lambda: not closers(), timeout=sessions.OPERATION_TIMEOUT_MS / 1000 + 5)
 
 
 @pytest.mark.parametrize("kill_after", [65, 74])  # two points between checkpoints

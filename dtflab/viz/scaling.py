@@ -1,7 +1,7 @@
 """The scaling picture: a measured speed-up beside what Amdahl's law and a communication model
 predict for more workers, and the speed-ups Google quoted in 2016, labelled as theirs.
 
-Both models start from one traced step of synchronous data parallelism with one worker:
+Both models (their formulas in ``dtflab.train.costs``) start from one traced step of synchronous data parallelism with one worker:
 
 - **Amdahl:** the worker's compute is the part that splits across workers (a fraction p of the
   step); the rest stays. ``S(N) = 1 / ((1 - p) + p / N)``.
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from dtflab.train import costs
 
 
 @dataclass(frozen=True)
@@ -73,16 +75,15 @@ class ScalingModel:
         return self.compute_s / self.step_s
 
     def amdahl(self, workers: float) -> float:
-        p = self.parallel_fraction
-        return 1.0 / ((1.0 - p) + p / workers)
+        return costs.amdahl(self.parallel_fraction, workers)
 
     def communication(self, workers: float) -> float:
-        return self.step_s / (self.compute_s / workers + self.rest_s + workers * self.wire_s)
+        return self.step_s / costs.ps_link_step(self.compute_s, self.rest_s, self.wire_s, workers)
 
     @property
     def best_workers(self) -> float:
         """Where the communication model's speed-up peaks."""
-        return math.sqrt(self.compute_s / self.wire_s) if self.wire_s else math.inf
+        return costs.ps_link_best_workers(self.compute_s, self.wire_s)
 
 
 def speedups(rates: dict[int, float]) -> dict[int, float]:

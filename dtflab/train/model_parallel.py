@@ -1,0 +1,27 @@
+"""Model parallelism as in 2016: the variables spread over the ps tasks, every op on one task."""
+
+from __future__ import annotations
+
+from dtflab import checks, names
+from dtflab.placement import PlacementPlan
+from dtflab.train import graphs
+from dtflab.train.history import RunHistory
+from dtflab.train.runner import Runner
+from dtflab.train.sessions import checked_device, run_one_replica
+from dtflab.train.watchdog import settings as watchdog_settings
+
+
+def model_parallel(problem, cluster, plan: PlacementPlan | None = None, *, steps: int = 200,
+                   seed: int = 0, background: bool = False, callbacks=(), name: str | None = None,
+                   trace_step: int | None = None, watchdog=True):
+    """Variables spread over the ps tasks by layer (or by ``plan``); compute on one task."""
+    checks.run_arguments(steps, seed, trace_step)
+    checks.cluster(cluster)
+    runner = Runner(RunHistory(name or "model parallel", "model_parallel"), callbacks,
+                    watchdog=watchdog_settings(watchdog))
+    plan = plan or PlacementPlan.by_layer(cluster, job="ps")
+    for device in [plan.compute, *plan.devices]:
+        checked_device(cluster, device, "plan")
+    built = graphs.model_parallel_graph(problem, plan, seed)
+    return run_one_replica(built, cluster.target(*names.split(plan.compute)), runner,
+                            problem, steps, seed, cluster, background, trace_step)

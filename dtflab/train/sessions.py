@@ -1,0 +1,253 @@
+"""What the graph loops share: sessions on a cluster, one synchronous step, and naming the task
+a TensorFlow error is about.
+
+Every ``tf.compat.v1`` loop (single, model parallel, sync towers, Downpour, the pipeline) runs its
+steps through here: a session made with its own config, steps retried while a restarted task
+reconnects, a failed task named in a TaskError, a stalled step's session closed for the watchdog.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+
+from dtflab import checks, names
+from dtflab._quiet import import_tf
+from dtflab.errors import StallError, TaskError
+from dtflab.placement import PlacementPlan
+from dtflab.train.runner import Update
+from dtflab.train.watchdog import Stalled
+
+#: A step that needs a dead task gives up after this long (the sync loop's "within seconds").
+OPERATION_TIMEOUT_MS = 10_000
+#: How long a step is retried while every task is alive but unreachable (a task just
+#: restarted: gRPC channels that saw it die reconnect with a back-off).
+TRANSIENT_RETRY_S = 10.0
+
+
+def new_session(target, graph, device_filters=()):
+    """A session with its own config: never the eager context's (which carries a coordination
+    service once a TF2 strategy or ``connect()`` ran in this process). ``device_filters``
+    limits which tasks its master talks to and places ops on; TensorFlow's distributed master
+    places the whole graph (it ignores ``place_pruned_graph``), so a filtered session needs a
+    graph that names no other task."""
+    tf = import_tf()
+    config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=OPERATION_TIMEOUT_MS,
+                                      device_filters=list(device_filters))
+    return tf.compat.v1.Session(target, graph=graph, config=config)
+
+
+def renewed(session):
+    """A new session like ``session`` (made by :func:`_session` without filters) on the same
+    target and graph: the servers keep the variables, a distributed session holds none."""
+    return new_session(session.sess_str, session.graph)
+
+
+def failed_task(cluster, error) -> tuple[str, int]:
+    """Which task a TF error is about: a dead task of the cluster, else an address in it."""
+    dead = dead_task(cluster)
+    if dead is not None:
+        return dead
+    if cluster is not None:
+        for job, addresses in cluster.addresses.items():
+            for index, address in enumerate(addresses):
+                if address in str(error):
+                    return job, index
+    return names.find(str(error)) or ("unknown", 0)
+
+
+def describe(job: str, index: int, error) -> str:
+    """'ps:0 failed (UnavailableError)', or the error's own first line when no task is named."""
+    if job == "unknown":
+        first = str(getattr(error, "message", error)).strip().splitlines()[:1]
+        return f"{type(error).__name__}: {first[0][:120] if first else ''}".rstrip(": ")
+    return f"{job}:{index} failed ({type(error).__name__})"
+
+
+def stall_behind(error, stall, cluster, watch, worker):
+    """After a failed step: ``stall`` if the failure is the watchdog closing a stalled step's
+    session while every task lives (the loop recovers it), else None (a failure for the loop's
+    usual handling; a stall whose task died is settled as such). A closed session with no
+    stall behind it is not a TensorFlow failure: re-raised."""
+    if stall is not None and dead_task(cluster) is None:
+        return stall
+    if stall is not None:
+        watch.settle(worker, "a task had died")
+    elif not isinstance(error, import_tf().errors.OpError):
+        raise error
+    return None
+
+
+def dead_task(cluster) -> tuple[str, int] | None:
+    """A task of ``cluster`` that was killed or exited, if any."""
+    for task in (cluster.tasks if cluster is not None else ()):
+        if str(task.state) in ("killed", "exited"):
+            return task.job, task.index
+    return None
+
+
+def run_step(session, fetch, feed, cluster):
+    """``session.run``, retried while the cluster says every task is alive (a transient
+    Unavailable after a restart); a failure with a dead task is raised at once."""
+    tf = import_tf()
+    deadline = time.monotonic() + TRANSIENT_RETRY_S
+    pause = 0.2
+    while True:
+        try:
+            return session.run(fetch, feed)
+        except tf.errors.UnavailableError:
+            if dead_task(cluster) is not None or time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+
+class SessionSteps:
+    """A synchronous loop's step: one ``session.run`` of ``fetch`` on ``feeds(step)``. The
+    next step's batch is made while this step runs (``session.run`` releases the GIL); step
+    ``trace_step`` is traced into ``history.trace``. A failed task ends the run with a
+    TaskError naming it."""
+
+    def __init__(self, session, fetch, feeds, problem, cluster, runner, trace_step=None):
+        self.session, self.fetch, self.feeds = session, fetch, feeds
+        self.problem, self.cluster, self.history = problem, cluster, runner.history
+        self.trace_step = trace_step
+        self._prefetch = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dtflab-feed")
+        self._upcoming = {0: self._prefetch.submit(feeds, 0)}
+        self.watch = runner.watch
+        self._stall = None  # the stall whose session the watchdog closed
+        if session.sess_str:  # an in-process session keeps the variables: never closed
+            runner.on_stall = self._on_stall
+
+    def _on_stall(self, worker) -> None:
+        self._stall = self.watch.stalled(worker)
+        close_session(self.session, failed=True)
+
+    def __call__(self, step: int) -> Update:
+        upcoming = self._upcoming.pop(step, None)
+        feed = upcoming.result() if upcoming is not None else self.feeds(step)
+        self._upcoming[step + 1] = self._prefetch.submit(self.feeds, step + 1)
+        tries = 0
+        while True:
+            try:
+                return self._run(step, feed)
+            except Stalled as stalled:
+                if tries == self.watch.settings.retries:
+                    error = StallError(stalled.stall, f"gave up after {tries} new session(s)")
+                    self.history.failures.append(str(error))
+                    self.watch.settle("all", "gave up")
+                    raise error from None
+                tries += 1
+                self.session = renewed(self.session)
+                self.watch.settle("all", "recovered")
+
+    def _run(self, step, feed) -> Update:
+        tf = import_tf()
+        try:
+            if step == self.trace_step:
+                from dtflab.tracing.capture import trace
+
+                self.history.trace = trace(self.session, self.fetch, feed)
+                loss = self.history.trace.result
+            else:
+                loss = run_step(self.session, self.fetch, feed, self.cluster)
+        except (tf.errors.OpError, RuntimeError) as error:  # RuntimeError: a closed session
+            stall, self._stall = self._stall, None
+            if stall_behind(error, stall, self.cluster, self.watch, "all") is not None:
+                raise Stalled(stall) from None
+            job, index = failed_task(self.cluster, error)
+            self.history.failures.append(f"{job}:{index} failed during step {step}: "
+                                         f"{type(error).__name__}")
+            raise TaskError(job, index, f"failed during step {step}; the synchronous run "
+                            f"stopped ({type(error).__name__})") from None
+        return Update(float(loss) / self.problem.batch_size, self.problem.batch_size)
+
+    def close(self) -> None:
+        self._prefetch.shutdown(wait=True, cancel_futures=True)
+        close_session(self.session, failed=bool(self.history.failures))
+
+
+def synchronous(runner, steps, session, fetch, feeds, problem, cluster, trace_step, background):
+    """Run a one-session loop (single, model parallel, sync data parallel) with ``runner``."""
+    stepper = SessionSteps(session, fetch, feeds, problem, cluster, runner, trace_step)
+
+    def body():
+        try:
+            runner.loop(steps, stepper)
+        finally:
+            stepper.close()
+
+    return runner.run(body, background=background)
+
+
+def close_session(session, failed: bool = False) -> None:
+    """Close a session; after a task failed, in the background (closing waits on the dead
+    task until the operation timeout) and without raising."""
+    tf = import_tf()
+
+    def close():
+        try:
+            session.close()
+        except tf.errors.OpError:
+            pass
+
+    if failed:
+        threading.Thread(target=close, name="dtflab-session-close", daemon=True).start()
+    else:
+        close()
+
+
+def run_one_replica(built, target, runner, problem, steps, seed, cluster, background,
+                     trace_step):
+    """The loop shared by single and model parallel: one copy of the model, one session."""
+    session = new_session(target, built.graph)
+    session.run(built.init)
+    x, t = built.inputs
+
+    def feeds(step):
+        xs, ts = problem.batch(step, seed)
+        return {x: xs, t: ts}
+
+    runner.history.cluster = cluster
+    return synchronous(runner, steps, session, with_train(built), feeds, problem, cluster,
+                        trace_step, background)
+
+
+def with_train(built):
+    """Fetch the loss computed by the training step itself (no second forward pass)."""
+    tf = import_tf()
+    with built.graph.as_default(), tf.control_dependencies([built.train]):
+        return tf.identity(built.loss)
+
+
+def worker_devices(cluster, workers, slow=None):
+    """The worker devices a data-parallel run uses, and ``slow`` as {device: seconds}."""
+    checks.cluster(cluster)
+    tasks = [f"worker:{i}" for i in range(len(cluster.addresses.get("worker", [])))]
+    if not tasks:
+        raise ValueError(f"data parallelism needs a 'worker' job; this cluster has: "
+                         f"{', '.join(cluster.addresses)}")
+    if workers is not None:
+        checks.whole(workers, "workers", maximum=len(tasks), example=len(tasks))
+    chosen = tasks[:workers] if workers is not None else tasks
+    slow = checks.tasks_in(slow, "slow", chosen, example={chosen[-1]: 0.05})
+    return [names.device(task) for task in chosen], {names.device(t): s for t, s in slow.items()}
+
+
+def checked_device(cluster, device, what: str) -> str:
+    """``device`` as a full device name, if it names a task of ``cluster``."""
+    tasks = [f"{job}:{i}" for job, addresses in cluster.addresses.items() for i in range(len(addresses))]
+    try:
+        task = "{}:{}".format(*names.split(device))
+    except (ValueError, AttributeError):
+        task = None
+    if task not in tasks:
+        raise ValueError(f"{what} names {device!r}, which is not a task of this cluster; "
+                         f"use one of: {', '.join(names.device(t) for t in tasks)}")
+    return names.device(task)
+
+
+def ps_plan(cluster):
+    job = "ps" if "ps" in cluster.addresses else next(iter(cluster.addresses))
+    return PlacementPlan.round_robin(cluster, job=job, compute=f"/job:{job}/task:0")

@@ -1,0 +1,31 @@
+"""One process does everything, or one task of a cluster does: the baseline every loop's loss is
+checked against."""
+
+from __future__ import annotations
+
+from dtflab import checks, names
+from dtflab.train import graphs
+from dtflab.train.history import RunHistory
+from dtflab.train.runner import Runner
+from dtflab.train.sessions import checked_device, run_one_replica
+from dtflab.train.watchdog import settings as watchdog_settings
+
+
+def single(problem, *, steps: int = 200, seed: int = 0, cluster=None, device: str | None = None,
+           background: bool = False, callbacks=(), name: str | None = None,
+           trace_step: int | None = None, watchdog=True):
+    """One process does everything (no cluster), or one task does (``cluster`` + ``device``,
+    e.g. ``"/job:worker/task:0"``)."""
+    checks.run_arguments(steps, seed, trace_step)
+    if device is not None:
+        if cluster is None:
+            raise ValueError(f"device={device!r} needs the cluster it is on: pass cluster= too, "
+                             f"or leave device out to train in this process")
+        checks.cluster(cluster)
+        device = checked_device(cluster, device, "device")
+    runner = Runner(RunHistory(name or "single", "single"), callbacks,
+                    watchdog=watchdog_settings(watchdog))
+    built = graphs.single_graph(problem, seed, device)
+    target = cluster.target(*names.split(device)) if cluster is not None and device else ""
+    return run_one_replica(built, target, runner, problem, steps, seed, cluster, background,
+                            trace_step)
