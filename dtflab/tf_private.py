@@ -4,7 +4,7 @@ dtflab needs a few things TensorFlow does not make public: the profiler's client
 XPlane protobuf (timing TF2 code on remote tasks), the tf.data sleep transformation (a
 straggler that does not spin a core), a graph's colocation stack (optimizer slots follow their
 variable while a device function runs), ``BaseSession`` (to trace the ``Session.run`` calls of a
-cell) and the eager context (is forking still safe?). Each accessor says, when a TensorFlow
+cell), ordering ops that ``tf.gradients`` built (a pipeline stage's one multiply at a time) and the eager context (is forking still safe?). Each accessor says, when a TensorFlow
 upgrade moved the thing, which dtflab feature broke and on which version; dtflab was tested
 with TensorFlow 2.16 to 2.21.
 """
@@ -62,6 +62,15 @@ def colocation_leaders(graph) -> list:
     stack = getattr(graph, "_colocation_stack", None)
     peek = getattr(stack, "peek_objs", None)
     return list(peek()) if callable(peek) else []
+
+
+def run_after(op, before) -> None:
+    """Make graph op ``op`` wait for ``before`` (``Operation._add_control_input``: TensorFlow
+    offers no public way to order ops that ``tf.gradients`` already built)."""
+    try:
+        op._add_control_input(before)
+    except AttributeError as exc:
+        raise _moved("Operation._add_control_input", "train.pipeline", exc) from None
 
 
 def base_session(tf):

@@ -218,6 +218,21 @@ CASES = [
     Case("train-all-reduce-collective-timeout", api(
         lambda: train.all_reduce(PROBLEM, collective_timeout_s=0)), "collective_timeout_s=0",
          r"more than 0; for example collective_timeout_s=30"),
+    Case("train-pipeline-more-stages-than-layers", on_cluster(
+        lambda c: train.pipeline(PROBLEM, c, stages=4)), "stages=4",
+         r"at most 3 stages; use stages=3 or a deeper model, e\.g\. train\.classification\(hidden_layers=4\)"),
+    Case("train-pipeline-more-stages-than-workers", on_cluster(
+        lambda c: train.pipeline(PROBLEM, c, stages=3)), "stages=3",
+         r"this cluster has 2; use stages=2 or start more, e\.g\. dtflab\.start_cluster\(workers=3\)"),
+    Case("train-pipeline-uneven-micro-batches", on_cluster(
+        lambda c: train.pipeline(PROBLEM, c, micro_batches=3)), "micro_batches=3",
+         r"batch of 100 does not split into 3 equal micro-batches; use a divisor, e\.g\. micro_batches=4"),
+    Case("train-pipeline-unknown-schedule", on_cluster(
+        lambda c: train.pipeline(PROBLEM, c, schedule="1F1B")), "schedule='1F1B'",
+         r"one of 'gpipe', '1f1b'"),
+    Case("train-pipeline-cut-past-the-model", on_cluster(
+        lambda c: train.pipeline(PROBLEM, c, cut=[5])), "cut=[5]",
+         r"for example cut=\[\d\]"),
     # the watchdog's settings
     Case("watchdog-negative-floor", api(lambda: train.Watchdog(floor_s=-1)), "floor_s=-1",
          r"for example Watchdog\(floor_s=5\.0\)"),

@@ -18,6 +18,7 @@ from dtflab.train.callbacks import Callback, WireBytes
 from dtflab.train.downpour import async_parameter_server
 from dtflab.train.history import RunHistory, StepRecord
 from dtflab.train.model_parallel import model_parallel
+from dtflab.train.pipeline import pipeline
 from dtflab.train.problems import Problem, classification, exp_regression
 from dtflab.train.ps_strategy import ps_strategy, strategy_for
 from dtflab.train.runner import BackgroundRun, Runner, Update
@@ -27,4 +28,4 @@ from dtflab.train.watchdog import Watchdog
 
 __all__ = ["Problem", "exp_regression", "classification", "RunHistory", "StepRecord", "Callback",
            "BackgroundRun", "single", "model_parallel", "sync_data_parallel",
-           "async_parameter_server", "ps_strategy", "strategy_for", "all_reduce", "WireBytes", "Runner", "Update", "Watchdog"]
+           "async_parameter_server", "ps_strategy", "strategy_for", "all_reduce", "pipeline", "WireBytes", "Runner", "Update", "Watchdog"]

@@ -27,3 +27,94 @@ def ps_link_step(compute_s: float, rest_s: float, wire_s: float, workers: float)
 def ps_link_best_workers(compute_s: float, wire_s: float) -> float:
     """Where :func:`ps_link_step` is shortest: ``sqrt(compute / wire)`` workers."""
     return math.sqrt(compute_s / wire_s) if wire_s else math.inf
+
+
+# -- pipelines --------------------------------------------------------------------------------
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def bubble_share(stages: int, micro_batches: int) -> float:
+    """The share of a pipelined step each stage sits idle while the pipeline fills and drains:
+    ``(p - 1) / (m + p - 1)`` for p equal stages and m micro-batches. It leaves out what each
+    micro-batch costs beyond its arithmetic (see :func:`pipeline_step_s`)."""
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def pipeline_order(schedule: str, stages: int, micro_batches: int) -> list[list[tuple[str, int]]]:
+    """What each stage runs, in order: ``[("F", 0), ("F", 1), ..., ("B", 0), ...]`` per stage.
+
+    ``gpipe``: every forward, then every backward (all forward, all backward). ``1f1b``: stage s
+    runs ``p - s - 1`` warm-up forwards, then one forward and one backward in turn, then the
+    backwards left: it holds at most ``p - s`` micro-batches' activations, GPipe holds m."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r}: schedule must be one of "
+                         f"{', '.join(map(repr, SCHEDULES))}")
+    m = micro_batches
+    if schedule == "gpipe":
+        return [[("F", j) for j in range(m)] + [("B", j) for j in range(m)]
+                for _ in range(stages)]
+    orders = []
+    for stage in range(stages):
+        warm = min(stages - stage - 1, m)
+        order = [("F", j) for j in range(warm)]
+        for j in range(m - warm):
+            order += [("F", warm + j), ("B", j)]
+        orders.append(order + [("B", j) for j in range(m - warm, m)])
+    return orders
+
+
+def pipeline_timeline(schedule: str, stages: int, micro_batches: int, *, forward: float = 1.0,
+                      backward: float = 2.0) -> list[tuple[int, str, int, float, float]]:
+    """The formula's picture: ``(stage, "F" | "B", micro_batch, start, end)`` for every slot,
+    each forward taking ``forward`` and each backward ``backward`` (any unit), no transfer or
+    overhead. A slot starts when its stage finished the slot before it and its input is ready
+    (the previous stage's forward, the next stage's backward)."""
+    orders = pipeline_order(schedule, stages, micro_batches)
+    ends: dict[tuple[int, str, int], float] = {}
+    free = [0.0] * stages
+    position = [0] * stages
+    slots = []
+    while any(position[s] < len(orders[s]) for s in range(stages)):
+        progressed = False
+        for s in range(stages):
+            if position[s] == len(orders[s]):
+                continue
+            kind, j = orders[s][position[s]]
+            needs = (s - 1, "F", j) if kind == "F" else (s + 1, "B", j)
+            if kind == "F" and s == 0:
+                ready = 0.0
+            elif kind == "B" and s == stages - 1:
+                ready = ends.get((s, "F", j))
+            else:
+                ready = ends.get(needs)
+            if ready is None:
+                continue
+            start = max(free[s], ready)
+            end = start + (forward if kind == "F" else backward)
+            ends[s, kind, j], free[s] = end, end
+            slots.append((s, kind, j, start, end))
+            position[s] += 1
+            progressed = True
+        if not progressed:  # pipeline_order's orders never deadlock; a bug if they do
+            raise RuntimeError(f"{schedule} schedule deadlocked at {position}")
+    return slots
+
+
+def pipeline_step_s(stages: int, micro_batches: int, stage_s: float, per_micro_batch_s: float,
+                    rest_s: float = 0.0) -> float:
+    """A pipelined step: ``(m + p - 1) x (stage / m + c) + rest`` seconds.
+
+    ``stage_s`` is one stage's arithmetic for the whole batch (forward and backward), ``c`` what
+    a stage pays per micro-batch beyond its arithmetic (transfers, per-op and accumulation
+    overhead), ``rest`` what no micro-batch count changes (the update, feeding the batch). Every
+    one of the ``m + p - 1`` slots on the critical path costs a micro-batch's share of the
+    arithmetic plus ``c``: with ``c = 0`` this is the bubble formula's step."""
+    m = micro_batches
+    return (m + stages - 1) * (stage_s / m + per_micro_batch_s) + rest_s
+
+
+def best_micro_batches(stages: int, stage_s: float, per_micro_batch_s: float,
+                       choices=(1, 2, 4, 8, 16)) -> int:
+    """The micro-batch count among ``choices`` with the shortest :func:`pipeline_step_s`."""
+    return min(choices, key=lambda m: pipeline_step_s(stages, m, stage_s, per_micro_batch_s))

@@ -56,6 +56,17 @@ class RunHistory:
         with self._lock:
             return str(self.stalls[-1]) if self.stalls else ""
 
+    @property
+    def bubble(self):
+        """A pipeline run's traced step as a :class:`dtflab.train.bubble.Bubble` (each stage's
+        busy and idle time, its chart); ``None`` for other loops or without ``trace_step``."""
+        stages = self.details.get("stages")
+        if stages is None or self.trace is None:
+            return None
+        from dtflab.train.bubble import Bubble
+
+        return Bubble.from_trace(self.trace, stages.devices, stages.micro_batches, stages.schedule)
+
     def since(self, count: int) -> list[StepRecord]:
         """Records after the first ``count`` (for streaming to a live plot)."""
         with self._lock:

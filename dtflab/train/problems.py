@@ -72,14 +72,22 @@ class Problem:
         return [tf.compat.v1.get_variable(name, initializer=value)
                 for name, value in self.initial_values(seed)]
 
-    def forward(self, variables, x):
+    @property
+    def depth(self) -> int:
+        """How many weight layers (matmul + bias) the model has."""
+        return len(self.layers) - 1
+
+    def forward(self, variables, x, *, first_layer: int = 1):
+        """The layers whose ``[w, b, ...]`` are ``variables``, numbered from ``first_layer``
+        (a pipeline stage holds a run of layers; the last layer of a softmax model has no
+        activation)."""
         tf = import_tf()
         h = x
         pairs = list(zip(variables[::2], variables[1::2]))
-        for i, (w, b) in enumerate(pairs, start=1):
+        for i, (w, b) in enumerate(pairs, start=first_layer):
             with tf.name_scope(f"layer{i}"):
                 h = tf.matmul(h, w) + b
-                if i < len(pairs) or self.loss_kind == "l2":
+                if i < self.depth or self.loss_kind == "l2":
                     h = tf.nn.leaky_relu(h, alpha=0.2) if self.activation == "leaky_relu" else tf.nn.relu(h)
         return h
 
@@ -100,13 +108,17 @@ def exp_regression(batch_size: int = 100) -> Problem:
 
 
 def classification(width: int = 1024, batch_size: int = 4096, features: int = 64,
-                   classes: int = 10) -> Problem:
-    """Gaussian clusters in ``features`` dimensions, an MLP with two hidden layers of ``width``:
-    heavy enough (width 1024: 1.1 M parameters, batch 4096: ~7 GFLOP a step) for two
-    one-core workers to beat one on 2 cores (see benchmarks/training.py)."""
+                   classes: int = 10, hidden_layers: int = 2) -> Problem:
+    """Gaussian clusters in ``features`` dimensions, an MLP with ``hidden_layers`` hidden layers
+    of ``width``: heavy enough (width 1024, two hidden layers: 1.1 M parameters, batch 4096:
+    ~7 GFLOP a step) for two one-core workers to beat one on 2 cores (see
+    benchmarks/training.py). Deeper models (``hidden_layers=3``: four weight layers) give a
+    pipeline's stages two layers each."""
     checks.whole(width, "width", example=1024)
     checks.whole(batch_size, "batch_size", example=4096)
     checks.whole(features, "features", example=64)
     checks.whole(classes, "classes", minimum=2, example=10)
-    return Problem(f"classification_{width}", (features, width, width, classes), "relu",
-                   "softmax", batch_size)
+    checks.whole(hidden_layers, "hidden_layers", example=2)
+    name = f"classification_{width}" + (f"x{hidden_layers}" if hidden_layers != 2 else "")
+    return Problem(name, (features, *[width] * hidden_layers, classes), "relu", "softmax",
+                   batch_size)

@@ -1,0 +1,204 @@
+"""A traced pipeline step, stage by stage: when each forward and backward of each micro-batch
+ran, how long each stage sat idle (the bubble), and how much activation memory it held.
+
+A pipeline's ops are named ``stage{s}/forward{j}/...`` and ``stage{s}/backward{j}/...``
+(``dtflab.train.pipeline``); everything here is read from a StepTrace's op timings and from
+the allocator records TensorFlow's FULL_TRACE step stats carry (each op's allocations and
+frees, with their times). Timings on one machine share a clock; across hosts they do not.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from dtflab import names
+from dtflab.train import costs
+
+#: Op types that are the model's arithmetic: what a perfect pipeline would keep busy.
+ARITHMETIC = re.compile(r"MatMul|^(Leaky)?Relu(Grad)?$|^BiasAdd")
+_SCOPE = re.compile(r"^stage(\d+)/(forward|backward)(\d+)/")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One stage's forward (``"F"``) or backward (``"B"``) of one micro-batch, as it ran (µs
+    from the step's start): from its first multiply's start to its last one's end,
+    ``busy_us`` the time all its ops took, ``arithmetic_us`` the part in matrix multiplies and
+    activations."""
+
+    stage: int
+    kind: str
+    micro_batch: int
+    start_us: float
+    end_us: float
+    busy_us: float
+    arithmetic_us: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}{self.micro_batch}"
+
+
+@dataclass
+class Bubble:
+    """Each stage's busy and idle time in one traced pipeline step, beside the formula's.
+
+    ``span_us`` runs from the first slot's start to the last slot's end (the pipeline itself;
+    feeding the batch and applying the update sit outside it). A stage's idle share is
+    ``1 - busy / span``, where busy is the time its forwards' and backwards' ops ran.
+    """
+
+    devices: list[str]
+    micro_batches: int
+    schedule: str
+    slots: list[Slot]
+    span_us: float
+    step_us: float
+    peak_activation_bytes: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_trace(cls, trace, devices, micro_batches: int, schedule: str) -> "Bubble":
+        """Read a StepTrace of ``dtflab.train.pipeline``'s step; ``devices[s]`` runs stage s."""
+        found: dict[tuple[int, str, int], list] = {}
+        for device_timings in trace.timings.values():
+            for timing in device_timings:
+                match = _SCOPE.match(timing.name)
+                if match and timing.kind == "compute":
+                    key = (int(match[1]), "F" if match[2] == "forward" else "B", int(match[3]))
+                    found.setdefault(key, []).append(timing)
+        if not found:
+            raise ValueError("this trace has no pipeline stages (no stage{s}/forward{j} ops); "
+                             "trace a step of train.pipeline(..., trace_step=k)")
+        slots = sorted((_slot(key, ops) for key, ops in found.items()), key=lambda x: x.start_us)
+        start, end = min(s.start_us for s in slots), max(s.end_us for s in slots)
+        peaks = activation_peaks(trace.metadata, devices) if trace.metadata is not None else []
+        return cls(list(devices), micro_batches, schedule, slots, end - start, trace.step_us,
+                   peaks)
+
+    @property
+    def stages(self) -> int:
+        return len(self.devices)
+
+    def busy_us(self, stage: int) -> float:
+        return sum(s.busy_us for s in self.slots if s.stage == stage)
+
+    def arithmetic_us(self, stage: int) -> float:
+        return sum(s.arithmetic_us for s in self.slots if s.stage == stage)
+
+    @property
+    def idle_share(self) -> list[float]:
+        """Per stage, the share of the span it ran none of its forwards or backwards."""
+        return [1.0 - self.busy_us(s) / self.span_us for s in range(self.stages)]
+
+    @property
+    def mean_idle_share(self) -> float:
+        return sum(self.idle_share) / self.stages
+
+    @property
+    def formula(self) -> float:
+        """``(p - 1) / (m + p - 1)``: the idle share the bubble formula predicts."""
+        return costs.bubble_share(self.stages, self.micro_batches)
+
+    @property
+    def stage_s(self) -> float:
+        """The busiest stage's arithmetic for the whole batch, in seconds."""
+        return max(self.arithmetic_us(s) for s in range(self.stages)) / 1e6
+
+    @property
+    def per_micro_batch_s(self) -> float:
+        """What a stage pays per micro-batch beyond its arithmetic, in seconds: the mean time
+        from one of its slots' end to its next slot's end, less that slot's arithmetic, over
+        slots whose input was already there when the stage came free (the stage waited on
+        nothing but itself), then for a forward and a backward together. This is measured
+        on the timeline, not fitted to step times."""
+        gaps = {"F": [], "B": []}
+        for stage in range(self.stages):
+            own = [s for s in self.slots if s.stage == stage]
+            for before, slot in zip(own, own[1:]):
+                ready = self._input_ready_us(slot)
+                if ready is not None and ready <= before.end_us:
+                    gaps[slot.kind].append(slot.end_us - before.end_us - slot.arithmetic_us)
+        if not gaps["F"] or not gaps["B"]:  # m = 1: no slot waits on nothing but its stage
+            return sum(s.busy_us - s.arithmetic_us for s in self.slots) / (
+                self.stages * self.micro_batches) / 1e6
+        return (sum(gaps["F"]) / len(gaps["F"]) + sum(gaps["B"]) / len(gaps["B"])) / 1e6
+
+    def _input_ready_us(self, slot: Slot) -> float | None:
+        """When the slot's input was made: the previous stage's forward, the next stage's
+        backward (``None``: the slot's input came from the feed or its own forward)."""
+        other = slot.stage - 1 if slot.kind == "F" else slot.stage + 1
+        for s in self.slots:
+            if s.stage == other and s.kind == slot.kind and s.micro_batch == slot.micro_batch:
+                return s.end_us
+        if slot.kind == "B":  # the last stage: its own forward
+            for s in self.slots:
+                if s.stage == slot.stage and s.kind == "F" and s.micro_batch == slot.micro_batch:
+                    return s.end_us
+        return 0.0 if slot.kind == "F" else None
+
+    def summary(self) -> str:
+        stages = "; ".join(f"stage {s}: busy {self.busy_us(s) / 1e3:.1f} ms, idle "
+                           f"{share:.0%}" for s, share in enumerate(self.idle_share))
+        text = (f"{self.stages} stages x {self.micro_batches} micro-batches ({self.schedule}): "
+                f"{stages} of a {self.span_us / 1e3:.1f} ms pipeline; formula: idle "
+                f"{self.formula:.0%}")
+        if self.peak_activation_bytes:
+            text += "; peak activations " + ", ".join(
+                f"{b / 2 ** 20:.1f} MiB" for b in self.peak_activation_bytes)
+        return text
+
+    def __repr__(self) -> str:
+        return f"<Bubble {self.summary()}>"
+
+    def figure(self, **options):
+        """The pipeline chart: a row per stage, each slot where it ran, the bubble shaded,
+        beside the formula's schedule for the same stages and micro-batches."""
+        from dtflab.viz.pipeline import pipeline_chart
+
+        return pipeline_chart(self, **options)
+
+    def show(self, **options) -> None:
+        from dtflab.viz.output import show
+
+        show(self.figure(**options))
+
+
+def _slot(key, ops) -> Slot:
+    """A slot spans its arithmetic: small ops that wait on nothing (reading a variable, a
+    shape) may run long before the slot does, on a second inter-op thread."""
+    work = [t for t in ops if ARITHMETIC.search(t.op)] or ops
+    return Slot(*key, min(t.start_us for t in work), max(t.end_us for t in work),
+                sum(t.duration_us for t in ops), sum(t.duration_us for t in work))
+
+
+def activation_peaks(metadata, devices) -> list[int]:
+    """Per device, the most bytes that forward ops' outputs held at once during the step:
+    TensorFlow's allocator records (each op's allocations and frees, with their times), summed
+    in time order. Variables, gradients and the optimizer's slots are not in it."""
+    records: dict[str, list[tuple[int, int]]] = {d: [] for d in devices}
+    for dev in metadata.step_stats.dev_stats:
+        device = _matching(dev.device, devices)
+        if device is None:
+            continue
+        for stats in dev.node_stats:
+            if _SCOPE.match(stats.node_name) and "/forward" in stats.node_name:
+                for memory in stats.memory:
+                    records[device] += [(r.alloc_micros, r.alloc_bytes)
+                                        for r in memory.allocation_records]
+    peaks = []
+    for device in devices:
+        live = peak = 0
+        for _, change in sorted(records[device]):
+            live += change
+            peak = max(peak, live)
+        peaks.append(peak)
+    return peaks
+
+
+def _matching(full: str, devices) -> str | None:
+    """Which of ``devices`` (short ``/job:worker/task:1`` or full names) ``full`` is."""
+    for device in devices:
+        if names.task(device) == names.task(full):
+            return device
+    return None

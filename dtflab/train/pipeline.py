@@ -1,0 +1,260 @@
+"""Pipeline parallelism: the model's layers cut into stages on worker tasks, each batch cut into
+micro-batches that flow through them (GPipe's all-forward-all-backward, or 1F1B).
+
+One graph, one session, as TensorFlow ran GPipe itself (lingvo): each stage's variables and ops
+on its own task, the batch split into m micro-batches on the first stage, and every stage's work
+ordered by control dependencies as :func:`dtflab.train.costs.pipeline_order` lists it (with one
+inter-op thread per task, a stage then runs one micro-batch at a time, as a pipeline stage
+does). Each stage backpropagates each micro-batch on its own (``tf.gradients`` with the next
+stage's gradient as ``grad_ys``), adds its gradients to a running sum and, after the last
+micro-batch, the optimizer applies the sums once: the same update as one process on the whole
+batch, up to float rounding.
+
+Ops are named ``stage{s}/forward{j}/...`` and ``stage{s}/backward{j}/...``, which is how a traced
+step's timings become the pipeline chart (``dtflab.train.bubble``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dtflab import checks, names, tf_private
+from dtflab._quiet import import_tf
+from dtflab.train import costs
+from dtflab.train.graphs import TrainGraph, delay_op
+from dtflab.train.history import RunHistory
+from dtflab.train.runner import Runner
+from dtflab.train.sessions import new_session, synchronous, with_train, worker_devices
+from dtflab.train.watchdog import settings as watchdog_settings
+
+
+@dataclass(frozen=True)
+class Stages:
+    """Where a pipeline's layers run: ``devices[s]`` holds layers ``layers[s]`` (1-based,
+    inclusive ranges, as ``Problem.forward`` numbers them)."""
+
+    devices: tuple[str, ...]
+    layers: tuple[tuple[int, int], ...]
+    micro_batches: int
+    schedule: str
+
+    @property
+    def count(self) -> int:
+        return len(self.devices)
+
+    def describe(self) -> str:
+        return ", ".join(f"stage {s} on {names.task(d)}: layers {a}-{b}" if a != b else
+                         f"stage {s} on {names.task(d)}: layer {a}"
+                         for s, (d, (a, b)) in enumerate(zip(self.devices, self.layers)))
+
+
+def balanced_cut(problem, stages: int) -> tuple[int, ...]:
+    """Where stages 2..p start (1-based layer numbers) so that each stage's multiply-adds per
+    example, ``n_in x n_out`` summed over its layers, are as even as a contiguous cut allows."""
+    work = [a * b for a, b in zip(problem.layers, problem.layers[1:])]
+    depth = len(work)
+    best = None
+    # Exhaustive over contiguous cuts: a model here has at most a few dozen layers.
+    for cut in _cuts(depth, stages):
+        bounds = (0, *[c - 1 for c in cut], depth)
+        heaviest = max(sum(work[a:b]) for a, b in zip(bounds, bounds[1:]))
+        if best is None or heaviest < best[0]:
+            best = (heaviest, cut)
+    return best[1]
+
+
+def _cuts(depth: int, stages: int, first: int = 2):
+    if stages == 1:
+        yield ()
+        return
+    for start in range(first, depth - stages + 3):
+        for rest in _cuts(depth, stages - 1, start + 1):
+            yield (start, *rest)
+
+
+def layer_ranges(problem, stages: int, cut=None) -> tuple[tuple[int, int], ...]:
+    """Each stage's ``(first, last)`` layer, from ``cut`` (where stages 2..p start) or balanced."""
+    depth = problem.depth
+    if stages > depth:
+        raise ValueError(f"stages={stages}: the model has {depth} layers, so at most {depth} "
+                         f"stages; use stages={depth} or a deeper model, e.g. "
+                         f"train.classification(hidden_layers={stages})")
+    if cut is None:
+        cut = balanced_cut(problem, stages)
+    else:
+        given, cut = cut, tuple(cut) if isinstance(cut, (list, tuple)) else None
+        valid = (cut is not None and len(cut) == stages - 1
+                 and all(isinstance(c, int) and not isinstance(c, bool) for c in cut)
+                 and list(cut) == sorted(set(cut)) and all(1 < c <= depth for c in cut))
+        if not valid:
+            raise ValueError(f"cut={given!r}: cut lists the first layer of each stage after the "
+                             f"first, {stages - 1} increasing layer number(s) from 2 to {depth}; "
+                             f"for example cut={list(balanced_cut(problem, stages))!r}")
+    bounds = (1, *cut, depth + 1)
+    return tuple((a, b - 1) for a, b in zip(bounds, bounds[1:]))
+
+
+def pipeline_graph(problem, stages: Stages, seed: int, slow: dict | None = None) -> TrainGraph:
+    """The pipelined training step (see the module's docstring). ``slow[device]`` seconds are
+    slept on that stage each step, spread over its forwards (a slow stage holds up every
+    micro-batch that passes it)."""
+    tf = import_tf()
+    p, m = stages.count, stages.micro_batches
+    initial = problem.initial_values(seed)
+    graph = tf.Graph()
+    with graph.as_default():
+        stage_variables = []
+        for device, (first, last) in zip(stages.devices, stages.layers):
+            with tf.device(device):
+                stage_variables.append([tf.compat.v1.get_variable(name, initializer=value)
+                                        for name, value in initial[2 * (first - 1):2 * last]])
+        with tf.device(stages.devices[0]):
+            x = tf.compat.v1.placeholder(tf.float32, [None, problem.layers[0]], name="x")
+            xs = tf.split(x, m, name="micro_batches")
+        with tf.device(stages.devices[-1]):
+            t = problem.placeholders()[1]
+            ts = tf.split(t, m, name="micro_labels")
+        step = _StepBuilder(tf, problem, stages, stage_variables, xs, ts, slow or {})
+        for s, kind, j, _, _ in sorted(costs.pipeline_timeline(stages.schedule, p, m),
+                                       key=lambda slot: (slot[3], slot[0])):
+            step.forward(s, j) if kind == "F" else step.backward(s, j)
+        variables = [v for vs in stage_variables for v in vs]
+        gradients = [g for s in range(p) for g in step.sums[s]]
+        train = problem.optimizer().apply_gradients(list(zip(gradients, variables)))
+        with tf.device(stages.devices[-1]):
+            loss = tf.add_n(step.losses, name="loss")
+        init = tf.compat.v1.global_variables_initializer()
+    return TrainGraph(graph, init, train, loss, (x, t), variables=variables)
+
+
+class _StepBuilder:
+    """Builds one stage's forward or backward of one micro-batch at a time, each after the
+    stage's previous piece of work (control dependencies), in an order the schedule allows."""
+
+    def __init__(self, tf, problem, stages, stage_variables, xs, ts, slow):
+        self.tf, self.problem, self.stages = tf, problem, stages
+        self.variables, self.xs, self.ts, self.slow = stage_variables, xs, ts, slow
+        p = stages.count
+        self.inputs = [{} for _ in range(p)]    # stage -> micro-batch -> what came in
+        self.outputs = [{} for _ in range(p)]   # stage -> micro-batch -> activation (or loss)
+        self.input_grads = [{} for _ in range(p)]  # the gradient sent back to the stage before
+        self.sums = [None] * p                  # each stage's running sum of gradients
+        self.last = [[] for _ in range(p)]      # what the stage's previous piece produced
+        self.losses = []
+
+    def _after_last(self, s, tensor, name):
+        """``tensor`` once stage ``s`` finished its previous piece of work."""
+        with self.tf.control_dependencies(self.last[s]):
+            return self.tf.identity(tensor, name=name)
+
+    def forward(self, s, j):
+        tf, problem = self.tf, self.problem
+        device, (first, _) = self.stages.devices[s], self.stages.layers[s]
+        with tf.device(device), tf.name_scope(f"stage{s}/forward{j}"):
+            incoming = self.xs[j] if s == 0 else self.outputs[s - 1][j]
+            waits = []
+            if device in self.slow:
+                waits = [delay_op(self.slow[device] / self.stages.micro_batches)]
+            with tf.control_dependencies(waits):
+                h_in = self._after_last(s, incoming, "input")
+            h = problem.forward(self.variables[s], h_in, first_layer=first)
+            if s == self.stages.count - 1:
+                h = problem.loss(h, self.ts[j])
+                self.losses.append(h)
+        self.inputs[s][j], self.outputs[s][j] = h_in, h
+        self.last[s] = [h]
+
+    def backward(self, s, j):
+        tf = self.tf
+        with tf.device(self.stages.devices[s]), tf.name_scope(f"stage{s}/backward{j}"):
+            output = self.outputs[s][j]
+            upstream = (tf.ones_like(output) if s == self.stages.count - 1
+                        else self.input_grads[s + 1][j])
+            upstream = self._after_last(s, upstream, "output_gradient")
+            wrt = self.variables[s] + ([self.inputs[s][j]] if s > 0 else [])
+            grads = tf.compat.v1.gradients(output, wrt, grad_ys=upstream,
+                                           colocate_gradients_with_ops=True)
+            _one_multiply_at_a_time(tf.compat.v1.get_default_graph(), f"stage{s}/backward{j}/")
+            own = grads[:len(self.variables[s])]
+            if self.sums[s] is not None:
+                with tf.name_scope("accumulate"):
+                    own = [total + g for total, g in zip(self.sums[s], own)]
+        self.sums[s] = own
+        if s > 0:
+            self.input_grads[s][j] = grads[-1]
+        self.last[s] = own + grads[len(own):]
+
+
+def _one_multiply_at_a_time(graph, scope: str) -> None:
+    """Order the matrix multiplies of one backward: every gradient with respect to a layer's
+    input first (the next stage back waits for it), then those with respect to the weights.
+
+    ``tf.gradients`` leaves each layer's two multiplies side by side, and a task with more than
+    one inter-op thread would run them at once: a stage would then use two cores, and a
+    micro-batch's input gradient would leave later."""
+    multiplies = [op for op in graph.get_operations()
+                  if op.name.startswith(scope) and op.type == "MatMul"]
+    # "MatMul_grad/MatMul" is the gradient of a layer's input, "MatMul_grad/MatMul_1" of its
+    # weights (TensorFlow's MatMul gradient); tf.gradients builds layers last to first.
+    inputs = [op for op in multiplies if op.name.endswith("MatMul_grad/MatMul")]
+    weights = [op for op in multiplies if op.name.endswith("MatMul_grad/MatMul_1")]
+    for before, op in zip(inputs + weights, (inputs + weights)[1:]):
+        tf_private.run_after(op, before)
+
+
+def pipeline(problem, cluster, *, stages: int = 2, micro_batches: int = 4,
+             schedule: str = "gpipe", cut=None, steps: int = 200, seed: int = 0,
+             slow: dict | None = None, background: bool = False, callbacks=(),
+             name: str | None = None, trace_step: int | None = None, watchdog=True):
+    """Train ``problem`` with its layers cut into ``stages`` stages on the first worker tasks,
+    each batch in ``micro_batches`` micro-batches.
+
+    In [1]: run = train.pipeline(train.classification(hidden_layers=3), cluster, stages=2,
+       ...:                      micro_batches=8, trace_step=5, background=True)
+    In [2]: run.wait().bubble.show()      # the pipeline chart of step 5, beside the formula's
+
+    ``schedule`` is ``"gpipe"`` (all forwards, then all backwards) or ``"1f1b"`` (one forward,
+    one backward after the warm-up: fewer micro-batches' activations held at once). ``cut``
+    lists the first layer of stages 2..p (``cut=[3]``: layers 1-2, then 3 on); by default the
+    cut balances each stage's multiply-adds. Gradients are summed over the micro-batches and
+    applied once per step, so the losses are ``train.single``'s. ``slow={"worker:1": 0.05}``
+    makes that stage sleep that long per step (spread over its micro-batches): the pipeline's
+    straggler. ``trace_step=k`` traces step k: ``history.bubble`` then measures each stage's
+    busy and idle time. A dead task ends the run with a TaskError naming it.
+    """
+    checks.run_arguments(steps, seed, trace_step)
+    checks.one_of(schedule, "schedule", costs.SCHEDULES)
+    checks.whole(stages, "stages", example=2)
+    checks.whole(micro_batches, "micro_batches", example=4)
+    ranges = layer_ranges(problem, stages, cut)
+    checks.cluster(cluster)
+    available = len(cluster.addresses.get("worker", []))
+    if stages > available:
+        raise ValueError(f"stages={stages}: a stage runs on a worker task and this cluster has "
+                         f"{available}; use stages={max(available, 1)} or start more, e.g. "
+                         f"dtflab.start_cluster(workers={stages})")
+    if problem.batch_size % micro_batches:
+        divisors = [d for d in (1, 2, 4, 8, 16, 32) if problem.batch_size % d == 0]
+        raise ValueError(f"micro_batches={micro_batches}: the batch of {problem.batch_size} does "
+                         f"not split into {micro_batches} equal micro-batches; use a divisor, "
+                         f"e.g. micro_batches={divisors[-1]}")
+    devices, slow_devices = worker_devices(cluster, stages, slow)
+    plan = Stages(tuple(devices), ranges, micro_batches, schedule)
+    built = pipeline_graph(problem, plan, seed, slow_devices)
+    # The master runs on the last stage's task: idle while the pipeline fills, it sends every
+    # other stage its part of the step at once (on stage 0, whose one thread is busy with the
+    # first forwards, the other stages got theirs only after those: measured, 34 of 193 ms).
+    session = new_session(cluster.target(*names.split(devices[-1])), built.graph)
+    session.run(built.init)
+    x, t = built.inputs
+    history = RunHistory(name or f"pipeline ({stages} stages, {micro_batches} micro-batches, "
+                         f"{schedule})", "pipeline", cluster=cluster)
+    history.details["stages"] = plan
+
+    def feeds(step):
+        xs, ts = problem.batch(step, seed)
+        return {x: xs, t: ts}
+
+    runner = Runner(history, callbacks, watchdog=watchdog_settings(watchdog))
+    return synchronous(runner, steps, session, with_train(built), feeds, problem, cluster,
+                       trace_step, background)

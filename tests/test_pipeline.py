@@ -1,0 +1,169 @@
+"""Pipeline parallelism on real task servers: the same losses as one process, the bubble read
+from a traced step, GPipe against 1F1B, stragglers, Stop, a dead stage."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import dtflab
+from dtflab import train
+from dtflab.errors import TaskError
+from dtflab.train import costs, sessions
+from dtflab.train.pipeline import balanced_cut, layer_ranges
+from dtflab.viz.compare import compare
+from dtflab.viz.dashboard import Dashboard
+
+from conftest import wait_until
+
+pytestmark = pytest.mark.slow
+
+#: Pipeline vs one process, same seed and batches: float rounding only (the issue's bound).
+TOLERANCE = 1e-5
+DEEP = train.classification(width=64, batch_size=256, hidden_layers=3)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with dtflab.start_cluster(workers=3, inter_op_threads=2, intra_op_threads=1) as c:
+        yield c
+
+
+def max_diff(a, b) -> float:
+    return float(np.max(np.abs(np.array(a.losses) - np.array(b.losses))))
+
+
+@pytest.mark.parametrize("problem, stages, micro_batches, schedule", [
+    (train.exp_regression(), 2, 4, "gpipe"),
+    (train.exp_regression(), 3, 5, "1f1b"),
+    (DEEP, 2, 8, "gpipe"),
+    (DEEP, 3, 4, "1f1b"),
+], ids=["exp-2x4-gpipe", "exp-3x5-1f1b", "classification-2x8-gpipe", "classification-3x4-1f1b"])
+def test_a_pipeline_trains_exactly_as_one_process(cluster, problem, stages, micro_batches, schedule):
+    alone = train.single(problem, steps=30, seed=4)
+    piped = train.pipeline(problem, cluster, stages=stages, micro_batches=micro_batches,
+                           schedule=schedule, steps=30, seed=4)
+    assert piped.steps == 30 and piped.loop == "pipeline"
+    assert max_diff(alone, piped) <= TOLERANCE
+    assert piped.losses[-1] < piped.losses[0]  # it learns
+    assert compare(alone, piped).rows[1]["max_abs_loss_diff"] <= TOLERANCE
+
+
+def test_the_default_cut_balances_multiply_adds_and_a_cut_can_be_chosen():
+    assert balanced_cut(DEEP, 2) == (3,)  # 64x64 + 64x64 | 64x64 + 64x10
+    wide_first = train.classification(width=32, features=512, hidden_layers=3)
+    assert balanced_cut(wide_first, 2) == (2,)  # 512x32 outweighs everything after it
+    assert layer_ranges(DEEP, 2, cut=[2]) == ((1, 1), (2, 4))
+    assert layer_ranges(DEEP, 4) == ((1, 1), (2, 2), (3, 3), (4, 4))
+
+
+def test_the_traced_step_shows_every_micro_batch_on_its_stage_in_schedule_order(cluster):
+    history = train.pipeline(DEEP, cluster, stages=3, micro_batches=4, schedule="1f1b", steps=4,
+                             trace_step=2)
+    bubble = history.bubble
+    assert len(bubble.slots) == 2 * 3 * 4
+    for stage in range(3):
+        ran = [(s.kind, s.micro_batch) for s in bubble.slots if s.stage == stage]
+        assert ran == costs.pipeline_order("1f1b", 3, 4)[stage]  # start order, as scheduled
+    # Data flows forward through the stages and back: a slot starts after its input was made.
+    ends = {(s.stage, s.kind, s.micro_batch): s.end_us for s in bubble.slots}
+    for slot in bubble.slots:
+        before = (slot.stage - 1, "F", slot.micro_batch) if slot.kind == "F" else (
+            slot.stage + 1, "B", slot.micro_batch)
+        if before in ends:
+            assert slot.start_us >= ends[before]
+    assert all(0 < share < 1 for share in bubble.idle_share)
+    assert bubble.formula == pytest.approx(2 / 6)
+    assert bubble.busy_us(0) > bubble.arithmetic_us(0) > 0
+    assert "3 stages x 4 micro-batches (1f1b)" in bubble.summary()
+
+
+def test_the_pipeline_chart_draws_the_measured_slots_and_the_formulas_schedule(cluster):
+    bubble = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, steps=3, trace_step=1).bubble
+    chart = bubble.figure()
+    measured, formula = chart.children
+    renderers = {r.name: r.data_source.data for fig in (measured, formula) for r in fig.renderers
+                 if r.name}
+    assert sorted(renderers["forward"]["label"]) == sorted(f"F{j}" for j in range(4) for _ in range(2))
+    assert len(renderers["backward"]["left"]) == 8 and len(renderers["formula_forward"]["left"]) == 8
+    assert renderers["bubble"]["left"] and renderers["formula_bubble"]["left"]
+    # The formula's chart idles (p - 1) / (m + p - 1) of each stage's time.
+    ideal = costs.pipeline_timeline("gpipe", 2, 4, forward=1.0, backward=2.0)
+    span = max(end for *_, end in ideal)
+    busy = sum(end - start for s, _, _, start, end in ideal if s == 0)
+    assert 1 - busy / span == pytest.approx(costs.bubble_share(2, 4))
+    assert "Formula: idle 20%" in formula.title.text
+
+
+def test_1f1b_holds_fewer_activations_than_gpipe(cluster):
+    problem = train.classification(width=256, batch_size=512, hidden_layers=3)
+    peaks = {}
+    for schedule in ("gpipe", "1f1b"):
+        history = train.pipeline(problem, cluster, stages=2, micro_batches=8, schedule=schedule,
+                                 steps=3, trace_step=1)
+        peaks[schedule] = history.bubble.peak_activation_bytes
+    # Stage 0 holds all 8 micro-batches' activations under GPipe, at most 2 under 1F1B.
+    assert peaks["1f1b"][0] < 0.6 * peaks["gpipe"][0]
+    micro_batch = 64 * 256 * 4  # one layer's output for one micro-batch of 64 examples
+    assert peaks["gpipe"][0] >= 8 * micro_batch
+
+
+def test_a_slow_stage_holds_up_the_pipeline(cluster):
+    history = train.pipeline(DEEP, cluster, stages=2, micro_batches=2, steps=3, trace_step=1,
+                             slow={"worker:1": 0.3})
+    bubble = history.bubble
+    slept = bubble.busy_us(1) - bubble.arithmetic_us(1)
+    assert slept >= 0.25e6  # its forwards slept 0.15 s each
+    assert bubble.idle_share[0] > bubble.idle_share[1]  # the others wait for it
+
+
+def test_a_background_pipeline_streams_to_the_dashboard_and_stops(cluster):
+    run = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, steps=100_000,
+                         background=True)
+    dashboard = Dashboard(run, interval_s=0.1)
+    points = lambda: sum(len(s.data["step"]) for s in dashboard.loss_sources.values())
+    assert wait_until(lambda: points() > 0, timeout=60)
+    assert not run.done
+    dashboard.stop_button.click()
+    history = run.wait(timeout=60)
+    dashboard.wait()
+    assert history.stopped_early and 0 < history.steps < 100_000
+    assert points() == history.steps
+
+
+def test_a_dead_stage_ends_the_run_naming_it(start_cluster):
+    cluster = start_cluster(workers=2)
+    run = train.pipeline(DEEP, cluster, stages=2, micro_batches=2, steps=100_000,
+                         background=True, watchdog=False)
+    assert wait_until(lambda: run.history.steps >= 2, timeout=60)
+    cluster.kill("worker", 1)
+    with pytest.raises(TaskError, match="worker:1"):
+        run.wait(timeout=60)
+    assert run.done
+    # The session that touched the dead task closes in the background, waiting out TF's
+    # operation timeout; the run reported its error without waiting. That thread ends:
+    closers = lambda: [t for t in threading.enumerate() if t.name == "dtflab-session-close"]
+    assert wait_until(lambda: not closers(), timeout=sessions.OPERATION_TIMEOUT_MS / 1000 + 5)
+
+
+@pytest.mark.parametrize("stages, micro_batches", [(2, 1), (2, 8), (4, 4), (8, 16)])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_both_schedules_idle_as_the_bubble_formula_says(stages, micro_batches, schedule):
+    slots = costs.pipeline_timeline(schedule, stages, micro_batches, forward=1.0, backward=2.0)
+    span = max(end for *_, end in slots)
+    assert span == 3 * (micro_batches + stages - 1)
+    for stage in range(stages):
+        busy = sum(end - start for s, _, _, start, end in slots if s == stage)
+        assert 1 - busy / span == pytest.approx(costs.bubble_share(stages, micro_batches))
+    # With no per-micro-batch cost the step model is the formula's span.
+    assert costs.pipeline_step_s(stages, micro_batches, 3.0 * micro_batches, 0.0) == pytest.approx(span)
+
+
+def test_1f1b_keeps_at_most_p_micro_batches_in_flight_per_stage():
+    for stage, order in enumerate(costs.pipeline_order("1f1b", 4, 8)):
+        in_flight = peak = 0
+        for kind, _ in order:
+            in_flight += 1 if kind == "F" else -1
+            peak = max(peak, in_flight)
+        assert peak == 4 - stage
+    assert costs.best_micro_batches(2, stage_s=1.0, per_micro_batch_s=0.02) == 8
