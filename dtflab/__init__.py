@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 
 
 PICTURES = ("cluster_picture", "placement_picture", "towers_picture", "coordinator_picture",
-            "downpour_picture", "checkpoint_picture")
+            "downpour_picture", "checkpoint_picture", "pipeline_picture")
 
 
 def __getattr__(name):

@@ -74,3 +74,19 @@ def test_the_coordinator_picture_gives_each_task_its_role():
     assert "this kernel: the chief" in texts and "schedule" in texts
     assert texts.count("runs the steps it is sent") == 2
     assert "variables 0, 2, ..." in texts and "variables 1, 3, ..." in texts
+
+
+def test_the_pipeline_picture_counts_the_bytes_a_traced_pipeline_step_moves(start_cluster):
+    cluster = start_cluster(workers=2)
+    problem = train.classification(width=64, batch_size=256, hidden_layers=3)
+    texts = dtflab.pipeline_picture(problem, cluster, stages=2, micro_batches=4).texts()
+    assert f"worker:0 ({cluster.addresses['worker'][0]})" in texts
+    assert "layers 1-2: 33,280 B" in texts and "4 micro-batches of 64" in texts
+    step = train.pipeline(problem, cluster, stages=2, micro_batches=4, steps=3, trace_step=1).trace
+    moved = {(short_device(a), short_device(b)): n for (a, b), n in step.bytes_between().items()}
+    activations = next(int(t.split()[1].replace(",", "")) for t in texts if t.startswith("activations"))
+    assert activations == 64 * 64 * 4
+    # Four micro-batches' activations forward; back, their gradients and the optimizer's
+    # step counters (Adam's beta powers live beside the first variable).
+    assert 4 * activations <= moved[("worker:0", "worker:1")] <= 4 * activations + 64
+    assert f"their gradients {activations:,} B" in texts

@@ -164,6 +164,34 @@ def placement_picture(plan, problem) -> Picture:
     return boxes_and_arrows(f"{problem.name}: what crosses in one step", columns, arrows)
 
 
+def pipeline_picture(problem, cluster, stages: int = 2, micro_batches: int = 4,
+                     cut=None) -> Picture:
+    """Pipeline parallelism: which worker task holds which layers (as ``train.pipeline`` would
+    cut them), and what crosses between neighbouring stages for each micro-batch: activations
+    forward, their gradients back."""
+    from dtflab.train.pipeline import layer_ranges
+
+    checks.cluster(cluster)
+    checks.whole(micro_batches, "micro_batches", example=4)
+    ranges = layer_ranges(problem, stages, cut)
+    workers = cluster.addresses.get("worker", [])
+    size = problem.batch_size // micro_batches
+    columns, arrows = [], []
+    for s, (first, last) in enumerate(ranges):
+        where = f"worker:{s}" + (f" ({workers[s]})" if s < len(workers) else "")
+        held = 4 * sum(a * b + b for a, b in zip(problem.layers[first - 1:last], problem.layers[first:last + 1]))
+        layers = f"layer {first}" if first == last else f"layers {first}-{last}"
+        columns.append([_Box(f"stage{s}", [f"stage {s}", where, f"{layers}: {held:,} B",
+                                           f"{micro_batches} micro-batches of {size}"],
+                             PALETTE[s % len(PALETTE)])])
+        if s:
+            crossing = 4 * size * problem.layers[first - 1]
+            arrows += [(f"stage{s - 1}", f"stage{s}", f"activations {crossing:,} B", True),
+                       (f"stage{s}", f"stage{s - 1}", f"their gradients {crossing:,} B", True)]
+    return boxes_and_arrows(f"{problem.name} in {stages} stages: what crosses per micro-batch",
+                            columns, arrows)
+
+
 def towers_picture(problem, workers: int = 2) -> Picture:
     """Synchronous data parallelism: one ps holds the variables; each worker a full copy of the
     model (a tower) for its slice of the batch."""

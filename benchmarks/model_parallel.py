@@ -1,0 +1,176 @@
+"""Pipeline parallelism measured: the bubble, a cost model's predictions, GPipe against 1F1B.
+
+Two stages of the classifier with three hidden layers (two layers a stage, width 1024, batch
+2048), one intra-op thread per stage task, for m = 1, 2, 4, 8, 16 micro-batches:
+
+- pipeline_idle_share / pipeline_idle_share_formula: each stage's idle share of the pipelined
+  part of a traced step (mean over stages, median over rounds), and (p - 1) / (m + p - 1).
+- pipeline_step_ms: median step time (untraced steps), per m.
+- pipeline_step_model_ms, pipeline_step_model_max_rel_error: ``costs.pipeline_step_s`` with the
+  stage's arithmetic, the per-micro-batch cost and the rest all read from ONE traced step at
+  m = 4 (not fitted to any step time), against the measured steps; the worst m.
+- pipeline_best_m / pipeline_model_best_m: the fastest m measured, and the model's.
+- pipeline_best_speedup_over_m1: steps/s at the best m over m = 1.
+- naive_best_speedup_over_m1: the same for the naive graph (one ``tf.gradients`` of the summed
+  loss, one inter-op thread a task, no schedule), built here, in the same run.
+- pipeline_peak_activation_bytes / pipeline_1f1b_over_gpipe_peak_activation_bytes: stage 0's
+  peak activation bytes from the allocator records of a traced step, GPipe and 1F1B, m = 2,
+  4, 8; the ratio at m = 8.
+- pipeline_vs_single_max_abs_loss_diff: exp(x) (200 steps) and the classifier (30 steps),
+  pipelined (GPipe and 1F1B) against train.single, same seed and batches.
+
+    python benchmarks/model_parallel.py [--quick] [--rounds 3]
+
+Prints one JSON line. --quick uses width 512 and batch 1024 (under 3 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+import dtflab  # noqa: E402
+from dtflab import train  # noqa: E402
+from dtflab._quiet import import_tf  # noqa: E402
+from dtflab.train import costs  # noqa: E402
+
+MICRO_BATCHES = (1, 2, 4, 8, 16)
+MODEL_FROM = 4  # the one m whose traced step the cost model reads
+
+
+def step_times(history, skip: int = 3) -> list[float]:
+    """Seconds between consecutive records, past the first ``skip`` (start-up, the trace)."""
+    times = [r.time_s for r in history.records]
+    return list(np.diff(times)[skip:])
+
+
+def pipelined(problem, cluster, rounds, steps):
+    """Per m: untraced step times (all rounds) and the bubbles of the traced steps."""
+    times = {m: [] for m in MICRO_BATCHES}
+    bubbles = {m: [] for m in MICRO_BATCHES}
+    for _ in range(rounds):
+        for m in MICRO_BATCHES:  # interleaved: drift in the machine's load hits every m alike
+            history = train.pipeline(problem, cluster, stages=2, micro_batches=m, steps=steps,
+                                     trace_step=1, watchdog=False)
+            times[m] += step_times(history)
+            bubbles[m].append(history.bubble)
+    return times, bubbles
+
+
+def naive_step_times(problem, cluster, m, steps) -> list[float]:
+    """The naive pipeline: per-stage ``tf.device``, micro-batches, one ``tf.gradients`` of the
+    summed loss; TensorFlow's executor overlaps the stages by itself."""
+    tf = import_tf()
+    devices = ["/job:worker/task:0", "/job:worker/task:1"]
+    initial = problem.initial_values(0)
+    half = len(initial) // 2
+    graph = tf.Graph()
+    with graph.as_default():
+        stage_vars = []
+        for device, values in zip(devices, (initial[:half], initial[half:])):
+            with tf.device(device):
+                stage_vars.append([tf.compat.v1.get_variable(n, initializer=v) for n, v in values])
+        x, t = problem.placeholders()
+        losses = []
+        for xs, ts in zip(tf.split(x, m), tf.split(t, m)):
+            h = xs
+            for s, device in enumerate(devices):
+                with tf.device(device):
+                    h = problem.forward(stage_vars[s], h, first_layer=1 + s * half // 2)
+            with tf.device(devices[-1]):
+                losses.append(problem.loss(h, ts))
+        loss = tf.add_n(losses)
+        variables = stage_vars[0] + stage_vars[1]
+        grads = tf.compat.v1.gradients(loss, variables, colocate_gradients_with_ops=True)
+        train_op = problem.optimizer().apply_gradients(list(zip(grads, variables)))
+        init = tf.compat.v1.global_variables_initializer()
+    with tf.compat.v1.Session(cluster.target("worker", 0), graph=graph) as session:
+        session.run(init)
+        ends = []
+        for step in range(steps):
+            xs, ts = problem.batch(step)
+            session.run(train_op, {x: xs, t: ts})
+            ends.append(time.perf_counter())
+    return list(np.diff(ends)[2:])
+
+
+def model_predictions(bubble, stages: int = 2) -> tuple[dict, dict]:
+    """The cost model from one traced step: step(m) for every m, and its parts."""
+    rest_s = (bubble.step_us - bubble.span_us) / 1e6
+    parts = {"stage_ms": bubble.stage_s * 1e3, "per_micro_batch_ms": bubble.per_micro_batch_s * 1e3,
+             "rest_ms": rest_s * 1e3}
+    return ({m: costs.pipeline_step_s(stages, m, bubble.stage_s, bubble.per_micro_batch_s,
+                                      rest_s) * 1e3 for m in MICRO_BATCHES}, parts)
+
+
+def loss_agreement(cluster) -> float:
+    worst = 0.0
+    for problem, steps in ((train.exp_regression(), 200),
+                           (train.classification(width=64, batch_size=256, hidden_layers=3), 30)):
+        alone = train.single(problem, steps=steps, seed=1)
+        for schedule in costs.SCHEDULES:
+            piped = train.pipeline(problem, cluster, stages=2, micro_batches=4, schedule=schedule,
+                                   steps=steps, seed=1)
+            worst = max(worst, float(np.max(np.abs(np.array(alone.losses) - np.array(piped.losses)))))
+    return worst
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="width 512, batch 1024")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians)")
+    parser.add_argument("--steps", type=int, default=10, help="steps per run")
+    args = parser.parse_args()
+    width, batch = (512, 1024) if args.quick else (1024, 2048)
+    problem = train.classification(width=width, batch_size=batch, hidden_layers=3)
+    result = {"stages": 2, "width": width, "batch": batch, "cores": os.cpu_count(),
+              "rounds": args.rounds}
+    with dtflab.start_cluster(workers=2, inter_op_threads=1, intra_op_threads=1) as cluster:
+        naive = {m: [] for m in (1, 4, 8, 16)}
+        for _ in range(args.rounds):
+            for m in naive:
+                naive[m] += naive_step_times(problem, cluster, m, args.steps)
+    with dtflab.start_cluster(workers=2, inter_op_threads=2, intra_op_threads=1) as cluster:
+        times, bubbles = pipelined(problem, cluster, args.rounds, args.steps)
+        peaks = {}
+        for schedule in costs.SCHEDULES:
+            for m in (2, 4, 8):
+                history = train.pipeline(problem, cluster, stages=2, micro_batches=m,
+                                         schedule=schedule, steps=3, trace_step=1, watchdog=False)
+                peaks.setdefault(schedule, {})[m] = history.bubble.peak_activation_bytes[0]
+        result["pipeline_vs_single_max_abs_loss_diff"] = loss_agreement(cluster)
+    step_ms = {m: statistics.median(times[m]) * 1e3 for m in MICRO_BATCHES}
+    # The model reads the traced step at m = 4 whose own step time is the round's median.
+    traced = sorted(bubbles[MODEL_FROM], key=lambda b: b.step_us)[len(bubbles[MODEL_FROM]) // 2]
+    predicted, parts = model_predictions(traced)
+    best = min(step_ms, key=step_ms.get)
+    naive_ms = {m: statistics.median(v) * 1e3 for m, v in naive.items()}
+    result.update({
+        "pipeline_idle_share": {m: round(statistics.median(b.mean_idle_share for b in bubbles[m]), 3)
+                                for m in MICRO_BATCHES},
+        "pipeline_idle_share_formula": {m: round(costs.bubble_share(2, m), 3) for m in MICRO_BATCHES},
+        "pipeline_step_ms": {m: round(v, 1) for m, v in step_ms.items()},
+        "pipeline_step_model_ms": {m: round(v, 1) for m, v in predicted.items()},
+        "pipeline_step_model_parts_ms": {k: round(v, 2) for k, v in parts.items()},
+        "pipeline_step_model_max_rel_error": round(max(abs(predicted[m] - step_ms[m]) / step_ms[m]
+                                                       for m in MICRO_BATCHES), 3),
+        "pipeline_best_m": best,
+        "pipeline_model_best_m": min(predicted, key=predicted.get),
+        "pipeline_best_speedup_over_m1": round(step_ms[1] / step_ms[best], 3),
+        "naive_step_ms": {m: round(v, 1) for m, v in naive_ms.items()},
+        "naive_best_speedup_over_m1": round(naive_ms[1] / min(naive_ms.values()), 3),
+        "pipeline_peak_activation_bytes": peaks,
+        "pipeline_1f1b_over_gpipe_peak_activation_bytes": round(peaks["1f1b"][8] / peaks["gpipe"][8], 3),
+    })
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
