@@ -101,13 +101,11 @@ def naive_step_times(problem, cluster, m, steps) -> list[float]:
     return list(np.diff(ends)[2:])
 
 
-def model_predictions(bubble, stages: int = 2) -> tuple[dict, dict]:
+def model_predictions(bubble) -> tuple[dict, dict]:
     """The cost model from one traced step: step(m) for every m, and its parts."""
-    rest_s = (bubble.step_us - bubble.span_us) / 1e6
     parts = {"stage_ms": bubble.stage_s * 1e3, "per_micro_batch_ms": bubble.per_micro_batch_s * 1e3,
-             "rest_ms": rest_s * 1e3}
-    return ({m: costs.pipeline_step_s(stages, m, bubble.stage_s, bubble.per_micro_batch_s,
-                                      rest_s) * 1e3 for m in MICRO_BATCHES}, parts)
+             "rest_ms": bubble.rest_s * 1e3}
+    return {m: bubble.predicted_step_s(m) * 1e3 for m in MICRO_BATCHES}, parts
 
 
 def loss_agreement(cluster) -> float:

@@ -124,6 +124,18 @@ class Bubble:
                 self.stages * self.micro_batches) / 1e6
         return (sum(gaps["F"]) / len(gaps["F"]) + sum(gaps["B"]) / len(gaps["B"])) / 1e6
 
+    @property
+    def rest_s(self) -> float:
+        """What the traced step spent outside the pipeline (feeding the batch, applying the
+        update), in seconds."""
+        return max(self.step_us - self.span_us, 0.0) / 1e6
+
+    def predicted_step_s(self, micro_batches: int) -> float:
+        """The cost model's step time for ``micro_batches`` micro-batches, from this step's
+        arithmetic, per-micro-batch cost and rest (:func:`dtflab.train.costs.pipeline_step_s`)."""
+        return costs.pipeline_step_s(self.stages, micro_batches, self.stage_s,
+                                     self.per_micro_batch_s, self.rest_s)
+
     def _input_ready_us(self, slot: Slot) -> float | None:
         """When the slot's input was made: the previous stage's forward, the next stage's
         backward (``None``: the slot's input came from the feed or its own forward)."""
@@ -165,11 +177,13 @@ class Bubble:
 
 
 def _slot(key, ops) -> Slot:
-    """A slot spans its arithmetic: small ops that wait on nothing (reading a variable, a
-    shape) may run long before the slot does, on a second inter-op thread."""
-    work = [t for t in ops if ARITHMETIC.search(t.op)] or ops
+    """A slot spans its arithmetic (and a straggler's sleep): small ops that wait on nothing
+    (reading a variable, a shape) may run long before the slot does, on a second inter-op
+    thread."""
+    work = [t for t in ops if ARITHMETIC.search(t.op) or "/straggler/" in t.name] or ops
     return Slot(*key, min(t.start_us for t in work), max(t.end_us for t in work),
-                sum(t.duration_us for t in ops), sum(t.duration_us for t in work))
+                sum(t.duration_us for t in ops),
+                sum(t.duration_us for t in ops if ARITHMETIC.search(t.op)))
 
 
 def activation_peaks(metadata, devices) -> list[int]:
@@ -182,7 +196,8 @@ def activation_peaks(metadata, devices) -> list[int]:
         if device is None:
             continue
         for stats in dev.node_stats:
-            if _SCOPE.match(stats.node_name) and "/forward" in stats.node_name:
+            scope = _SCOPE.match(stats.node_name)
+            if scope and scope[2] == "forward":
                 for memory in stats.memory:
                     records[device] += [(r.alloc_micros, r.alloc_bytes)
                                         for r in memory.allocation_records]

@@ -41,7 +41,13 @@ def delay_op(seconds: float):
 
     tf = import_tf()
     dataset = tf.data.Dataset.from_tensors(0).repeat().apply(tf_private.data_sleep(int(seconds * 1e6)))
-    return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    # tf.data would otherwise prefetch the next element in the background: a task with time
+    # between two pulls (waiting on other tasks) then did not sleep at all (measured: 0.2 s
+    # asked, 0.001 s slept).
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False
+    options.autotune.enabled = False
+    return tf.compat.v1.data.make_one_shot_iterator(dataset.with_options(options)).get_next()
 
 
 def single_graph(problem, seed: int, device: str | None = None) -> TrainGraph:

@@ -152,11 +152,12 @@ class _StepBuilder:
         device, (first, _) = self.stages.devices[s], self.stages.layers[s]
         with tf.device(device), tf.name_scope(f"stage{s}/forward{j}"):
             incoming = self.xs[j] if s == 0 else self.outputs[s - 1][j]
-            waits = []
-            if device in self.slow:
-                waits = [delay_op(self.slow[device] / self.stages.micro_batches)]
+            waits = self.last[s]
+            if device in self.slow:  # after the stage's previous work, as a slower machine
+                with tf.control_dependencies(waits), tf.name_scope("straggler"):
+                    waits = [delay_op(self.slow[device] / self.stages.micro_batches)]
             with tf.control_dependencies(waits):
-                h_in = self._after_last(s, incoming, "input")
+                h_in = tf.identity(incoming, name="input")
             h = problem.forward(self.variables[s], h_in, first_layer=first)
             if s == self.stages.count - 1:
                 h = problem.loss(h, self.ts[j])
