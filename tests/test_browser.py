@@ -284,6 +284,21 @@ def test_parameter_servers_vs_all_reduce_draws_both_architectures_and_the_live_a
     assert page.console_errors == []
 
 
+def test_pipeline_parallelism_draws_the_measured_bubble_beside_the_formulas(lab, page):
+    url, token, _ = lab
+    open_and_run_all(page, url, token, "09_pipeline_parallelism.ipynb")
+    picture = cell_containing(page, "pipeline_picture(problem, cluster")
+    drawn = shot(page, picture.locator(".jp-OutputArea"), str(SHOTS / "pipeline_picture.png"))
+    assert ink(drawn) > 5_000, "the pipeline picture drew nothing"
+    chart = cell_containing(page, "runs[4].bubble.show()")
+    reveal(chart)
+    page.wait_for_timeout(1000)
+    assert chart.locator("canvas").count() >= 2  # the measured step and the formula's
+    drawn = shot(page, chart.locator(".jp-OutputArea"), str(SHOTS / "pipeline_chart.png"))
+    assert ink(drawn) > 20_000, "the pipeline chart drew nothing"
+    assert page.console_errors == []
+
+
 KERNEL_PRINT = """async (code) => {
     const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
     const future = kernel.requestExecute({code, store_history: false});

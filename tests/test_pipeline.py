@@ -81,7 +81,7 @@ def test_the_traced_step_shows_every_micro_batch_on_its_stage_in_schedule_order(
 def test_the_pipeline_chart_draws_the_measured_slots_and_the_formulas_schedule(cluster):
     bubble = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, steps=3, trace_step=1).bubble
     chart = bubble.figure()
-    measured, formula = chart.children
+    measured, formula = chart.children  # one above the other
     renderers = {r.name: r.data_source.data for fig in (measured, formula) for r in fig.renderers
                  if r.name}
     assert sorted(renderers["forward"]["label"]) == sorted(f"F{j}" for j in range(4) for _ in range(2))

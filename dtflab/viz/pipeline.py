@@ -78,12 +78,12 @@ def _draw(fig, slots, stages, start, end, prefix: str, what: str):
     return renderers
 
 
-def pipeline_chart(bubble, *, width: int = 560):
-    """Two Bokeh figures in a row, sharing their x range (ms): the traced step (renderers
+def pipeline_chart(bubble, *, width: int = 720):
+    """Two Bokeh figures, one above the other, sharing their x range (ms): the traced step (renderers
     ``forward``, ``backward``, ``bubble``) and the formula's schedule with each forward and
     backward as long as the traced step's mean (``formula_forward``, ``formula_backward``,
     ``formula_bubble``)."""
-    from bokeh.layouts import row
+    from bokeh.layouts import column
     from bokeh.models import HoverTool, Range1d
     from bokeh.plotting import figure
 
@@ -96,7 +96,7 @@ def pipeline_chart(bubble, *, width: int = 560):
     ideal = costs.pipeline_timeline(bubble.schedule, p, m, forward=forward, backward=backward)
     end = max(bubble.span_us / 1e3, max(slot[4] for slot in ideal))
     x_range = Range1d(0, end * 1.02)
-    height = 70 + 55 * p
+    height = 110 + 45 * p
     labels = [f"stage {s} ({names.task(d)})" for s, d in enumerate(bubble.devices)]
     shares = bubble.idle_share
     left = figure(title=f"Measured: idle {bubble.mean_idle_share:.0%} of "
@@ -115,10 +115,11 @@ def pipeline_chart(bubble, *, width: int = 560):
     for fig, renderers in ((left, hover[:3]), (right, hover[3:])):
         fig.add_tools(HoverTool(renderers=renderers, tooltips=[
             ("", "@what"), ("stage", "@stage"), ("start ms", "@start"), ("ms", "@duration")]))
-        fig.legend.orientation = "horizontal"
-        fig.legend.location = "bottom_right"
-        fig.legend.label_text_font_size = "10px"
-    return row(left, right)
+        legend = fig.legend[0]
+        legend.orientation = "horizontal"
+        legend.label_text_font_size = "10px"
+        fig.add_layout(legend, "below")
+    return column(left, right)
 
 
 def _mean(values) -> float:
