@@ -90,6 +90,8 @@ CASES = [
     Case("magic-unknown-command", magic("strat 3"), "'strat'", r"did you mean 'start'\?"),
     Case("magic-not-a-number", magic("start x"), "got 'x'", r"for example 3"),
     Case("magic-zero", magic("start 0"), "got 0", r"use 1 or more"),
+    Case("magic-job-without-name", magic("start --jobs =2"), "'=2'",
+         r"a job name starts with a letter"),
     Case("magic-negative", magic("start -3"), "got -3", r"use 1 or more"),
     Case("magic-huge", magic("start 100000"), "100000", r"use a smaller count, or --backend dask"),
     Case("magic-unknown-backend", magic("start 3 --backend dsak"), "'dsak'",

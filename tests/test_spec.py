@@ -86,6 +86,7 @@ def test_task_names(text, expected):
     (dict(jobs="master"), r"bad job entry 'master' in jobs 'master': write job=count"),
     (dict(jobs="master=1,master=2"), r"job 'master' is named twice"),
     (dict(jobs="9lives=1"), r"bad job name '9lives'"),
+    (dict(jobs="=2"), r"in jobs entry '=2', bad job name ''"),
     (dict(jobs="ps=0"), r"task count of job 'ps' must be at least 1, got 0"),
     (dict(spec=""), r"the cluster spec is empty"),
     (dict(spec="master:2222"), r"bad cluster spec entry 'master:2222': write job\|host:port"),

@@ -74,7 +74,7 @@ def parse_address(text: str) -> Address:
 def parse_jobs(jobs) -> dict[str, int]:
     """``"master=1,ps=2"`` or a mapping -> ``{"master": 1, "ps": 2}``."""
     if isinstance(jobs, Mapping):
-        items = list(jobs.items())
+        items = [(name, count, None) for name, count in jobs.items()]
     elif isinstance(jobs, str):
         items = []
         for part in jobs.split(","):
@@ -84,12 +84,15 @@ def parse_jobs(jobs) -> dict[str, int]:
                     f"bad job entry {part.strip()!r} in jobs {jobs!r}: write job=count, "
                     f"for example 'master=1,ps=2'"
                 )
-            items.append((name.strip(), count))
+            items.append((name.strip(), count, part.strip()))
     else:
         raise ValueError(f"jobs must be a string like 'master=1,ps=2' or a dict, got {jobs!r}")
     counts: dict[str, int] = {}
-    for name, count in items:
-        parse_job_name(name)
+    for name, count, typed in items:
+        try:
+            parse_job_name(name)
+        except ValueError as exc:  # quote the entry as it was typed: '=2', not ''
+            raise ValueError(f"in jobs entry {typed!r}, {exc}" if typed is not None else str(exc)) from None
         if name in counts:
             raise ValueError(f"job {name!r} is named twice in jobs {jobs!r}; give each job once")
         try:
