@@ -104,7 +104,8 @@ def test_1f1b_holds_fewer_activations_than_gpipe(cluster):
         peaks[schedule] = history.bubble.peak_activation_bytes
     # Stage 0 keeps two layer outputs of 64 x 256 floats per micro-batch until its backward:
     # all 8 micro-batches under GPipe, at most p = 2 (and the next one's first) under 1F1B.
-    held = 2 * 64 * 256 * 4
+    held = costs.activation_bytes([256, 256], 64)
+    assert held == 2 * 64 * 256 * 4
     assert peaks["gpipe"][0] >= 8 * held
     assert peaks["1f1b"][0] <= 3 * held
 

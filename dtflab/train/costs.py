@@ -118,3 +118,10 @@ def best_micro_batches(stages: int, stage_s: float, per_micro_batch_s: float,
                        choices=(1, 2, 4, 8, 16)) -> int:
     """The micro-batch count among ``choices`` with the shortest :func:`pipeline_step_s`."""
     return min(choices, key=lambda m: pipeline_step_s(stages, m, stage_s, per_micro_batch_s))
+
+
+def activation_bytes(widths, examples: int, dtype_bytes: int = 4) -> int:
+    """What a stage keeps of one micro-batch for its backward: each of its layers' outputs
+    (``widths``, one per layer) for ``examples`` examples. It leaves out the temporaries a
+    kernel frees at once and, after an activation, the pre-activation some kernels keep."""
+    return dtype_bytes * examples * sum(widths)
