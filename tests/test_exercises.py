@@ -1,7 +1,8 @@
 """The tutorials' exercises have the shape dtflab/exercises.py describes: a learner's Run All
-leaves them open, the solution is one click away in a collapsed markdown cell that nothing runs,
-and a check cell never holds or prints the answer; open, wrong and right answers each get one
-line. (tests/test_notebooks.py runs every notebook both as a learner and solved.)"""
+leaves them open, the solution is one click away in a collapsed cell that ``%%dtf_solution``
+keeps from running, and a check cell never holds or prints the answer; open, wrong and right
+answers each get one line. (tests/test_notebooks.py runs every notebook as a learner and
+solved; tests/test_magics.py runs ``%%dtf_solution``.)"""
 
 import ast
 import json
@@ -32,7 +33,7 @@ def exercises_call(node, names=CHECKS) -> bool:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=name)
-def test_every_exercise_has_the_learners_cell_a_collapsed_solution_that_nothing_runs_and_a_check(path):
+def test_every_exercise_has_the_learners_cell_a_collapsed_solution_that_never_runs_and_a_check(path):
     cells = json.loads(path.read_text())["cells"]
     solutions = [i for i, c in enumerate(cells) if exercises.is_solution(c)]
     assert len(solutions) == 1, "one solution cell, tagged 'solution'"
@@ -41,9 +42,8 @@ def test_every_exercise_has_the_learners_cell_a_collapsed_solution_that_nothing_
     assert learner["cell_type"] == "code"
     assert source(learner).splitlines()[-1].startswith("answer = None  # "), "the learner's cell comes first"
     assert where["cell_type"] == "markdown" and "Run All" in source(where)
-    assert solution["cell_type"] == "markdown", "a markdown cell: no Run All, nbclient or papermill runs it"
     assert solution["metadata"]["jupyter"]["source_hidden"] is True
-    assert "answer = " in exercises.solution_code(solution)
+    assert "answer = " in exercises.solution_code(solution)  # a code cell under %%dtf_solution
     python(exercises.solution_code(solution))  # valid Python (magics included)
     assert check["cell_type"] == "code"
 
@@ -93,21 +93,22 @@ def test_a_measured_check_does_not_print_the_measurement(capsys):
     assert out == "not yet: count the pieces\nnot yet: a number of bytes\n"
 
 
-SOLUTION = {"cell_type": "markdown", "id": "s1", "metadata": {"tags": ["solution"], "jupyter": {"source_hidden": True}},
-            "source": "**Solution.** Copy these lines.\n\n```python\n%dtf_cluster start 3\nanswer = 3 * 4\n```"}
+SOLUTION = {"cell_type": "code", "execution_count": None, "id": "s1", "outputs": [],
+            "metadata": {"tags": ["solution"], "jupyter": {"source_hidden": True}},
+            "source": "%%dtf_solution\n%dtf_cluster start 3\nanswer = 3 * 4\n"}
 
 
-def test_applying_the_solutions_turns_each_into_the_code_it_shows():
+def test_applying_the_solutions_runs_their_code_without_the_magic():
     notebook = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": "## Exercise"}, SOLUTION],
                 "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     solved = exercises.apply_solutions(notebook)
     assert solved["cells"][0] == notebook["cells"][0] and notebook["cells"][1] == SOLUTION
-    assert solved["cells"][1] == {"cell_type": "code", "execution_count": None, "id": "s1", "outputs": [],
-                                  "metadata": SOLUTION["metadata"], "source": "%dtf_cluster start 3\nanswer = 3 * 4"}
+    assert solved["cells"][1] == dict(SOLUTION, source="%dtf_cluster start 3\nanswer = 3 * 4")
 
 
-@pytest.mark.parametrize("cell", [dict(SOLUTION, cell_type="code"), dict(SOLUTION, source="answer = 3")],
-                         ids=["a code cell", "no python block"])
-def test_a_solution_cell_that_is_not_one_python_block_in_markdown_is_named(cell):
-    with pytest.raises(ValueError, match=r"a solution cell is a markdown cell with one ```python block; this is a"):
+@pytest.mark.parametrize("cell", [dict(SOLUTION, cell_type="markdown"), dict(SOLUTION, source="answer = 3"),
+                                  dict(SOLUTION, source="%%dtf_solution\n")],
+                         ids=["markdown", "no magic", "no code"])
+def test_a_solution_cell_that_is_not_code_under_the_magic_is_named(cell):
+    with pytest.raises(ValueError, match=r"a solution cell is a code cell whose first line is %%dtf_solution"):
         exercises.solution_code(cell)

@@ -25,18 +25,20 @@ def test_committed_without_outputs(path):
             assert not cell.outputs and cell.execution_count is None, f"{path.name} has outputs"
 
 
-def learner_then_solved(notebook) -> tuple[nbformat.NotebookNode, int, int]:
-    """The notebook as the test runs it, one kernel, one pass: what a learner's Run All runs up to
-    the exercise's check (so ``answer`` is None there), then the solution and the check again,
-    then the rest. Returns it with the index of the learner's check and of the solved one."""
-    solved = exercises.apply_solutions(notebook)
-    cells = solved["cells"]
-    (at,) = [i for i, cell in enumerate(notebook["cells"]) if exercises.is_solution(cell)]
+def learner_then_solved(notebook) -> tuple[nbformat.NotebookNode, dict[str, int]]:
+    """The notebook as the test runs it, in one kernel and one pass: as a learner's Run All runs
+    it up to the exercise's check (the solution cell not applied, ``answer`` still None), then
+    the solution applied, the check again and the rest. Returns it with the indexes of the
+    solution cell and the check, as the learner ran them and solved."""
+    cells = notebook["cells"]
+    (at,) = [i for i, cell in enumerate(cells) if exercises.is_solution(cell)]
     check = next(i for i in range(at + 1, len(cells)) if cells[i]["cell_type"] == "code")
-    learner_check = copy.deepcopy(cells[check])
-    learner_check["id"] = f"{cells[check].get('id', 'check')}-learner"[:64]
-    solved["cells"] = cells[:at] + [learner_check] + cells[at:]
-    return nbformat.from_dict(solved), at, check + 1
+    learner = copy.deepcopy(cells[:check + 1])
+    for cell in learner[at:]:  # these run twice: ids stay unique
+        cell["id"] = f"{cell.get('id', 'cell')}-learner"[:64]
+    solved = exercises.apply_solutions(notebook)["cells"][at:]
+    runs = dict(notebook, cells=learner + solved)
+    return nbformat.from_dict(runs), {"not applied": at, "open": check, "correct": 2 * check + 1 - at}
 
 
 def printed(cell) -> list[str]:
@@ -49,14 +51,15 @@ def printed(cell) -> list[str]:
 def test_runs_top_to_bottom_as_a_learner_then_solved_without_tensorflow_noise(path):
     from nbclient import NotebookClient
 
-    notebook, learner, solved = learner_then_solved(nbformat.read(path, as_version=4))
+    notebook, at = learner_then_solved(nbformat.read(path, as_version=4))
     client = NotebookClient(notebook, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     client.execute()  # raises CellExecutionError, with the cell and its traceback, on any error
-    assert printed(notebook.cells[learner]) == [exercises.OPEN], \
+    assert printed(notebook.cells[at["not applied"]]) == [exercises.NOT_APPLIED]
+    assert printed(notebook.cells[at["open"]]) == [exercises.OPEN], \
         "with answer = None the check says the exercise is open, in one line, and measures nothing"
-    assert printed(notebook.cells[solved])[-1:] == ["correct"], \
-        f"the solution does not solve the exercise: {printed(notebook.cells[solved])}"
+    assert printed(notebook.cells[at["correct"]])[-1:] == ["correct"], \
+        f"the solution does not solve the exercise: {printed(notebook.cells[at['correct']])}"
     for cell in notebook.cells:
         for output in cell.get("outputs", []):
             if output.get("output_type") == "stream":
