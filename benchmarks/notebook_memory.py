@@ -1,10 +1,11 @@
 """Peak memory of each tutorial: the kernel plus every process it starts, summed as PSS,
 and, where this machine allows it, the peak of a Binder-sized memory cgroup around it all.
 
-Each notebook is executed top to bottom in a fresh kernel while a sampler adds up the
-proportional set size (shared TensorFlow pages divided among the processes that map them) of
-the kernel and all its descendants every 0.25 s. mybinder.org gives one user 2 GB and restarts
-the kernel above it.
+Each notebook is executed top to bottom in a fresh kernel, solved (its solution cell run without
+``%%dtf_solution``, ``dtflab.exercises.apply_solutions``: a learner who answers runs the check's
+own training, notebook 08's peak), while a sampler adds up the proportional set size (shared
+TensorFlow pages divided among the processes that map them) of the kernel and all its
+descendants every 0.25 s. mybinder.org gives one user 2 GB and restarts the kernel above it.
 
 With ``--cgroup`` (root and the cgroup-v1 memory controller, as on Linux hosts without
 cgroup v2), each notebook runs in a child cgroup limited to ``--limit-mb`` (default 2048), as
@@ -32,6 +33,8 @@ import nbformat
 import psutil
 from nbclient import NotebookClient
 
+from dtflab.exercises import apply_solutions
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -51,7 +54,7 @@ def tree_pss_mb(pid: int) -> float:
 
 
 def measure(path: Path) -> dict:
-    notebook = nbformat.read(path, as_version=4)
+    notebook = apply_solutions(nbformat.read(path, as_version=4))
     client = NotebookClient(notebook, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     peak, done = [0.0], threading.Event()

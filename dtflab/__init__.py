@@ -100,7 +100,8 @@ def tf_log() -> str:
 
 
 def load_ipython_extension(ipython) -> None:
-    """``%load_ext dtflab``: registers ``%dtf_cluster`` and ``%%dtf_trace``."""
+    """``%load_ext dtflab``: registers ``%dtf_cluster``, ``%%dtf_run``, ``%%dtf_trace`` and
+    ``%%dtf_solution``."""
     from dtflab.magics import register
 
     register(ipython)

@@ -1,4 +1,5 @@
-"""``%dtf_cluster``, ``%%dtf_run`` and ``%%dtf_trace``: a thin skin over dtflab's Python API.
+"""``%dtf_cluster``, ``%%dtf_run``, ``%%dtf_trace`` and ``%%dtf_solution``: a thin skin over
+dtflab's Python API.
 
 In [1]: %load_ext dtflab
 In [2]: %dtf_cluster start 3
@@ -338,6 +339,27 @@ class TraceMagics(Magics):
         return None
 
 
+@magics_class
+class SolutionMagics(Magics):
+    """``%%dtf_solution``: an exercise's solution, shown and never run (see dtflab.exercises)."""
+
+    @cell_magic
+    def dtf_solution(self, line: str, cell: str):
+        """Keep the cell's code as an exercise's solution: running the cell does not run the code,
+        it says so, so Run All leaves the exercise to the learner.
+
+        In [1]: %%dtf_solution
+           ...: answer = 3 * 4 * 609
+        not applied: to use this solution, open it (the bar at its left) and copy its lines into your cell
+        """
+        from dtflab.exercises import NOT_APPLIED
+
+        if line.strip():
+            raise UsageError(f"%%dtf_solution takes nothing after it, got {line.strip()!r}; to use "
+                             f"the solution, copy its lines into your cell in place of answer = None")
+        print(NOT_APPLIED)
+
+
 def _positive(text: str, what: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise UsageError(f"{what} must be a whole number of at least 1, got {text!r}")
@@ -382,6 +404,7 @@ def register(ipython) -> None:
     ipython.register_magics(ClusterMagics)
     ipython.register_magics(RunMagics)
     ipython.register_magics(TraceMagics)
+    ipython.register_magics(SolutionMagics)
     warm_up()
 
 

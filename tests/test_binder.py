@@ -3,10 +3,11 @@
 mybinder.org gives one user 2 GB for everything and restarts the kernel above it. Here the
 environment is built as repo2docker builds it (``pip install -r binder/requirements.txt``,
 then ``binder/postBuild``) into ``.binder-env/`` (kept while those two files are unchanged),
-and ``benchmarks/notebook_memory.py --cgroup`` runs each notebook top to bottom in a child
-cgroup-v1 limited to 2 GiB, executor, kernel and every task inside. A notebook passes if it
-finishes without ever reaching the limit. The peaks themselves are figures, printed by the
-benchmark and quoted in the README, not asserted.
+and ``benchmarks/notebook_memory.py --cgroup`` runs each notebook top to bottom, solved (the
+exercise's check trains too, as for a learner who answers), in a child cgroup-v1 limited to
+2 GiB, executor, kernel and every task inside. A notebook passes if it finishes without ever
+reaching the limit. The peaks themselves are figures, printed by the benchmark and quoted in
+the README, not asserted.
 
 Needs root and the cgroup-v1 memory controller (skipped with the reason elsewhere).
 """

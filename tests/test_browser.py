@@ -24,6 +24,8 @@ import pytest
 from bokeh_page import DATA, WHERE
 from conftest import free_ports, wait_until
 
+from dtflab import exercises
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = Path(os.environ.get("DTFLAB_SCREENSHOTS", ROOT / "screenshots"))
@@ -200,6 +202,22 @@ def cell_containing(page, text):
     return page.locator(".jp-Notebook .jp-Cell").nth(index)
 
 
+SOLVE_BY_HAND = """([code, learner]) => { const nb = window.jupyterapp.shell.currentWidget;
+    const cell = nb.content.widgets[learner].model.sharedModel;
+    cell.setSource(cell.getSource().replace(/^answer = None .*$/m, () => code));
+    nb.content.activeCellIndex = learner;
+    window.jupyterapp.commands.execute('notebook:run-all-below'); }"""
+
+
+def solve_by_hand(page):
+    """What a learner who gives up does: opens the solution, puts its lines in place of
+    ``answer = None`` in their cell, and runs it and the check below (not awaited: see
+    ``open_and_run_all``)."""
+    notebook = page.evaluate("() => window.jupyterapp.shell.currentWidget.content.model.toJSON()")
+    (at,) = [i for i, cell in enumerate(notebook["cells"]) if exercises.is_solution(cell)]
+    page.evaluate(SOLVE_BY_HAND, [exercises.solution_code(notebook["cells"][at]), at - 2])
+
+
 def test_quickstart_shows_the_cluster_panel_row_by_row(lab, page):
     url, token, _ = lab
     open_and_run_all(page, url, token, "00_quickstart.ipynb")
@@ -210,7 +228,18 @@ def test_quickstart_shows_the_cluster_panel_row_by_row(lab, page):
     assert [rows.nth(i).get_attribute("data-task") for i in range(3)] == ["ps:0", "worker:0", "worker:1"]
     # The notebook ended by stopping this cluster: the panel followed.
     assert {rows.nth(i).get_attribute("data-state") for i in range(3)} == {"stopped"}
-    legacy_cell = cell_containing(page, "--name legacy")
+    # Run All left the exercise open; the learner copies the solution into their cell and runs it.
+    check = cell_containing(page, "exercises.check(answer")
+    assert check.locator(".jp-OutputArea").inner_text().strip() == exercises.OPEN
+    solution = cell_containing(page, exercises.MAGIC)
+    reveal(solution)
+    assert "hello_on" not in solution.inner_text(), "Run All showed the collapsed solution"
+    assert solution.locator(".jp-OutputArea").inner_text().strip() == exercises.NOT_APPLIED
+    shot(page, page.locator(".jp-Notebook"), str(SHOTS / "exercise_open.png"))
+    solve_by_hand(page)
+    assert wait_until(lambda: check.locator(".jp-OutputArea").inner_text().strip() == "correct",
+                      timeout=90), check.locator(".jp-OutputArea").inner_text()
+    legacy_cell = cell_containing(page, "--name legacy")  # the learner's cell, now
     reveal(legacy_cell)
     legacy = legacy_cell.locator("tr.dtflab-task")
     assert legacy.count() == 3

@@ -1,6 +1,7 @@
 """The Japanese edition (notebooks/ja/) is the English notebooks translated: the same cells, the
-same code once comments and the words inside strings are set aside, and every text cell in
-Japanese. (Both editions run top to bottom in test_notebooks and test_exercises.)"""
+same code once comments and the words inside strings are set aside (a solution's code too,
+which IPython reads as one string), and every text cell in Japanese. (Both editions run in
+test_notebooks, as a learner and solved, and have the exercise shape test_exercises checks.)"""
 
 import io
 import re
@@ -11,6 +12,8 @@ import nbformat
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 from tutorials import ENGLISH
+
+from dtflab import exercises
 
 ROOT = Path(__file__).resolve().parents[1]
 JAPANESE = re.compile(r"[\u3040-\u30ff\u4e00-\u9fff]")
@@ -53,6 +56,9 @@ def test_the_japanese_edition_translates_the_words_and_keeps_the_code(english):
             spans = lambda text: {" ".join(s.split()) for s in re.findall(r"`([^`]+)`", text)}  # noqa: E731
             assert spans(a.source) <= spans(b.source), \
                 f"cell {i}: the translation lost code: {spans(a.source) - spans(b.source)}"
+        if exercises.is_solution(a):
+            assert code_shape(exercises.solution_code(b)) == code_shape(exercises.solution_code(a)), \
+                f"cell {i}: the solution's code differs"
 
 
 def test_the_code_check_notices_a_changed_expression_but_not_a_translated_word():

@@ -145,3 +145,16 @@ def test_dtf_trace_bad_input_is_a_one_line_error(ip, trace_cluster, line, cell, 
     with pytest.raises(UsageError, match=message):
         ip.run_cell_magic("dtf_trace", line, cell)
     assert "step" not in ip.user_ns
+
+
+def test_dtf_solution_shows_the_code_and_never_runs_it(ip, capsys):
+    from dtflab import exercises
+
+    ip.user_ns["answer"] = None
+    ip.run_cell("%%dtf_solution\nanswer = 3 * 4 * 609\n")
+    assert ip.user_ns["answer"] is None
+    assert capsys.readouterr().out == f"{exercises.NOT_APPLIED}\n"
+    with pytest.raises(UsageError, match=r"%%dtf_solution takes nothing after it, got '--apply'; to use the "
+                                         r"solution, copy its lines into your cell in place of answer = None"):
+        ip.run_cell_magic("dtf_solution", "--apply", "answer = 1")
+    assert ip.user_ns.pop("answer") is None
