@@ -389,8 +389,8 @@ def warm_up() -> None:
     """Start this kernel's private network and fork server now, so the first cluster starts
     warm (the fork server imports TensorFlow in the background). Never fails: a later start
     reports what went wrong."""
-    from dtflab.cluster.launch import fork_server
-    from dtflab.cluster.network import private_network
+    from dtflab.processes.launch import fork_server
+    from dtflab.network.networks import private_network
 
     try:
         network, _ = private_network(timeout=30.0)

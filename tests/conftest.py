@@ -43,7 +43,7 @@ def wait_until(condition, timeout: float = 5.0, interval: float = 0.05) -> bool:
 PROCESS_SINGLETONS = ("multiprocessing.resource_tracker",)
 #: dtflab's own per-process services, kept for the life of the process by design: the private
 #: network's gate (with its helper: 2 processes) and one fork server per network (2 at most).
-KERNEL_SERVICES = {"dtflab.cluster.gate": 2, "dtflab.cluster.forkserver": 2}
+KERNEL_SERVICES = {"dtflab.network.gate": 2, "dtflab.processes.forkserver": 2}
 
 
 def _children(services: bool = False) -> dict[int, str]:
@@ -62,11 +62,11 @@ def _children(services: bool = False) -> dict[int, str]:
     def service(pid):
         command, parent = commands[pid]
         parent_command = commands.get(parent, ("", 0))[0]
-        if "-m dtflab.cluster.gate" in command:
+        if "-m dtflab.network.gate" in command:
             return True
-        if "-m dtflab.cluster.forkserver" in parent_command:
-            return "-m dtflab.cluster.forkserver" not in command  # not a task: its own helper
-        return "-m dtflab.cluster.forkserver" in command
+        if "-m dtflab.processes.forkserver" in parent_command:
+            return "-m dtflab.processes.forkserver" not in command  # not a task: its own helper
+        return "-m dtflab.processes.forkserver" in command
 
     return {pid: command for pid, (command, _) in commands.items()
             if not any(name in command for name in PROCESS_SINGLETONS)

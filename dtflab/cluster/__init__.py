@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dtflab.cluster.base import Cluster
-from dtflab.cluster.launch import START_METHODS
-from dtflab.cluster.network import PRIVATE, check_network
+from dtflab.processes.launch import START_METHODS
+from dtflab.network.networks import PRIVATE, check_network
 from dtflab.cluster.programs import Program
 from dtflab.cluster.spec import parse_count, resolve_layout
 from dtflab.cluster.task import TaskInfo, TaskState

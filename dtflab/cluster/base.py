@@ -234,7 +234,7 @@ class Cluster:
         TensorFlow's gRPC server runs any graph it is sent, unauthenticated: an address listed
         here lets anyone who reaches it run code as you. ``exposure_reason`` says why.
         """
-        from dtflab.cluster.network import outside_addresses
+        from dtflab.network.networks import outside_addresses
 
         if self.stopped:
             return []
@@ -333,7 +333,7 @@ class Cluster:
 
         if job in self.programs:
             return self.programs[job].command(self.addresses, job, index)
-        return Command("dtflab.cluster.server", [
+        return Command("dtflab.processes.server", [
             "--cluster_spec", self.legacy_spec, "--job_name", job, "--task_index", str(index),
             "--inter_op_threads", str(self.inter_op_threads),
             "--intra_op_threads", str(self.intra_op_threads), "--exit_with_parent",

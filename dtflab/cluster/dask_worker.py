@@ -43,7 +43,7 @@ def start_task(cluster_id: str, commands: dict, timeout: float, owner_pid: int |
                dask_worker=None) -> dict:
     """Start this worker's task ``commands[worker address] = (job, index, Command)`` and wait
     until it runs. ``owner_pid``: the process that started the cluster."""
-    from dtflab.cluster.launch import FORK, Spawner, launcher_for
+    from dtflab.processes.launch import FORK, Spawner, launcher_for
     from dtflab.cluster.task import Task, await_ready
     from dtflab.errors import PortInUseError, TaskError
 

@@ -7,7 +7,7 @@ ready_fd)``: a handle with ``pid``, ``poll()``, ``wait(timeout)``, ``kill()`` an
 ``close_stdin()``, and the read end of the pipe the task writes ``ready PID`` on.
 
 ``fork_server(netns_pid)`` is this process's fork server for one network, started on first
-use and kept until this process exits (see ``dtflab.cluster.forkserver``).
+use and kept until this process exits (see ``dtflab.processes.forkserver``).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def fork_server(netns_pid: int | None, *, wait: float | None = 60.0):
     """This process's fork server on that network: started now if there is none (or it
     died); with ``wait``, returned once it has imported TensorFlow. Raises ``RuntimeError``
     with the reason where it cannot start."""
-    from dtflab.cluster.forkserver import ForkServer
+    from dtflab.processes.forkserver import ForkServer
 
     with _lock:
         server = _fork_servers.get(netns_pid)

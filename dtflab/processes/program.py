@@ -23,7 +23,7 @@ import traceback
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m dtflab.cluster.program")
+    parser = argparse.ArgumentParser(prog="python -m dtflab.processes.program")
     parser.add_argument("--ready_fd", type=int, default=None)
     parser.add_argument("--exit_with_parent", action="store_true")
     parser.add_argument("--netns", type=int, default=None)
@@ -60,11 +60,11 @@ def main(argv=None) -> int:
     if "--netns" in appended:
         args.netns = appended["--netns"]
     if args.netns is not None:  # first: joining a user namespace needs a single thread
-        from dtflab.cluster.netns import join
+        from dtflab.network.netns import join
 
         join(args.netns)
     if args.exit_with_parent:
-        from dtflab.cluster.server import exit_with_parent
+        from dtflab.processes.server import exit_with_parent
 
         exit_with_parent()
     if ready_fd is not None:

@@ -4,7 +4,7 @@ Takes the 2016 server's flags (``--cluster_spec``, ``--job_name``, ``--task_inde
 backend adds ``--ready_fd`` (write one line there once the port listens) and
 ``--exit_with_parent`` (end when the owning process ends, even by SIGKILL: standard input
 reaching EOF or the parent pid changing, whichever is seen first, within 0.25 s) and
-``--netns`` (join the private network of the gate with this pid: ``dtflab.cluster.network``).
+``--netns`` (join the private network of the gate with this pid: ``dtflab.network.networks``).
 Ctrl-C and SIGTERM stop it with a "stopped" line and exit code 0, even while TensorFlow is
 still being imported.
 
@@ -86,7 +86,7 @@ def exit_with_parent() -> None:
     """End this process as soon as its owner is gone: standard input (a pipe from the owner)
     reaches EOF, or, for a spawned process, its parent pid changes. A process forked by the
     fork server watches standard input only: its parent is the fork server, not the owner."""
-    from dtflab.cluster import forkserver
+    from dtflab.processes import forkserver
 
     parent = os.getppid()
 
@@ -125,7 +125,7 @@ def serve(args) -> int:
     """Run the task server; returns only on bad flags or a port in use (the exit code)."""
     stop_on_signals()
     if args.netns is not None:  # first: joining a user namespace needs a single thread
-        from dtflab.cluster.netns import join
+        from dtflab.network.netns import join
 
         try:
             join(args.netns)
@@ -182,7 +182,7 @@ def _serve(args) -> int:
     target = server.target.decode() if isinstance(server.target, bytes) else server.target
     print(f"dtflab server: {job}:{index} serving {target} (pid {os.getpid()})", flush=True)
     if ready is None:  # run by hand: on the host network, as in 2016
-        from dtflab.cluster.network import outside_addresses
+        from dtflab.network.networks import outside_addresses
 
         exposed = ", ".join(f"{ip}:{port}" for ip in outside_addresses())
         if exposed:

@@ -1,6 +1,6 @@
 """The gate of a private network: both ends of its protocol.
 
-The gate is a small process (``python -m dtflab.cluster.gate``) that
+The gate is a small process (``python -m dtflab.network.gate``) that
 
 1. moves itself into a new user and network namespace (``unshare``, no root needed) whose
    only interface is a loopback of its own: task servers and the fork server join it;
@@ -49,11 +49,11 @@ class Gate:
     """The owner's handle on a running gate process."""
 
     def __init__(self, log_path: str, timeout: float):
-        from dtflab.cluster.launch import spawn_module
+        from dtflab.processes.launch import spawn_module
 
         self.log_path = log_path
         self._lock = threading.Lock()
-        self.process, ready_fd = spawn_module("dtflab.cluster.gate", [], log_path)
+        self.process, ready_fd = spawn_module("dtflab.network.gate", [], log_path)
         self._answers = os.fdopen(ready_fd, "rb", buffering=0)
         line = self._answer(timeout)
         word, _, rest = (line or "").partition(" ")
@@ -293,7 +293,7 @@ def _unreverse(port: int) -> str:
 def serve(answers, commands) -> int:
     """Run the gate: answer on ``answers`` the commands read from ``commands`` until it closes
     or the owner dies, then exit."""
-    from dtflab.cluster.netns import unshare_private
+    from dtflab.network.netns import unshare_private
 
     outside = _Outside()
     try:
@@ -329,7 +329,7 @@ def serve(answers, commands) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dtflab.cluster.gate")
+    parser = argparse.ArgumentParser(prog="python -m dtflab.network.gate")
     parser.add_argument("--ready_fd", type=int, required=True)
     args = parser.parse_args(argv)
     answers = os.fdopen(args.ready_fd, "w", buffering=1)

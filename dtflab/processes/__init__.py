@@ -1,0 +1,1 @@
+"""How a task process starts, and what runs inside it."""
