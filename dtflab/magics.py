@@ -19,8 +19,8 @@ from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_ar
 
 from dtflab import names
 from dtflab.cluster import Cluster, backend_names, check_request, start_cluster
-from dtflab.cluster.spec import parse_count
 from dtflab.errors import NotSupportedError, did_you_mean
+from dtflab.spec import parse_count
 
 COMMANDS = ("start", "run", "status", "stop", "kill", "restart", "spec", "logs", "wait")
 START_ONLY = ("backend", "ps", "workers", "jobs", "spec", "replace", "timeout", "scheduler", "network",

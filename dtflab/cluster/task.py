@@ -111,7 +111,7 @@ class Task:
         """Start the process (without waiting); returns the read end of its ready pipe.
 
         A fork server that refuses (forking would not be safe) is replaced by a spawn."""
-        from dtflab.processes.launch import Spawner
+        from dtflab.processes.spawn import Spawner
 
         if self.process is not None:  # the one it replaces, which may have ended by itself
             self.process.close_stdin()

@@ -36,9 +36,10 @@ import sys
 import threading
 import time
 
+from dtflab.processes import inside
+from dtflab.processes.spawn import child_env
+
 MESSAGE_BYTES = 1 << 20
-#: Set in a forked child: its parent is the fork server, not the owner (see server.py).
-forked = False
 
 
 # -- the owner's side -----------------------------------------------------------------------------
@@ -50,8 +51,6 @@ class ForkServer:
     why_not_fork = ""
 
     def __init__(self, netns_pid: int | None, log_dir: str):
-        from dtflab.processes.launch import child_env
-
         self.netns_pid = netns_pid
         self.log_path = os.path.join(log_dir, f"forkserver-{netns_pid or 'host'}.log")
         self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -90,8 +89,6 @@ class ForkServer:
 
     def launch(self, module, args, log_path, *, env=None, cwd=None):
         """Fork a task (see ``dtflab.processes.launch``); ``RuntimeError`` if the server refuses."""
-        from dtflab.processes.launch import child_env
-
         request = {"fork": {"module": module, "args": list(args), "log": str(log_path),
                             "env": child_env(extra=env), "cwd": cwd or os.getcwd()}}
         stdin_read, stdin_write = os.pipe()
@@ -318,7 +315,6 @@ def _end_with(server_pid: int) -> None:
 
 def _child(request: dict, fds: list[int], server_fds) -> None:
     """In the forked child: become the task, run its module's ``main``; raises ``ChildExit``."""
-    global forked
     code = 1
     try:
         signal.set_wakeup_fd(-1)
@@ -339,7 +335,7 @@ def _child(request: dict, fds: list[int], server_fds) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        forked = True
+        inside.forked = True  # its parent is this server, not the owner
         module = importlib.import_module(request["module"])
         code = module.main(request["args"] + ["--ready_fd", str(ready_fd)]) or 0
     except SystemExit as exc:

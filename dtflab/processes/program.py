@@ -21,6 +21,8 @@ import runpy
 import sys
 import traceback
 
+from dtflab.processes.inside import exit_with_parent
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dtflab.processes.program")
@@ -64,8 +66,6 @@ def main(argv=None) -> int:
 
         join(args.netns)
     if args.exit_with_parent:
-        from dtflab.processes.server import exit_with_parent
-
         exit_with_parent()
     if ready_fd is not None:
         with os.fdopen(ready_fd, "w") as ready:

@@ -21,7 +21,8 @@ import signal
 import socket
 import sys
 import threading
-import time
+
+from dtflab.processes.inside import exit_with_parent
 
 EXIT_PORT_IN_USE = 75
 
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_task(args) -> tuple[dict[str, list[str]], str, int, int]:
     """Validate the flags: the address map, job, index and this task's port."""
-    from dtflab.cluster.spec import parse_legacy_spec, parse_count
+    from dtflab.spec import parse_legacy_spec, parse_count
 
     layout = parse_legacy_spec(args.cluster_spec)
     if args.job_name not in layout:
@@ -80,32 +81,6 @@ def port_is_free(port: int) -> bool:
         raise
     finally:
         probe.close()
-
-
-def exit_with_parent() -> None:
-    """End this process as soon as its owner is gone: standard input (a pipe from the owner)
-    reaches EOF, or, for a spawned process, its parent pid changes. A process forked by the
-    fork server watches standard input only: its parent is the fork server, not the owner."""
-    from dtflab.processes import forkserver
-
-    parent = os.getppid()
-
-    def stdin_closed():
-        try:
-            while os.read(0, 4096):  # the raw fd: no lock that would block interpreter exit
-                pass
-        except OSError:
-            pass
-        os._exit(0)
-
-    def parent_changed():
-        while os.getppid() == parent:
-            time.sleep(0.25)
-        os._exit(0)
-
-    threading.Thread(target=stdin_closed, name="dtflab-stdin-watch", daemon=True).start()
-    if not forkserver.forked:
-        threading.Thread(target=parent_changed, name="dtflab-parent-watch", daemon=True).start()
 
 
 _stop_requested = threading.Event()
