@@ -211,3 +211,27 @@ def run_constant(target, device, value="Hello, distributed TensorFlow!"):
 def python_script(code: str) -> list[str]:
     """argv that runs ``code`` in a fresh interpreter of this environment."""
     return [sys.executable, "-c", code]
+
+
+#: The documentation site the tests build (README "Documentation": the same command).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SITE = os.path.join(ROOT, "build", "docs")
+BUILD_DOCS = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "docs", SITE]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The site's tests last: by then the notebook tests have written the executed tutorials
+    (build/notebooks/) that the site renders, and the build need not run them again."""
+    items.sort(key=lambda item: item.get_closest_marker("docs") is not None)
+
+
+@pytest.fixture(scope="session")
+def built_site():
+    """The documentation site, built once per run with warnings as errors: ``(path, log)``."""
+    import shutil as _shutil
+
+    _shutil.rmtree(SITE, ignore_errors=True)
+    done = subprocess.run(BUILD_DOCS, cwd=ROOT, capture_output=True, text=True, timeout=3000)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, f"the documentation site did not build:\n{log[-6000:]}"
+    return SITE, log

@@ -1,11 +1,14 @@
 """Every tutorial runs top to bottom in a fresh kernel, quietly, and is committed without outputs."""
 
 import re
+from pathlib import Path
 
 import nbformat
 import pytest
 from tutorials import NOTEBOOKS, name
 
+#: Where each executed notebook is kept: the documentation site renders these outputs.
+EXECUTED = Path(__file__).resolve().parents[1] / "build" / "notebooks"
 TF_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d|oneDNN|cuda|absl::InitializeLog", re.M)
 
 
@@ -31,6 +34,8 @@ def test_runs_top_to_bottom_without_tensorflow_noise(path, tmp_path):
     client = NotebookClient(notebook, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     client.execute()  # raises CellExecutionError, with the cell and its traceback, on any error
+    (EXECUTED / name(path)).parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, EXECUTED / name(path))
     for cell in notebook.cells:
         for output in cell.get("outputs", []):
             if output.get("output_type") == "stream":
