@@ -42,6 +42,8 @@ extensions = [
 exclude_patterns = ["_build", "**.ipynb_checkpoints"]
 html_static_path = ["_static"]
 html_css_files = ["dtflab.css"]
+html_copy_source = False  # the tutorials' sources would double the site's size
+html_show_sourcelink = False
 
 # -- the theme: pydata-sphinx-theme (numpy, pandas, dask, bokeh use it) --------------------------
 html_theme = "pydata_sphinx_theme"
@@ -56,6 +58,8 @@ html_theme_options = {
     "icon_links": [],
 }
 html_sidebars = {"index": []}
+html_context = {"default_mode": "light"}
+html_favicon = "_static/favicon.svg"
 
 # -- API reference ----------------------------------------------------------------------------------
 autodoc_default_options = {"members": True, "show-inheritance": True,
@@ -68,6 +72,7 @@ napoleon_numpy_docstring = True
 napoleon_google_docstring = False
 
 # -- notebooks ---------------------------------------------------------------------------------------
+nb_ipywidgets_js = {}  # no require.js or widget manager from a CDN: the site works offline
 nb_execution_mode = "off"  # outputs come from tutorials_source (the tests' executed copies)
 nb_output_stderr = "remove-warn"
 nb_merge_streams = True

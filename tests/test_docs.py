@@ -65,7 +65,7 @@ def _cells(path):
 def test_the_site_builds_with_warnings_as_errors(built_site):
     site, log = built_site
     assert (Path(site) / "index.html").exists()
-    assert "WARNING" not in log and "ERROR" not in log, log[-4000:]
+    assert not re.search(r"(WARNING|ERROR):", log), log[-4000:]  # Sphinx's; a kernel's "WARNING |" is not
 
 
 def test_every_public_module_has_a_page_in_the_api_reference(built_site):
