@@ -2,7 +2,7 @@
 
 Build it with one command, from the repository root (README "Documentation"):
 
-    .venv/bin/python -m sphinx -W --keep-going -b html docs build/docs
+    .venv/bin/python -m sphinx -W --keep-going -b html -d build/doctrees docs build/docs
 
 Sources: the guide and the architecture page (MyST Markdown, here), the API reference
 (generated from the docstrings of every module, ``api/generated/``), and the tutorials (both
@@ -40,7 +40,9 @@ extensions = [
 ]
 
 exclude_patterns = ["_build", "**.ipynb_checkpoints"]
-html_static_path = ["_static"]
+#: BokehJS, copied from the bokeh package at build time (see ``bokehjs``).
+BOKEHJS = ROOT / "build" / "docs-static"
+html_static_path = ["_static", str(BOKEHJS)]
 html_css_files = ["dtflab.css"]
 html_copy_source = False  # the tutorials' sources would double the site's size
 html_show_sourcelink = False
@@ -104,7 +106,31 @@ def ipython_examples(app, what, name, obj, options, lines):
     lines[:] = out
 
 
+def bokehjs(app, pagename, templatename, context, doctree):
+    """A tutorial page loads BokehJS from the site (the notebooks inlined it in every copy)."""
+    if pagename.startswith("tutorials/") and pagename != "tutorials/index":
+        for name in BOKEHJS_FILES:
+            app.add_js_file(f"bokeh/{name}")
+
+
+BOKEHJS_FILES = ["bokeh.min.js", "bokeh-gl.min.js", "bokeh-widgets.min.js", "bokeh-tables.min.js",
+                 "bokeh-mathjax.min.js"]
+
+
+def copy_bokehjs() -> None:
+    import shutil
+
+    import bokeh
+
+    source = Path(bokeh.__file__).parent / "server" / "static" / "js"
+    (BOKEHJS / "bokeh").mkdir(parents=True, exist_ok=True)
+    for name in BOKEHJS_FILES:
+        shutil.copyfile(source / name, BOKEHJS / "bokeh" / name)
+
+
 def setup(app):
+    copy_bokehjs()
+    app.connect("html-page-context", bokehjs)
     app.connect("autodoc-process-docstring", ipython_examples)
     toc = api_pages.write(dtflab, DOCS / "api" / "generated")
     (DOCS / "api" / "generated" / "toc.rst.txt").write_text(toc)

@@ -12,6 +12,9 @@ import shutil
 from pathlib import Path
 
 EDITIONS = {"en": "*.ipynb", "ja": "ja/*.ipynb"}
+#: The output that inlines BokehJS into a notebook (4 MB): the site loads BokehJS once per page
+#: from its own static files instead (conf.py), the same version, still offline.
+BOKEHJS_LOAD = "application/vnd.bokehjs_load.v0+json"
 
 
 def code_of(notebook) -> list[str]:
@@ -58,4 +61,8 @@ def gather(notebooks: Path, target: Path, executed_dir: Path, *, log=print, exec
         folder.mkdir(parents=True)
         for source in sorted(notebooks.glob(pattern)):
             relative = source.relative_to(notebooks)
-            nbformat.write(executed(source, executed_dir / relative, log, execute), folder / source.name)
+            notebook = executed(source, executed_dir / relative, log, execute)
+            for cell in notebook.cells:
+                if cell.cell_type == "code":
+                    cell.outputs = [o for o in cell.outputs if BOKEHJS_LOAD not in o.get("data", {})]
+            nbformat.write(notebook, folder / source.name)
