@@ -34,6 +34,29 @@ def _is_package(module: str) -> bool:
     return hasattr(importlib.import_module(module), "__path__")
 
 
+def exported(module: str) -> str:
+    """For a package that gathers names from its modules (``__all__``): each with a link to
+    where it is documented."""
+    import importlib
+    import inspect
+
+    package = importlib.import_module(module)
+    if not hasattr(package, "__path__") or not hasattr(package, "__all__"):
+        return ""
+    rows = []
+    for name in package.__all__:
+        obj = getattr(package, name)
+        if inspect.ismodule(obj) or not hasattr(obj, "__qualname__"):
+            continue
+        home = f"{obj.__module__}.{obj.__qualname__}"
+        if home != f"{module}.{name}":
+            rows.append(f"* :py:obj:`{module}.{name} <{home}>`")
+    if not rows:
+        return ""
+    return ("\n.. rubric:: Names gathered here from the modules that define them\n\n"
+            + "\n".join(rows) + "\n")
+
+
 def write(package, folder: Path) -> str:
     """Write a page per module into ``folder``; returns the reference's table of contents."""
     if folder.exists():
@@ -42,7 +65,8 @@ def write(package, folder: Path) -> str:
     by_room: dict[str, list[str]] = {room: [] for room, _ in ROOMS}
     for module in public_modules(package):
         title = module.replace("_", r"\_")
-        (folder / f"{module}.rst").write_text(f"{title}\n{'=' * len(title)}\n\n.. automodule:: {module}\n")
+        (folder / f"{module}.rst").write_text(f"{title}\n{'=' * len(title)}\n\n.. automodule:: {module}\n"
+                                              + exported(module))
         by_room[room_of(module)].append(module)
     parts = []
     for room, heading in ROOMS:

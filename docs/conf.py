@@ -36,7 +36,6 @@ release = version = dtflab.__version__
 extensions = [
     "myst_nb",  # Markdown pages and notebooks (MyST-NB reads .md and .ipynb)
     "sphinx.ext.autodoc",
-    "sphinx.ext.napoleon",  # numpydoc-style sections where a docstring has them
 ]
 
 exclude_patterns = ["_build", "**.ipynb_checkpoints"]
@@ -67,11 +66,8 @@ html_favicon = "_static/favicon.svg"
 autodoc_default_options = {"members": True, "show-inheritance": True,
                            "ignore-module-all": True}  # each name once, where it is defined
 autodoc_member_order = "bysource"
-autodoc_typehints = "description"
+autodoc_typehints = "signature"
 autodoc_typehints_format = "short"
-# Optional packages a module imports lazily stay real: the docs build has every dependency.
-napoleon_numpy_docstring = True
-napoleon_google_docstring = False
 
 # -- notebooks ---------------------------------------------------------------------------------------
 nb_ipywidgets_js = {}  # no require.js or widget manager from a CDN: the site works offline
