@@ -388,6 +388,7 @@ def site(built_site):
 
 
 @pytest.mark.docs
+@pytest.mark.timeout(3000)  # builds the site first if test_docs has not: executing what is missing
 def test_the_site_shows_a_guide_page_the_api_a_tutorial_plot_and_finds_by_search(site, page):
     page.goto(f"{site}/guide/notebook.html")
     assert page.locator("h1").first.inner_text().startswith("In a notebook")
