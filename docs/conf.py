@@ -63,7 +63,7 @@ html_context = {"default_mode": "light"}
 html_favicon = "_static/favicon.svg"
 
 # -- API reference ----------------------------------------------------------------------------------
-autodoc_default_options = {"members": True, "show-inheritance": True,
+autodoc_default_options = {"members": True, "undoc-members": True, "show-inheritance": True,
                            "ignore-module-all": True}  # each name once, where it is defined
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
