@@ -46,4 +46,5 @@ def track(cluster) -> None:
 
 
 def forget(cluster) -> None:
+    """A cluster that was stopped: nothing left to stop at exit."""
     clusters.discard(cluster)
