@@ -10,6 +10,12 @@ editions, with their outputs, ``tutorials/en`` and ``tutorials/ja``). A tutorial
 from the copy the notebook tests executed (``build/notebooks/``, written by
 ``tests/test_notebooks.py``) when its code is the code in ``notebooks/``; otherwise the build
 executes it once, in ``notebooks/`` as the tests do, and keeps that copy for the next build.
+
+Why these tools: Sphinx's autodoc reads the docstrings of every module as they are (the API
+reference is the code's own text); MyST-NB renders notebooks from their stored outputs, Bokeh's
+JavaScript included, so plots stay interactive without a second run; the PyData theme is the
+one numpy, pandas, Dask and Bokeh use, maintained, with search built in. All three install from
+the package index alone and work offline.
 """
 
 from __future__ import annotations
