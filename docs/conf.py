@@ -8,8 +8,9 @@ Sources: the guide and the architecture page (MyST Markdown, here), the API refe
 (generated from the docstrings of every module, ``api/generated/``), and the tutorials (both
 editions, with their outputs, ``tutorials/en`` and ``tutorials/ja``). A tutorial's outputs come
 from the copy the notebook tests executed (``build/notebooks/``, written by
-``tests/test_notebooks.py``) when its code is the code in ``notebooks/``; otherwise the build
-executes it once, in ``notebooks/`` as the tests do, and keeps that copy for the next build.
+``tests/test_notebooks.py``), cell by cell id, when that copy is newer than the notebook;
+otherwise the build executes it once, in ``notebooks/`` as the tests do, and keeps that copy
+for the next build (docs/tutorials_source.py).
 
 Why these tools: Sphinx's autodoc reads the docstrings of every module as they are (the API
 reference is the code's own text); MyST-NB renders notebooks from their stored outputs, Bokeh's

@@ -1,9 +1,9 @@
 """The tutorials the site renders: every notebook of both editions, with its outputs.
 
-A notebook's outputs come from the copy the notebook tests executed (``build/notebooks/``) as
-long as its code cells are the ones in ``notebooks/``; otherwise it is executed here, once,
-from ``notebooks/`` (its working directory in the tests too), and that copy is kept for the next
-build. Markdown cells always come from ``notebooks/``, so a prose edit needs no new run.
+A notebook's outputs come from the copy the notebook tests executed (``build/notebooks/``),
+matched cell by cell id, as long as that copy is newer than the notebook and has all its code
+cells; otherwise it is executed here, once, from ``notebooks/`` (its working directory in the
+tests too), and that copy is kept for the next build.
 """
 
 from __future__ import annotations
@@ -17,26 +17,31 @@ EDITIONS = {"en": "*.ipynb", "ja": "ja/*.ipynb"}
 BOKEHJS_LOAD = "application/vnd.bokehjs_load.v0+json"
 
 
-def code_of(notebook) -> list[str]:
-    return [cell.source for cell in notebook.cells if cell.cell_type == "code"]
+def outputs_by_id(ran) -> dict:
+    """``{cell id: (outputs, execution_count)}`` of an executed notebook; where a cell ran more
+    than once (the notebook tests run an exercise's check as a learner first, then solved),
+    its last run."""
+    return {cell.get("id"): (cell.outputs, cell.execution_count)
+            for cell in ran.cells if cell.cell_type == "code" and cell.get("id")}
 
 
 def executed(source: Path, copy: Path, log, execute: bool):
-    """``source`` with outputs: the executed ``copy`` if its code matches, else a new run."""
+    """``source`` with the outputs of its executed ``copy``, cell by cell id, unless the copy
+    is older than ``source`` (an edit since the tests ran) or lacks one of its code cells;
+    then a new run."""
     import nbformat
 
     notebook = nbformat.read(source, as_version=4)
-    if copy.exists():
-        ran = nbformat.read(copy, as_version=4)
-        if code_of(ran) == code_of(notebook):
-            outputs = iter(cell for cell in ran.cells if cell.cell_type == "code")
-            for cell in notebook.cells:
-                if cell.cell_type == "code":
-                    done = next(outputs)
-                    cell.outputs, cell.execution_count = done.outputs, done.execution_count
-            notebook.metadata = ran.metadata or notebook.metadata
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    if copy.exists() and copy.stat().st_mtime >= source.stat().st_mtime:
+        ran = outputs_by_id(nbformat.read(copy, as_version=4))
+        if all(cell.get("id") in ran for cell in code):
+            for cell in code:
+                cell.outputs, cell.execution_count = ran[cell["id"]]
             return notebook
-        log(f"{copy} is from other code than {source}")
+        log(f"{copy} lacks cells of {source}")
+    elif copy.exists():
+        log(f"{source} changed after {copy} was executed")
     if not execute:
         log(f"{source.name}: no executed copy, rendered without outputs (DTFLAB_DOCS_EXECUTE=0)")
         return notebook
