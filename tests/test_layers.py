@@ -38,7 +38,8 @@ BASE = {"errors", "names", "spec", "checks", "_quiet", "tf_private"}
 LAYERS = {
     "__init__": None,  # the package's face: names from every room, each imported on first use
     "cli": {"cluster", "processes", "network", "binder_link"} | BASE,
-    "magics": {"ui", "viz", "train", "tracing", "placement", "cluster", "processes", "network"} | BASE,
+    "magics": {"ui", "viz", "train", "tracing", "placement", "cluster", "processes", "network",
+               "exercises"} | BASE,
     "ui": {"viz", "train", "tracing", "placement", "cluster"} | BASE,
     "viz": {"train", "tracing", "placement", "cluster"} | BASE,
     "train": {"tracing", "placement", "cluster", "network"} | BASE,
