@@ -2,7 +2,6 @@
 public module and every name a notebook uses, and it renders every tutorial with its outputs."""
 
 import importlib
-import json
 import pkgutil
 import posixpath
 import re
@@ -89,5 +88,5 @@ def test_every_tutorial_is_rendered_with_its_outputs(built_site, path):
     page = Path(built_site[0]) / "tutorials" / edition / f"{path.stem}.html"
     html = page.read_text(encoding="utf-8")
     code_cells = [cell for cell in _cells(path) if cell.cell_type == "code"]
+    # most cells print or draw something; a page rendered without its run has no output at all
     assert html.count('class="cell_output') >= len(code_cells) // 2, f"{page}: few outputs"
-    assert json.dumps(path.stem)[1:-1] in page.name
