@@ -29,7 +29,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import dtflab  # noqa: E402
 from dtflab._quiet import import_tf  # noqa: E402
-from dtflab.cluster.launch import close_fork_servers, fork_server  # noqa: E402
+from dtflab.processes.launch import close_fork_servers, fork_server  # noqa: E402
 from dtflab.cluster.memory import proportional_mb  # noqa: E402
 from dtflab.cluster.ports import free_ports  # noqa: E402
 

@@ -16,12 +16,14 @@ import os
 # task processes dtflab starts inherit it. Set TF_USE_LEGACY_KERAS=0 yourself to opt out.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-from dtflab.cluster import Cluster, TaskInfo, TaskState, run, start_cluster
 from dtflab.errors import DtflabError, NotSupportedError, TaskError
 
 __version__ = "0.1.0"
 
 
+#: Names of ``dtflab.cluster``, imported on first use: a task process imports the dtflab package
+#: before its entry point, and the entry points import nothing of the code that starts them.
+CLUSTER = ("Cluster", "TaskInfo", "TaskState", "run", "start_cluster")
 PICTURES = ("cluster_picture", "placement_picture", "towers_picture", "coordinator_picture",
             "downpour_picture", "checkpoint_picture", "pipeline_picture")
 
@@ -29,10 +31,14 @@ PICTURES = ("cluster_picture", "placement_picture", "towers_picture", "coordinat
 def __getattr__(name):
     # Imported on first use: a task server imports dtflab and must stay single-threaded until
     # it has joined its private network (numpy starts threads on import).
-    if name == "train":
-        import dtflab.train
+    if name in ("train", "cluster"):
+        import importlib
 
-        return dtflab.train
+        return importlib.import_module(f"dtflab.{name}")
+    if name in CLUSTER:
+        from dtflab import cluster
+
+        return getattr(cluster, name)
     if name == "PlacementPlan":
         from dtflab.placement import PlacementPlan
 

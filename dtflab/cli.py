@@ -19,7 +19,7 @@ from pathlib import Path
 
 def build_parser() -> argparse.ArgumentParser:
     from dtflab.cluster import backend_names
-    from dtflab.cluster.server import build_parser as server_parser
+    from dtflab.processes.server import build_parser as server_parser
 
     parser = argparse.ArgumentParser(prog="dtflab", description="Distributed TensorFlow task servers.")
     commands = parser.add_subparsers(dest="command", metavar="{lab,server,cluster,run,binder}")
@@ -169,7 +169,7 @@ def run_lab(extra: list[str]) -> int:
 
 def main(argv=None) -> int:
     if (sys.argv[1:] if argv is None else argv)[:1] == ["server"]:  # before anything slow
-        from dtflab.cluster.server import stop_on_signals
+        from dtflab.processes.server import stop_on_signals
 
         stop_on_signals()
     parser = build_parser()
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "server":
-        from dtflab.cluster.server import serve
+        from dtflab.processes.server import serve
 
         return serve(args)
     if args.command == "cluster" and args.action == "start":

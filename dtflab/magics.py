@@ -20,8 +20,8 @@ from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_ar
 
 from dtflab import names
 from dtflab.cluster import Cluster, backend_names, check_request, start_cluster
-from dtflab.cluster.spec import parse_count
 from dtflab.errors import NotSupportedError, did_you_mean
+from dtflab.spec import parse_count
 
 COMMANDS = ("start", "run", "status", "stop", "kill", "restart", "spec", "logs", "wait")
 START_ONLY = ("backend", "ps", "workers", "jobs", "spec", "replace", "timeout", "scheduler", "network",
@@ -412,8 +412,8 @@ def warm_up() -> None:
     """Start this kernel's private network and fork server now, so the first cluster starts
     warm (the fork server imports TensorFlow in the background). Never fails: a later start
     reports what went wrong."""
-    from dtflab.cluster.launch import fork_server
-    from dtflab.cluster.network import private_network
+    from dtflab.processes.launch import fork_server
+    from dtflab.network.networks import private_network
 
     try:
         network, _ = private_network(timeout=30.0)

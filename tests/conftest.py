@@ -43,7 +43,7 @@ def wait_until(condition, timeout: float = 5.0, interval: float = 0.05) -> bool:
 PROCESS_SINGLETONS = ("multiprocessing.resource_tracker",)
 #: dtflab's own per-process services, kept for the life of the process by design: the private
 #: network's gate (with its helper: 2 processes) and one fork server per network (2 at most).
-KERNEL_SERVICES = {"dtflab.cluster.gate": 2, "dtflab.cluster.forkserver": 2}
+KERNEL_SERVICES = {"dtflab.network.gate": 2, "dtflab.processes.forkserver": 2}
 
 
 def _children(services: bool = False) -> dict[int, str]:
@@ -62,11 +62,11 @@ def _children(services: bool = False) -> dict[int, str]:
     def service(pid):
         command, parent = commands[pid]
         parent_command = commands.get(parent, ("", 0))[0]
-        if "-m dtflab.cluster.gate" in command:
+        if "-m dtflab.network.gate" in command:
             return True
-        if "-m dtflab.cluster.forkserver" in parent_command:
-            return "-m dtflab.cluster.forkserver" not in command  # not a task: its own helper
-        return "-m dtflab.cluster.forkserver" in command
+        if "-m dtflab.processes.forkserver" in parent_command:
+            return "-m dtflab.processes.forkserver" not in command  # not a task: its own helper
+        return "-m dtflab.processes.forkserver" in command
 
     return {pid: command for pid, (command, _) in commands.items()
             if not any(name in command for name in PROCESS_SINGLETONS)
@@ -211,3 +211,28 @@ def run_constant(target, device, value="Hello, distributed TensorFlow!"):
 def python_script(code: str) -> list[str]:
     """argv that runs ``code`` in a fresh interpreter of this environment."""
     return [sys.executable, "-c", code]
+
+
+#: The documentation site the tests build (README "Documentation": the same command).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SITE = os.path.join(ROOT, "build", "docs")
+BUILD_DOCS = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "-d",
+              os.path.join(ROOT, "build", "doctrees"), "docs", SITE]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The site's tests last: by then the notebook tests have written the executed tutorials
+    (build/notebooks/) that the site renders, and the build need not run them again."""
+    items.sort(key=lambda item: item.get_closest_marker("docs") is not None)
+
+
+@pytest.fixture(scope="session")
+def built_site():
+    """The documentation site, built once per run with warnings as errors: ``(path, log)``."""
+    import shutil as _shutil
+
+    _shutil.rmtree(SITE, ignore_errors=True)
+    done = subprocess.run(BUILD_DOCS, cwd=ROOT, capture_output=True, text=True, timeout=3000)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, f"the documentation site did not build:\n{log[-6000:]}"
+    return SITE, log

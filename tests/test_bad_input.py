@@ -25,7 +25,7 @@ from IPython.core.error import UsageError
 
 import dtflab
 from dtflab import train
-from dtflab.cluster import base
+from dtflab.cluster import base, running
 from dtflab.placement import PlacementPlan
 
 from test_cli import DTFLAB
@@ -266,7 +266,7 @@ def leftovers() -> dict:
             "threads": {thread.ident for thread in threading.enumerate()},
             "fds": len(os.listdir("/proc/self/fd")),
             "log folders": set(glob.glob(os.path.join(tempfile.gettempdir(), "dtflab-*"))),
-            "running clusters": len(list(base._running))}
+            "running clusters": len(list(running.clusters))}
 
 
 def test_there_are_enough_cases_across_every_entry_point():

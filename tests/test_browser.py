@@ -407,3 +407,50 @@ def test_dragging_a_chip_moves_the_variable_in_the_kernel_and_measures_the_new_b
 
     assert wait_until(opened, timeout=10), f"clicking {scope!r} did not open it"
     assert page.console_errors == []
+
+
+@pytest.fixture
+def site(built_site):
+    """The built documentation site served on 127.0.0.1 (its search loads an index over HTTP)."""
+    import functools
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=built_site[0]))
+    thread = threading.Thread(target=server.serve_forever, name="docs-site", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.mark.docs
+@pytest.mark.timeout(3000)  # builds the site first if test_docs has not: executing what is missing
+def test_the_site_shows_a_guide_page_the_api_a_tutorial_plot_and_finds_by_search(site, page):
+    page.goto(f"{site}/guide/notebook.html")
+    assert page.locator("h1").first.inner_text().startswith("In a notebook")
+    assert page.locator("table").count() >= 1  # the %dtf_cluster table
+
+    page.goto(f"{site}/api/generated/dtflab.cluster.html")
+    signature = page.locator("[id='dtflab.cluster.start_cluster']")
+    assert signature.count() == 1 and "start_cluster" in signature.inner_text()
+
+    page.goto(f"{site}/tutorials/en/01_model_parallelism.html")
+    page.wait_for_function("() => window.Bokeh && Object.keys(window.Bokeh.index).length > 0", timeout=60_000)
+    page.wait_for_timeout(1000)  # Bokeh paints on the next animation frame
+    canvases = page.locator(".cell_output canvas")  # Playwright's selectors pierce Bokeh's shadow roots
+    plot = next(c for c in canvases.all() if (c.bounding_box() or {}).get("width", 0) > 100)
+    assert ink(shot(page, plot, str(SHOTS / "site_tutorial_plot.png"))) > 5_000, "the tutorial's plot is empty"
+
+    page.goto(f"{site}/search.html?q=start_cluster")
+    results = page.locator("#search-results li a")
+    results.first.wait_for(timeout=30_000)
+    assert any("start_cluster" in text for text in results.all_inner_texts())
+    assert page.console_errors == []

@@ -76,7 +76,7 @@ def test_server_with_the_2016_flags_serves_a_client_in_another_process():
             server.stderr.close()
     assert codes == [0, 0]
     assert all("I0000" not in err and "oneDNN" not in err for err in stderr), "TF log spam reached the terminal"
-    from dtflab.cluster.network import outside_addresses
+    from dtflab.network.networks import outside_addresses
 
     for err, port in zip(stderr, (master, ps)):  # run by hand, a server is on the host network
         named = [f"{ip}:{port}" for ip in outside_addresses()]

@@ -137,8 +137,8 @@ def test_a_port_taken_after_choosing_is_chosen_again(monkeypatch, start_cluster)
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_a_task_that_crashes_while_starting_is_named_with_its_stderr_and_the_others_stop(
         monkeypatch, start_method):
-    import dtflab.cluster.forkserver as forkserver
-    import dtflab.cluster.launch as launch
+    import dtflab.processes.forkserver as forkserver
+    import dtflab.processes.spawn as spawn
 
     if start_method == "fork":  # the forked worker:1 is given flags it refuses, on stderr
         real_launch, started = forkserver.ForkServer.launch, []
@@ -160,7 +160,7 @@ def test_a_task_that_crashes_while_starting_is_named_with_its_stderr_and_the_oth
     real_popen, started = subprocess.Popen, []
 
     def popen(command, **kwargs):  # worker:1 dies as a broken install would, on stderr
-        if "dtflab.cluster.server" in command and command[command.index("--job_name") + 1:][:3] == \
+        if "dtflab.processes.server" in command and command[command.index("--job_name") + 1:][:3] == \
                 ["worker", "--task_index", "1"]:
             command = [sys.executable, "-c", "import sys, time; time.sleep(1); "
                        "sys.exit('ImportError: libtensorflow_framework.so.2: cannot open shared object file')"]
@@ -168,7 +168,7 @@ def test_a_task_that_crashes_while_starting_is_named_with_its_stderr_and_the_oth
         started.append(process)
         return process
 
-    monkeypatch.setattr(launch.subprocess, "Popen", popen)
+    monkeypatch.setattr(spawn.subprocess, "Popen", popen)
     with pytest.raises(TaskError, match=r"^worker:1 exited while starting \(exit code 1\): ImportError: "
                                         r"libtensorflow_framework\.so\.2: cannot open shared object file$"):
         dtflab.start_cluster(3, start_method="spawn")

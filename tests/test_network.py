@@ -211,7 +211,7 @@ def test_a_private_network_asked_of_another_backend_is_refused():
 def test_a_gate_port_taken_meanwhile_is_chosen_again(start_cluster, monkeypatch):
     # A port taken on 127.0.0.1 between choosing and the gate binding it: chosen again.
     import dtflab.cluster.base as base
-    from dtflab.cluster.spec import parse_address
+    from dtflab.spec import parse_address
 
     taken = []
     real_choose = base.choose_ports

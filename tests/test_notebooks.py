@@ -3,6 +3,7 @@ its exercise stays open through a learner's Run All and is solved by its solutio
 
 import copy
 import re
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -10,6 +11,8 @@ from tutorials import NOTEBOOKS, name
 
 from dtflab import exercises
 
+#: Where each executed notebook is kept: the documentation site renders these outputs.
+EXECUTED = Path(__file__).resolve().parents[1] / "build" / "notebooks"
 TF_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d|oneDNN|cuda|absl::InitializeLog", re.M)
 
 
@@ -55,6 +58,8 @@ def test_runs_top_to_bottom_as_a_learner_then_solved_without_tensorflow_noise(pa
     client = NotebookClient(notebook, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     client.execute()  # raises CellExecutionError, with the cell and its traceback, on any error
+    (EXECUTED / name(path)).parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, EXECUTED / name(path))
     assert printed(notebook.cells[at["not applied"]]) == [exercises.NOT_APPLIED]
     assert printed(notebook.cells[at["open"]]) == [exercises.OPEN], \
         "with answer = None the check says the exercise is open, in one line, and measures nothing"

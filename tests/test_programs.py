@@ -143,9 +143,9 @@ def test_warm_starts_fork_restarts_fork_and_spawn_still_works(start_cluster):
 def test_the_fork_server_lives_in_the_private_network_and_its_tasks_too(start_cluster):
     cluster = start_cluster(2)
     services = kernel_services()
-    (fork_server,) = [pid for pid in services["dtflab.cluster.forkserver"]
+    (fork_server,) = [pid for pid in services["dtflab.processes.forkserver"]
                       if psutil.Process(pid).children()]
-    gate = min(services["dtflab.cluster.gate"])  # the gate; its helper stays on the host
+    gate = min(services["dtflab.network.gate"])  # the gate; its helper stays on the host
     private = os.readlink(f"/proc/{gate}/ns/net")
     assert private != os.readlink("/proc/self/ns/net")
     assert os.readlink(f"/proc/{fork_server}/ns/net") == private

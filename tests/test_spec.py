@@ -1,6 +1,6 @@
 import pytest
 
-from dtflab.cluster.spec import (
+from dtflab.spec import (
     MAX_TASKS,
     layout_to_legacy_spec,
     parse_legacy_spec,

@@ -1,14 +1,25 @@
-"""Task-server clusters: layouts, the Cluster lifecycle, and its backends."""
+"""The cluster room: what a user asks for and holds.
+
+The ``Cluster`` lifecycle contract (``base``), one ``Task`` per task process (``task``), the
+backends (``inprocess``, ``local``, ``dask`` with ``dask_worker``), program tasks and
+``TF_CONFIG`` (``programs``, ``follow``), ports and memory figures, and ``start_cluster`` /
+``run``, which turn a request into a running cluster.
+
+May import: ``dtflab.processes`` (how a task process starts), ``dtflab.network`` (where it
+listens) and dtflab's base modules (``spec``, ``names``, ``errors``, ``checks``, ``_quiet``,
+``tf_private``); never placement, tracing, training or views (``dtflab.ui`` is named, not
+imported: see ``base.UI``). The table in ``tests/test_layers.py`` is the rule.
+"""
 
 from __future__ import annotations
 
 from dtflab.cluster.base import Cluster
-from dtflab.cluster.launch import START_METHODS
-from dtflab.cluster.network import PRIVATE, check_network
 from dtflab.cluster.programs import Program
-from dtflab.cluster.spec import parse_count, resolve_layout
 from dtflab.cluster.task import TaskInfo, TaskState
 from dtflab.errors import did_you_mean
+from dtflab.network.networks import PRIVATE, check_network
+from dtflab.processes.launch import START_METHODS
+from dtflab.spec import parse_count, resolve_layout
 
 #: The backend used when none is named: separate processes behave like a real cluster
 #: (kill, restart and stop work) and three of them plus a kernel fit in Binder's 2 GB.

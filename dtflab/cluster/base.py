@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import atexit
 import threading
-import weakref
 
+from dtflab.cluster import running
 from dtflab.cluster.ports import choose_ports
-from dtflab.cluster.spec import Layout, layout_to_legacy_spec, parse_address, parse_task
 from dtflab.cluster.task import TaskInfo, TaskState, log_tail
 from dtflab.errors import NotSupportedError, PortInUseError, TaskError
+from dtflab.spec import Layout, layout_to_legacy_spec, parse_address, parse_task
 
-_running: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 PORT_ATTEMPTS = 3
 
 
@@ -86,8 +84,7 @@ class Cluster:
             except BaseException:
                 self._give_up()
                 raise
-        _running.add(self)
-        _stop_at_exit()
+        running.track(self)
         self._changed()
         return self
 
@@ -99,7 +96,7 @@ class Cluster:
             self._stop_all()
             for key in self._states:
                 self._states[key] = TaskState.STOPPED
-            _running.discard(self)
+            running.forget(self)
         self._changed()
 
     def _give_up(self) -> None:
@@ -234,7 +231,7 @@ class Cluster:
         TensorFlow's gRPC server runs any graph it is sent, unauthenticated: an address listed
         here lets anyone who reaches it run code as you. ``exposure_reason`` says why.
         """
-        from dtflab.cluster.network import outside_addresses
+        from dtflab.network.networks import outside_addresses
 
         if self.stopped:
             return []
@@ -273,7 +270,7 @@ class Cluster:
         tf = import_tf()
         (port,) = free_ports(1)
         self.let_tasks_reach(port)
-        _connected.append(repr(self))
+        running.connected.append(repr(self))
         spec = tf.train.ClusterSpec(dict(self.addresses, **{job_name: [f"127.0.0.1:{port}"]}))
         with quiet_fds():
             tf.config.experimental_connect_to_cluster(spec, job_name=job_name)
@@ -333,7 +330,7 @@ class Cluster:
 
         if job in self.programs:
             return self.programs[job].command(self.addresses, job, index)
-        return Command("dtflab.cluster.server", [
+        return Command("dtflab.processes.server", [
             "--cluster_spec", self.legacy_spec, "--job_name", job, "--task_index", str(index),
             "--inter_op_threads", str(self.inter_op_threads),
             "--intra_op_threads", str(self.intra_op_threads), "--exit_with_parent",
@@ -371,41 +368,6 @@ class Cluster:
         if self.stopped:
             raise NotSupportedError("this cluster is stopped; start a new one with "
                                     "dtflab.start_cluster() or %dtf_cluster start")
-
-
-_connected: list[str] = []  # clusters this process joined with connect()
-
-
-def stop_all_running() -> None:
-    """Stop every cluster this process started and did not stop (runs at exit).
-
-    A process that called ``connect()`` keeps TensorFlow's remote functions and tensor handles
-    until its interpreter ends, and destroying them then logs a line per object for tasks that
-    are gone ("Failed to remove function remotely", hundreds of them). TensorFlow has no clean
-    disconnect, so from here on, the rest of the exit writes its standard error to a log file
-    (``dtflab-exit-PID.log`` in the temporary folder) instead of the terminal.
-    """
-    for cluster in list(_running):
-        try:
-            cluster.stop()
-        except Exception:  # at exit, carry on with the others
-            pass
-    if _connected:
-        import os
-        import sys
-        import tempfile
-
-        sys.stderr.flush()
-        path = os.path.join(tempfile.gettempdir(), f"dtflab-exit-{os.getpid()}.log")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 2)
-        os.close(fd)
-
-
-def _stop_at_exit() -> None:
-    if not getattr(_stop_at_exit, "registered", False):
-        atexit.register(stop_all_running)
-        _stop_at_exit.registered = True
 
 
 #: The module that shows a cluster (``ClusterPanel``, ``render_html``), named rather than

@@ -43,9 +43,10 @@ def start_task(cluster_id: str, commands: dict, timeout: float, owner_pid: int |
                dask_worker=None) -> dict:
     """Start this worker's task ``commands[worker address] = (job, index, Command)`` and wait
     until it runs. ``owner_pid``: the process that started the cluster."""
-    from dtflab.cluster.launch import FORK, Spawner, launcher_for
     from dtflab.cluster.task import Task, await_ready
     from dtflab.errors import PortInUseError, TaskError
+    from dtflab.processes.launch import FORK, launcher_for
+    from dtflab.processes.spawn import Spawner
 
     if dask_worker.address not in commands:
         return {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dtflab.cluster.base import Cluster
-from dtflab.cluster.server import port_is_free
+from dtflab.processes.server import port_is_free
 from dtflab.cluster.task import TaskState
 from dtflab.errors import NotSupportedError, PortInUseError
 

@@ -8,8 +8,8 @@ import tempfile
 from pathlib import Path
 
 from dtflab.cluster.base import Cluster
-from dtflab.cluster.launch import FORK, launcher_for
-from dtflab.cluster.network import PRIVATE, network_for
+from dtflab.processes.launch import FORK, launcher_for
+from dtflab.network.networks import PRIVATE, network_for
 from dtflab.cluster.ports import free_ports
 from dtflab.cluster.task import Task, TaskState, await_ready, stop_all
 
@@ -25,7 +25,7 @@ class LocalCluster(Cluster):
     to a log file (``cluster.logs``), read into memory and deleted at stop.
 
     ``network="private"`` (the default) puts the tasks in this process's private network
-    namespace, reachable only from this machine's loopback (``dtflab.cluster.network``); where
+    namespace, reachable only from this machine's loopback (``dtflab.network.networks``); where
     the OS refuses one, the default falls back to the host network with ``exposed`` saying so,
     while an explicit "private" raises. ``network="host"`` leaves the tasks on every
     interface, as TensorFlow alone would.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import socket
 
-from dtflab.cluster.spec import Layout
+from dtflab.spec import Layout
 
 
 def free_ports(n: int) -> list[int]:

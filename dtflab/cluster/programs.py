@@ -68,8 +68,8 @@ class Program:
         return [_PLACEHOLDER.sub(replace, arg) for arg in self.args]
 
     def command(self, addresses: dict[str, list[str]], job: str, index: int) -> Command:
-        """How task ``job:index`` runs this program (see ``dtflab.cluster.program``)."""
-        return Command("dtflab.cluster.program",
+        """How task ``job:index`` runs this program (see ``dtflab.processes.program``)."""
+        return Command("dtflab.processes.program",
                        ["--exit_with_parent", self.script, *self.arguments(addresses, job, index)],
                        env={"TF_CONFIG": tf_config(addresses, job, index),
                             "DTFLAB_TASK": f"{job}:{index}"},

@@ -1,7 +1,7 @@
 """One task as the user sees it: job, index, address, state, process, what it runs.
 
 ``Task`` is one task process (a bare task server or a copy of the user's program) started by
-a launcher (``dtflab.cluster.launch``: forked from a warm fork server, or spawned). The local
+a launcher (``dtflab.processes.launch``: forked from a warm fork server, or spawned). The local
 backend holds one per task; a Dask worker holds one per task it hosts. ``TaskInfo`` is the
 snapshot ``Cluster.tasks`` lists.
 """
@@ -111,7 +111,7 @@ class Task:
         """Start the process (without waiting); returns the read end of its ready pipe.
 
         A fork server that refuses (forking would not be safe) is replaced by a spawn."""
-        from dtflab.cluster.launch import Spawner
+        from dtflab.processes.spawn import Spawner
 
         if self.process is not None:  # the one it replaces, which may have ended by itself
             self.process.close_stdin()
@@ -193,7 +193,7 @@ def await_ready(pending: dict, timeout: float) -> None:
     import selectors
     import time
 
-    from dtflab.cluster.server import EXIT_PORT_IN_USE
+    from dtflab.processes.server import EXIT_PORT_IN_USE
     from dtflab.errors import PortInUseError, TaskError
 
     deadline = time.monotonic() + timeout

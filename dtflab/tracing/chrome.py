@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dtflab import names
-from dtflab.tracing.step import StepTrace
+
+if TYPE_CHECKING:  # a type only: step.py imports this module when asked for a Chrome trace
+    from dtflab.tracing.step import StepTrace
 
 
 def chrome_trace(step: StepTrace, path=None) -> dict:

@@ -85,7 +85,7 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
     from dtflab import checks
     from dtflab.cluster import MAX_THREADS
     from dtflab.cluster import run as run_programs
-    from dtflab.cluster.spec import parse_count
+    from dtflab.spec import parse_count
     from dtflab.train.watchdog import settings as watchdog_settings
 
     checks.run_arguments(steps, seed, trace_step)

@@ -24,7 +24,7 @@ class Callback:
 
 class WireBytes(Callback):
     """Bytes on the wire between tasks per step, counted at the transport (the kernel's TCP
-    counters, see ``dtflab.cluster.transport``) over steps ``after_step`` to
+    counters, see ``dtflab.network.transport``) over steps ``after_step`` to
     ``after_step + steps`` of a run: past the start-up (graphs sent to the tasks, first-step
     set-up), and while every connection is still open.
 
@@ -54,7 +54,7 @@ class WireBytes(Callback):
     def on_step(self, history, record) -> None:
         if self.per_step is not None or record.step < self.after_step:
             return  # every record of the run passes here: return before anything else
-        from dtflab.cluster.transport import cluster_snapshot
+        from dtflab.network.transport import cluster_snapshot
 
         if self._first is None:
             self._first = (record.step, cluster_snapshot(self.cluster))

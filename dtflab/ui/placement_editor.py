@@ -94,8 +94,8 @@ class PlacementEditor:
         """Rebuild with the current plan, trace one step, redraw the views, add a history row."""
         from jupyter_bokeh import BokehModel
 
-        import dtflab
         from bokeh.layouts import column, row
+        from dtflab.tracing.capture import trace
         from dtflab.viz.partition import link_to_timeline, partition_figure
         from dtflab.viz.placement import placement_figure
         from dtflab.viz.timeline import timeline_figure
@@ -111,7 +111,7 @@ class PlacementEditor:
             with tf.compat.v1.Session(target, graph=graph) as session:
                 session.run(init)
                 session.run(fetch, feed)  # the first run sets the graph up on every task
-                self.step = dtflab.trace(session, fetch, feed)
+                self.step = trace(session, fetch, feed)
             self._applied = self.plan.to_dict()
             wire = sum(t.nbytes for t in self.step.transfers)
             imbalance = self.plan.imbalance(self.variables)

@@ -1,28 +1,17 @@
-"""How task processes start: spawned (a fresh interpreter) or forked from a warm fork server.
+"""Spawn a task process: a fresh interpreter that runs ``python -m MODULE ARGS``.
 
-A launcher's ``launch(module, args, log_path, env=..., cwd=...)`` starts ``module.main(args +
-["--ready_fd", N])`` in a process of its own session, output appended to ``log_path``, stdin a
-pipe from this process (its EOF tells the task its owner is gone), and returns ``(process,
-ready_fd)``: a handle with ``pid``, ``poll()``, ``wait(timeout)``, ``kill()`` and
-``close_stdin()``, and the read end of the pipe the task writes ``ready PID`` on.
-
-``fork_server(netns_pid)`` is this process's fork server for one network, started on first
-use and kept until this process exits (see ``dtflab.cluster.forkserver``).
+Also the environment every task process gets (``child_env``), forked or spawned.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import subprocess
 import sys
-import tempfile
-import threading
 from pathlib import Path
 
-SPAWN, FORK = "spawn", "fork"
-START_METHODS = (FORK, SPAWN)
+SPAWN = "spawn"
 
 
 def child_env(extra: dict[str, str] | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -92,57 +81,3 @@ class Spawner:
         args = list(args) + (["--netns", str(self.netns_pid)] if self.netns_pid else [])
         process, ready_fd = spawn_module(module, args, log_path, env=child_env(extra=env), cwd=cwd)
         return SpawnedProcess(process), ready_fd
-
-
-_lock = threading.Lock()
-_fork_servers: dict = {}  # netns pid (None: this machine's network) -> ForkServer
-
-
-def fork_server(netns_pid: int | None, *, wait: float | None = 60.0):
-    """This process's fork server on that network: started now if there is none (or it
-    died); with ``wait``, returned once it has imported TensorFlow. Raises ``RuntimeError``
-    with the reason where it cannot start."""
-    from dtflab.cluster.forkserver import ForkServer
-
-    with _lock:
-        server = _fork_servers.get(netns_pid)
-        if server is None or not server.alive:
-            if server is not None:
-                server.close()
-            server = _fork_servers[netns_pid] = ForkServer(netns_pid, _log_dir())
-            if len(_fork_servers) == 1:
-                atexit.register(close_fork_servers)
-    if wait is not None:
-        server.wait_ready(wait)
-    return server
-
-
-def launcher_for(method: str, netns_pid: int | None, timeout: float):
-    """A fork server for ``method="fork"`` where one starts and is safe, else a ``Spawner``
-    that says why not (``why_not_fork``)."""
-    if method == SPAWN:
-        return Spawner(netns_pid, "asked for start_method='spawn'")
-    if not hasattr(os, "fork") or sys.platform != "linux":
-        return Spawner(netns_pid, f"fork is not safe for TensorFlow on {sys.platform}")
-    try:
-        return fork_server(netns_pid, wait=timeout)
-    except RuntimeError as exc:
-        return Spawner(netns_pid, f"the fork server could not start: {exc}")
-
-
-def close_fork_servers() -> None:
-    """End every fork server of this process (the tasks they forked run on)."""
-    with _lock:
-        for server in _fork_servers.values():
-            server.close()
-        _fork_servers.clear()
-
-
-_logs: list[str] = []
-
-
-def _log_dir() -> str:
-    if not _logs:
-        _logs.append(tempfile.mkdtemp(prefix="dtflab-forkserver-"))
-        atexit.register(lambda: __import__("shutil").rmtree(_logs[0], ignore_errors=True))
-    return _logs[0]

@@ -1,7 +1,7 @@
 """The fork server: a process that has imported TensorFlow and forks task processes.
 
 ``import tensorflow`` costs seconds and hundreds of MB per process. The fork server pays it
-once (``python -m dtflab.cluster.forkserver``), then forks a child per task: the child shares
+once (``python -m dtflab.processes.forkserver``), then forks a child per task: the child shares
 TensorFlow's pages with it and starts listening in tens of milliseconds.
 
 What it holds, and why forking it is safe: TensorFlow's Python modules and C++ library are
@@ -36,9 +36,10 @@ import sys
 import threading
 import time
 
+from dtflab.processes import inside
+from dtflab.processes.spawn import child_env
+
 MESSAGE_BYTES = 1 << 20
-#: Set in a forked child: its parent is the fork server, not the owner (see server.py).
-forked = False
 
 
 # -- the owner's side -----------------------------------------------------------------------------
@@ -50,8 +51,6 @@ class ForkServer:
     why_not_fork = ""
 
     def __init__(self, netns_pid: int | None, log_dir: str):
-        from dtflab.cluster.launch import child_env
-
         self.netns_pid = netns_pid
         self.log_path = os.path.join(log_dir, f"forkserver-{netns_pid or 'host'}.log")
         self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -62,7 +61,7 @@ class ForkServer:
         try:
             with open(self.log_path, "ab") as log:
                 self.process = subprocess.Popen(
-                    [sys.executable, "-m", "dtflab.cluster.forkserver",
+                    [sys.executable, "-m", "dtflab.processes.forkserver",
                      "--control_fd", str(theirs.fileno())]
                     + (["--netns", str(netns_pid)] if netns_pid else []),
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -89,9 +88,7 @@ class ForkServer:
                     raise RuntimeError(self._why_dead() or f"not ready within {timeout:g} s")
 
     def launch(self, module, args, log_path, *, env=None, cwd=None):
-        """Fork a task (see ``dtflab.cluster.launch``); ``RuntimeError`` if the server refuses."""
-        from dtflab.cluster.launch import child_env
-
+        """Fork a task (see ``dtflab.processes.launch``); ``RuntimeError`` if the server refuses."""
         request = {"fork": {"module": module, "args": list(args), "log": str(log_path),
                             "env": child_env(extra=env), "cwd": cwd or os.getcwd()}}
         stdin_read, stdin_write = os.pipe()
@@ -181,7 +178,7 @@ class ForkServer:
 
 
 class ForkedProcess:
-    """A task forked by a fork server: the launcher handle (see ``dtflab.cluster.launch``)."""
+    """A task forked by a fork server: the launcher handle (see ``dtflab.processes.launch``)."""
 
     def __init__(self, server: ForkServer, pid: int, stdin):
         self.server, self.pid, self.stdin = server, pid, stdin
@@ -237,8 +234,8 @@ def warm() -> None:
         target = tf
         for part in name.split("."):
             target = getattr(target, part)
-    import dtflab.cluster.program  # noqa: F401
-    import dtflab.cluster.server  # noqa: F401
+    import dtflab.processes.program  # noqa: F401
+    import dtflab.processes.server  # noqa: F401
 
 
 def serve(control: socket.socket) -> int:
@@ -318,7 +315,6 @@ def _end_with(server_pid: int) -> None:
 
 def _child(request: dict, fds: list[int], server_fds) -> None:
     """In the forked child: become the task, run its module's ``main``; raises ``ChildExit``."""
-    global forked
     code = 1
     try:
         signal.set_wakeup_fd(-1)
@@ -339,7 +335,7 @@ def _child(request: dict, fds: list[int], server_fds) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        forked = True
+        inside.forked = True  # its parent is this server, not the owner
         module = importlib.import_module(request["module"])
         code = module.main(request["args"] + ["--ready_fd", str(ready_fd)]) or 0
     except SystemExit as exc:
@@ -352,13 +348,13 @@ def _child(request: dict, fds: list[int], server_fds) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dtflab.cluster.forkserver")
+    parser = argparse.ArgumentParser(prog="python -m dtflab.processes.forkserver")
     parser.add_argument("--control_fd", type=int, required=True)
     parser.add_argument("--netns", type=int, default=None)
     args = parser.parse_args(argv)
     control = socket.socket(fileno=args.control_fd)
     if args.netns is not None:  # first: joining a user namespace needs a single thread
-        from dtflab.cluster.netns import join
+        from dtflab.network.netns import join
 
         join(args.netns)
     warm()

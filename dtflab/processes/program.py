@@ -21,9 +21,11 @@ import runpy
 import sys
 import traceback
 
+from dtflab.processes.inside import exit_with_parent
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m dtflab.cluster.program")
+    parser = argparse.ArgumentParser(prog="python -m dtflab.processes.program")
     parser.add_argument("--ready_fd", type=int, default=None)
     parser.add_argument("--exit_with_parent", action="store_true")
     parser.add_argument("--netns", type=int, default=None)
@@ -60,12 +62,10 @@ def main(argv=None) -> int:
     if "--netns" in appended:
         args.netns = appended["--netns"]
     if args.netns is not None:  # first: joining a user namespace needs a single thread
-        from dtflab.cluster.netns import join
+        from dtflab.network.netns import join
 
         join(args.netns)
     if args.exit_with_parent:
-        from dtflab.cluster.server import exit_with_parent
-
         exit_with_parent()
     if ready_fd is not None:
         with os.fdopen(ready_fd, "w") as ready:

@@ -1,6 +1,6 @@
 """The gate of a private network: both ends of its protocol.
 
-The gate is a small process (``python -m dtflab.cluster.gate``) that
+The gate is a small process (``python -m dtflab.network.gate``) that
 
 1. moves itself into a new user and network namespace (``unshare``, no root needed) whose
    only interface is a loopback of its own: task servers and the fork server join it;
@@ -34,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 BUFFER = 256 * 1024
 STOP_GRACE_S = 2.0
@@ -49,11 +50,9 @@ class Gate:
     """The owner's handle on a running gate process."""
 
     def __init__(self, log_path: str, timeout: float):
-        from dtflab.cluster.launch import spawn_module
-
         self.log_path = log_path
         self._lock = threading.Lock()
-        self.process, ready_fd = spawn_module("dtflab.cluster.gate", [], log_path)
+        self.process, ready_fd = _start(log_path)
         self._answers = os.fdopen(ready_fd, "rb", buffering=0)
         line = self._answer(timeout)
         word, _, rest = (line or "").partition(" ")
@@ -124,6 +123,31 @@ class Gate:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+
+
+def _start(log_path: str) -> tuple[subprocess.Popen, int]:
+    """Start ``python -m dtflab.network.gate --ready_fd N`` in a session of its own, commands
+    on its stdin, output appended to ``log_path``; returns the process and the read end of its
+    answers. The network starts its own gate: it sits below ``dtflab.processes``."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    package_root = str(Path(__file__).resolve().parents[2])  # dtflab importable, as for tasks
+    if package_root not in env.get("PYTHONPATH", "").split(os.pathsep):
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    answers, theirs = os.pipe()
+    try:
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "dtflab.network.gate", "--ready_fd", str(theirs)],
+                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, pass_fds=(theirs,),
+                start_new_session=True, env=env)
+    except BaseException:
+        os.close(answers)
+        raise
+    finally:
+        os.close(theirs)
+    return process, answers
 
 
 # -- the gate process ----------------------------------------------------------------------------
@@ -293,7 +317,7 @@ def _unreverse(port: int) -> str:
 def serve(answers, commands) -> int:
     """Run the gate: answer on ``answers`` the commands read from ``commands`` until it closes
     or the owner dies, then exit."""
-    from dtflab.cluster.netns import unshare_private
+    from dtflab.network.netns import unshare_private
 
     outside = _Outside()
     try:
@@ -329,7 +353,7 @@ def serve(answers, commands) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dtflab.cluster.gate")
+    parser = argparse.ArgumentParser(prog="python -m dtflab.network.gate")
     parser.add_argument("--ready_fd", type=int, required=True)
     args = parser.parse_args(argv)
     answers = os.fdopen(args.ready_fd, "w", buffering=1)

@@ -3,7 +3,7 @@
 TensorFlow's gRPC server listens on ``0.0.0.0`` (hard-coded) and runs any graph it is sent,
 unauthenticated. A ``PrivateNetwork`` keeps task servers off the network: they run in a
 network namespace of their own, reachable only through doors on this machine's
-``127.0.0.1`` that its gate (``dtflab.cluster.gate``) opens per cluster. One private network
+``127.0.0.1`` that its gate (``dtflab.network.gate``) opens per cluster. One private network
 serves every local cluster of a process, and the fork server lives inside it.
 
 Cannot: where the kernel or a container's seccomp profile forbids unprivileged user
@@ -74,7 +74,7 @@ class PrivateNetwork:
     name = PRIVATE
 
     def __init__(self, timeout: float):
-        from dtflab.cluster.gate import Gate
+        from dtflab.network.gate import Gate
 
         self._log_dir = tempfile.mkdtemp(prefix="dtflab-gate-")
         try:
@@ -153,7 +153,7 @@ def network_for(name: str, *, explicit: bool, hosts, timeout: float):
 def private_network(timeout: float = 60.0) -> tuple[PrivateNetwork | None, str | None]:
     """This process's private network, started on first use (again if its gate died), or
     ``(None, why)`` where the OS refuses one."""
-    from dtflab.cluster.gate import GateRefused
+    from dtflab.network.gate import GateRefused
 
     global _private, _refused
     with _lock:

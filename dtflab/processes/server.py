@@ -4,7 +4,7 @@ Takes the 2016 server's flags (``--cluster_spec``, ``--job_name``, ``--task_inde
 backend adds ``--ready_fd`` (write one line there once the port listens) and
 ``--exit_with_parent`` (end when the owning process ends, even by SIGKILL: standard input
 reaching EOF or the parent pid changing, whichever is seen first, within 0.25 s) and
-``--netns`` (join the private network of the gate with this pid: ``dtflab.cluster.network``).
+``--netns`` (join the private network of the gate with this pid: ``dtflab.network.networks``).
 Ctrl-C and SIGTERM stop it with a "stopped" line and exit code 0, even while TensorFlow is
 still being imported.
 
@@ -21,7 +21,8 @@ import signal
 import socket
 import sys
 import threading
-import time
+
+from dtflab.processes.inside import exit_with_parent
 
 EXIT_PORT_IN_USE = 75
 
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_task(args) -> tuple[dict[str, list[str]], str, int, int]:
     """Validate the flags: the address map, job, index and this task's port."""
-    from dtflab.cluster.spec import parse_legacy_spec, parse_count
+    from dtflab.spec import parse_legacy_spec, parse_count
 
     layout = parse_legacy_spec(args.cluster_spec)
     if args.job_name not in layout:
@@ -82,32 +83,6 @@ def port_is_free(port: int) -> bool:
         probe.close()
 
 
-def exit_with_parent() -> None:
-    """End this process as soon as its owner is gone: standard input (a pipe from the owner)
-    reaches EOF, or, for a spawned process, its parent pid changes. A process forked by the
-    fork server watches standard input only: its parent is the fork server, not the owner."""
-    from dtflab.cluster import forkserver
-
-    parent = os.getppid()
-
-    def stdin_closed():
-        try:
-            while os.read(0, 4096):  # the raw fd: no lock that would block interpreter exit
-                pass
-        except OSError:
-            pass
-        os._exit(0)
-
-    def parent_changed():
-        while os.getppid() == parent:
-            time.sleep(0.25)
-        os._exit(0)
-
-    threading.Thread(target=stdin_closed, name="dtflab-stdin-watch", daemon=True).start()
-    if not forkserver.forked:
-        threading.Thread(target=parent_changed, name="dtflab-parent-watch", daemon=True).start()
-
-
 _stop_requested = threading.Event()
 
 
@@ -125,7 +100,7 @@ def serve(args) -> int:
     """Run the task server; returns only on bad flags or a port in use (the exit code)."""
     stop_on_signals()
     if args.netns is not None:  # first: joining a user namespace needs a single thread
-        from dtflab.cluster.netns import join
+        from dtflab.network.netns import join
 
         try:
             join(args.netns)
@@ -182,7 +157,7 @@ def _serve(args) -> int:
     target = server.target.decode() if isinstance(server.target, bytes) else server.target
     print(f"dtflab server: {job}:{index} serving {target} (pid {os.getpid()})", flush=True)
     if ready is None:  # run by hand: on the host network, as in 2016
-        from dtflab.cluster.network import outside_addresses
+        from dtflab.network.networks import outside_addresses
 
         exposed = ", ".join(f"{ip}:{port}" for ip in outside_addresses())
         if exposed:

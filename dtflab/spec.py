@@ -10,6 +10,10 @@ Accepted forms (exactly one per cluster):
   ``tf.train.ClusterSpec`` of addresses.
 
 A port of ``None`` means "choose a free one at start"; nothing here opens a socket.
+
+The language is shared by the cluster that writes a spec and the task server that reads one
+(``dtflab server --cluster_spec``, run by hand or as a cluster's child), so it sits below both
+and imports nothing from dtflab.
 """
 
 from __future__ import annotations

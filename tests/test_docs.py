@@ -1,0 +1,92 @@
+"""The documentation site: it builds with warnings as errors, its API reference documents every
+public module and every name a notebook uses, and it renders every tutorial with its outputs."""
+
+import importlib
+import pkgutil
+import posixpath
+import re
+from pathlib import Path
+
+import pytest
+from tutorials import NOTEBOOKS, name
+
+import dtflab
+
+pytestmark = [pytest.mark.docs, pytest.mark.slow, pytest.mark.timeout(3000)]
+
+#: A public name in a notebook's code: dtflab.X, train.X (dtflab.train, not tf's), exercises.X.
+USED = re.compile(r"(?<![\w.])(dtflab|train|exercises)\.(\w+)")
+IMPORTED = re.compile(r"^\s*from (dtflab(?:\.train)?) import \(?([\w, ]+)", re.M)
+MAGIC = re.compile(r"^\s*%%?(dtf_\w+)", re.M)
+MAGIC_CLASSES = {"dtf_cluster": "ClusterMagics", "dtf_run": "RunMagics", "dtf_trace": "TraceMagics"}
+
+
+def inventory(site: str) -> set[str]:
+    """Every object the site documents, by full name (Sphinx's objects.inv)."""
+    from sphinx.util.inventory import InventoryFile
+
+    with open(Path(site) / "objects.inv", "rb") as stream:
+        data = InventoryFile.load(stream, "", posixpath.join)
+    return {name for role, entries in data.items() if role.startswith("py:") for name in entries}
+
+
+def documented_as(obj) -> str:
+    """Where the reference documents ``obj``: the module that defines it."""
+    if isinstance(obj, type(dtflab)):
+        return obj.__name__
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def names_notebooks_use() -> dict[str, object]:
+    spaces = {"dtflab": dtflab, "dtflab.train": dtflab.train, "train": dtflab.train,
+              "exercises": importlib.import_module("dtflab.exercises")}
+    found = {}
+    for path in NOTEBOOKS:
+        code = "\n".join(cell.source if isinstance(cell.source, str) else "".join(cell.source)
+                         for cell in _cells(path) if cell.cell_type == "code")
+        for space, attribute in USED.findall(code):
+            found[f"{space}.{attribute}"] = getattr(spaces[space], attribute)
+        for space, names in IMPORTED.findall(code):
+            for attribute in filter(None, (n.strip() for n in names.split(","))):
+                found[f"{space}.{attribute}"] = getattr(spaces[space], attribute)
+        for magic in MAGIC.findall(code):
+            magics = importlib.import_module("dtflab.magics")
+            found[f"%{magic}"] = getattr(getattr(magics, MAGIC_CLASSES[magic]), magic)
+    return found
+
+
+def _cells(path):
+    import nbformat
+
+    return nbformat.read(path, as_version=4).cells
+
+
+def test_the_site_builds_with_warnings_as_errors(built_site):
+    site, log = built_site
+    assert (Path(site) / "index.html").exists()
+    assert not re.search(r"(WARNING|ERROR):", log), log[-4000:]  # Sphinx's; a kernel's "WARNING |" is not
+
+
+def test_every_public_module_has_a_page_in_the_api_reference(built_site):
+    modules = {info.name for info in pkgutil.walk_packages(dtflab.__path__, "dtflab.")
+               if not any(part.startswith("_") for part in info.name.split("."))}
+    assert sorted((modules | {"dtflab"}) - inventory(built_site[0])) == []
+
+
+def test_every_public_name_a_notebook_uses_is_in_the_api_reference(built_site):
+    used = names_notebooks_use()
+    assert {"dtflab.start_cluster", "train.sync_data_parallel", "%dtf_cluster"} <= set(used)
+    documented = inventory(built_site[0])
+    missing = {name: documented_as(obj) for name, obj in used.items()
+               if documented_as(obj) not in documented}
+    assert missing == {}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=name)
+def test_every_tutorial_is_rendered_with_its_outputs(built_site, path):
+    edition = "ja" if path.parent.name == "ja" else "en"
+    page = Path(built_site[0]) / "tutorials" / edition / f"{path.stem}.html"
+    html = page.read_text(encoding="utf-8")
+    code_cells = [cell for cell in _cells(path) if cell.cell_type == "code"]
+    # most cells print or draw something; a page rendered without its run has no output at all
+    assert html.count('class="cell_output') >= len(code_cells) // 2, f"{page}: few outputs"
