@@ -50,6 +50,9 @@ from __future__ import annotations
 import copy
 import hashlib
 
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+
 #: The tag of a solution cell.
 SOLUTION = "solution"
 #: The first line of a solution cell: the cell magic that shows the code and never runs it.
@@ -137,3 +140,22 @@ def apply_solutions(notebook: dict) -> dict:
         if is_solution(cell):
             cell["source"] = solution_code(cell)
     return solved
+
+
+@magics_class
+class SolutionMagics(Magics):
+    """``%%dtf_solution``: an exercise's solution, shown and never run (see dtflab.exercises)."""
+
+    @cell_magic
+    def dtf_solution(self, line: str, cell: str):
+        """Keep the cell's code as an exercise's solution: running the cell does not run the code,
+        it says so, so Run All leaves the exercise to the learner.
+
+        In [1]: %%dtf_solution
+           ...: answer = 3 * 4 * 609
+        not applied: to use this solution, open it (the bar at its left) and copy its lines into your cell
+        """
+        if line.strip():
+            raise UsageError(f"%%dtf_solution takes nothing after it, got {line.strip()!r}; to use "
+                             f"the solution, copy its lines into your cell in place of answer = None")
+        print(NOT_APPLIED)

@@ -18,7 +18,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_arguments
 
-from dtflab import names
+from dtflab import exercises, names
 from dtflab.cluster import Cluster, backend_names, check_request, start_cluster
 from dtflab.errors import NotSupportedError, did_you_mean
 from dtflab.spec import parse_count
@@ -339,27 +339,6 @@ class TraceMagics(Magics):
         return None
 
 
-@magics_class
-class SolutionMagics(Magics):
-    """``%%dtf_solution``: an exercise's solution, shown and never run (see dtflab.exercises)."""
-
-    @cell_magic
-    def dtf_solution(self, line: str, cell: str):
-        """Keep the cell's code as an exercise's solution: running the cell does not run the code,
-        it says so, so Run All leaves the exercise to the learner.
-
-        In [1]: %%dtf_solution
-           ...: answer = 3 * 4 * 609
-        not applied: to use this solution, open it (the bar at its left) and copy its lines into your cell
-        """
-        from dtflab.exercises import NOT_APPLIED
-
-        if line.strip():
-            raise UsageError(f"%%dtf_solution takes nothing after it, got {line.strip()!r}; to use "
-                             f"the solution, copy its lines into your cell in place of answer = None")
-        print(NOT_APPLIED)
-
-
 def _positive(text: str, what: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise UsageError(f"{what} must be a whole number of at least 1, got {text!r}")
@@ -376,8 +355,7 @@ def _split(line: str) -> list[str]:
 def line_tail(args) -> str:
     """The start arguments, as the user would retype them."""
     parts = [args.task] if args.task else []
-    for option in ("backend", "ps", "workers", "jobs", "spec", "timeout", "scheduler", "network",
-                   "start_method"):
+    for option in (o for o in START_ONLY if o != "replace"):  # --replace is not retyped
         value = getattr(args, option)
         if value is not None:
             parts.append(f"--{option.replace('_', '-')} {shlex.quote(str(value))}")
@@ -404,7 +382,7 @@ def register(ipython) -> None:
     ipython.register_magics(ClusterMagics)
     ipython.register_magics(RunMagics)
     ipython.register_magics(TraceMagics)
-    ipython.register_magics(SolutionMagics)
+    ipython.register_magics(exercises.SolutionMagics)
     warm_up()
 
 

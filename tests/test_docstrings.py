@@ -13,7 +13,7 @@ import re
 import pytest
 
 import dtflab
-from dtflab import magics
+from dtflab import exercises, magics
 
 PROMPT = re.compile(r"^\s*In \[\d+\]: ?(.*)$")
 MORE = re.compile(r"^\s*\.\.\.: ?(.*)$")
@@ -74,6 +74,8 @@ def magic_parses(code: str) -> None:
         magics.run_parser("%%dtf_run", with_script=False).parse_args(tokens)
     elif name == "dtf_trace":
         magics.TraceMagics.dtf_trace.parser.parse_args(tokens)
+    elif name == "dtf_solution":
+        assert hasattr(exercises.SolutionMagics, "dtf_solution") and not tokens, code  # takes nothing
     else:
         raise AssertionError(f"no magic %{name}")
 

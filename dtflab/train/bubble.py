@@ -9,12 +9,16 @@ frees, with their times). Timings on one machine share a clock; across hosts the
 
 from __future__ import annotations
 
+import importlib
 import re
 from dataclasses import dataclass, field
 
 from dtflab import names
 from dtflab.train import costs
 
+#: The module that draws a Bubble, named rather than imported: the data does not depend on
+#: its views (as ``tracing.step`` names ``dtflab.viz.step``); it imports this module's data only.
+VIEWS = "dtflab.viz.pipeline"
 #: Op types that are the model's arithmetic: what a perfect pipeline would keep busy.
 ARITHMETIC = re.compile(r"MatMul|^(Leaky)?Relu(Grad)?$|^BiasAdd")
 _SCOPE = re.compile(r"^stage(\d+)/(forward|backward)(\d+)/")
@@ -166,14 +170,11 @@ class Bubble:
     def figure(self, **options):
         """The pipeline chart: a row per stage, each slot where it ran, the bubble shaded,
         beside the formula's schedule for the same stages and micro-batches."""
-        from dtflab.viz.pipeline import pipeline_chart
-
-        return pipeline_chart(self, **options)
+        return importlib.import_module(VIEWS).pipeline_chart(self, **options)
 
     def show(self, **options) -> None:
-        from dtflab.viz.output import show
-
-        show(self.figure(**options))
+        """The chart, inline in a notebook."""
+        importlib.import_module(VIEWS).show_chart(self, **options)
 
 
 def _slot(key, ops) -> Slot:

@@ -122,5 +122,12 @@ def pipeline_chart(bubble, *, width: int = 720):
     return column(left, right)
 
 
+def show_chart(bubble, **options) -> None:
+    """:func:`pipeline_chart`, inline in a notebook."""
+    from dtflab.viz.output import show
+
+    show(pipeline_chart(bubble, **options))
+
+
 def _mean(values) -> float:
     return sum(values) / len(values) if values else 1.0
