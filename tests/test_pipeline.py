@@ -75,6 +75,10 @@ def test_the_traced_step_shows_every_micro_batch_on_its_stage_in_schedule_order(
     assert all(0 < share < 1 for share in bubble.idle_share)
     assert bubble.formula == pytest.approx(2 / 6)
     assert bubble.busy_us(0) > bubble.arithmetic_us(0) > 0
+    # Stages 1 and 2 send their input gradient back before their weight multiplies.
+    assert 0 < bubble.overlap_s * 1e6 < min(bubble.arithmetic_us(1), bubble.arithmetic_us(2))
+    assert bubble.predicted_step_s(4) == pytest.approx(costs.pipeline_step_s(
+        3, 4, bubble.stage_s, bubble.per_micro_batch_s, bubble.rest_s, overlap_s=bubble.overlap_s))
     assert "3 stages x 4 micro-batches (1f1b)" in bubble.summary()
 
 
@@ -169,3 +173,9 @@ def test_1f1b_keeps_at_most_p_micro_batches_in_flight_per_stage():
             peak = max(peak, in_flight)
         assert peak == 4 - stage
     assert costs.best_micro_batches(2, stage_s=1.0, per_micro_batch_s=0.02) == 8
+
+
+def test_the_step_model_takes_off_what_the_stage_before_need_not_wait_for():
+    # m = 1, p = 2: forward and backward on both stages, less stage 1's weight gradients.
+    assert costs.pipeline_step_s(2, 1, 3.0, 0.1, 0.5, overlap_s=1.0) == pytest.approx(2 * 3.1 - 1.0 + 0.5)
+    assert costs.pipeline_step_s(2, 8, 3.0, 0.0, overlap_s=1.0) == pytest.approx(9 * 3 / 8 - 1 / 8)

@@ -38,6 +38,7 @@ class Slot:
     end_us: float
     busy_us: float
     arithmetic_us: float
+    weight_gradient_us: float = 0.0  # a backward's multiplies for its weights' gradients
 
     @property
     def label(self) -> str:
@@ -129,6 +130,15 @@ class Bubble:
         return (sum(gaps["F"]) / len(gaps["F"]) + sum(gaps["B"]) / len(gaps["B"])) / 1e6
 
     @property
+    def overlap_s(self) -> float:
+        """The weight-gradient multiplies of a stage after the first (mean over them), for the
+        whole batch, in seconds: ``train.pipeline`` sends each input gradient back before them,
+        so the stage before does not wait for them."""
+        later = [sum(s.weight_gradient_us for s in self.slots if s.stage == stage)
+                 for stage in range(1, self.stages)]
+        return sum(later) / len(later) / 1e6 if later else 0.0
+
+    @property
     def rest_s(self) -> float:
         """What the traced step spent outside the pipeline (feeding the batch, applying the
         update), in seconds."""
@@ -136,9 +146,10 @@ class Bubble:
 
     def predicted_step_s(self, micro_batches: int) -> float:
         """The cost model's step time for ``micro_batches`` micro-batches, from this step's
-        arithmetic, per-micro-batch cost and rest (:func:`dtflab.train.costs.pipeline_step_s`)."""
+        arithmetic, per-micro-batch cost, overlap and rest
+        (:func:`dtflab.train.costs.pipeline_step_s`)."""
         return costs.pipeline_step_s(self.stages, micro_batches, self.stage_s,
-                                     self.per_micro_batch_s, self.rest_s)
+                                     self.per_micro_batch_s, self.rest_s, overlap_s=self.overlap_s)
 
     def _input_ready_us(self, slot: Slot) -> float | None:
         """When the slot's input was made: the previous stage's forward, the next stage's
@@ -184,7 +195,8 @@ def _slot(key, ops) -> Slot:
     work = [t for t in ops if ARITHMETIC.search(t.op) or "/straggler/" in t.name] or ops
     return Slot(*key, min(t.start_us for t in work), max(t.end_us for t in work),
                 sum(t.duration_us for t in ops),
-                sum(t.duration_us for t in ops if ARITHMETIC.search(t.op)))
+                sum(t.duration_us for t in ops if ARITHMETIC.search(t.op)),
+                sum(t.duration_us for t in ops if t.name.endswith("MatMul_grad/MatMul_1")))
 
 
 def activation_peaks(metadata, devices) -> list[int]:

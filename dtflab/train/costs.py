@@ -102,22 +102,27 @@ def pipeline_timeline(schedule: str, stages: int, micro_batches: int, *, forward
 
 
 def pipeline_step_s(stages: int, micro_batches: int, stage_s: float, per_micro_batch_s: float,
-                    rest_s: float = 0.0) -> float:
-    """A pipelined step: ``(m + p - 1) x (stage / m + c) + rest`` seconds.
+                    rest_s: float = 0.0, *, overlap_s: float = 0.0) -> float:
+    """A pipelined step: ``(m + p - 1) x (stage / m + c) - (p - 1) x overlap / m + rest``
+    seconds.
 
     ``stage_s`` is one stage's arithmetic for the whole batch (forward and backward), ``c`` what
     a stage pays per micro-batch beyond its arithmetic (transfers, per-op and accumulation
     overhead), ``rest`` what no micro-batch count changes (the update, feeding the batch). Every
     one of the ``m + p - 1`` slots on the critical path costs a micro-batch's share of the
-    arithmetic plus ``c``: with ``c = 0`` this is the bubble formula's step."""
+    arithmetic plus ``c``: with ``c = 0`` and no overlap this is the bubble formula's step.
+    ``overlap_s`` is the part of a stage's backward the stage before does not wait for (its
+    weight gradients, when the input gradient leaves first), for the whole batch: on the
+    ``p - 1`` hops back through the pipeline, only the input gradient is on the path."""
     m = micro_batches
-    return (m + stages - 1) * (stage_s / m + per_micro_batch_s) + rest_s
+    return (m + stages - 1) * (stage_s / m + per_micro_batch_s) - (stages - 1) * overlap_s / m + rest_s
 
 
 def best_micro_batches(stages: int, stage_s: float, per_micro_batch_s: float,
-                       choices=(1, 2, 4, 8, 16)) -> int:
+                       choices=(1, 2, 4, 8, 16), *, overlap_s: float = 0.0) -> int:
     """The micro-batch count among ``choices`` with the shortest :func:`pipeline_step_s`."""
-    return min(choices, key=lambda m: pipeline_step_s(stages, m, stage_s, per_micro_batch_s))
+    return min(choices, key=lambda m: pipeline_step_s(stages, m, stage_s, per_micro_batch_s,
+                                                      overlap_s=overlap_s))
 
 
 def activation_bytes(widths, examples: int, dtype_bytes: int = 4) -> int:
