@@ -122,7 +122,7 @@ class Bubble:
             own = [s for s in self.slots if s.stage == stage]
             for before, slot in zip(own, own[1:]):
                 ready = self._input_ready_us(slot)
-                if ready is not None and ready <= before.end_us:
+                if ready <= before.end_us:
                     gaps[slot.kind].append(slot.end_us - before.end_us - slot.arithmetic_us)
         if not gaps["F"] or not gaps["B"]:  # m = 1: no slot waits on nothing but its stage
             return sum(s.busy_us - s.arithmetic_us for s in self.slots) / (
@@ -151,9 +151,10 @@ class Bubble:
         return costs.pipeline_step_s(self.stages, micro_batches, self.stage_s,
                                      self.per_micro_batch_s, self.rest_s, overlap_s=self.overlap_s)
 
-    def _input_ready_us(self, slot: Slot) -> float | None:
+    def _input_ready_us(self, slot: Slot) -> float:
         """When the slot's input was made: the previous stage's forward, the next stage's
-        backward (``None``: the slot's input came from the feed or its own forward)."""
+        backward, the last stage's own forward (0 for the first stage's forwards: the batch is
+        there from the start)."""
         other = slot.stage - 1 if slot.kind == "F" else slot.stage + 1
         for s in self.slots:
             if s.stage == other and s.kind == slot.kind and s.micro_batch == slot.micro_batch:
@@ -162,7 +163,7 @@ class Bubble:
             for s in self.slots:
                 if s.stage == slot.stage and s.kind == "F" and s.micro_batch == slot.micro_batch:
                     return s.end_us
-        return 0.0 if slot.kind == "F" else None
+        return 0.0
 
     def summary(self) -> str:
         stages = "; ".join(f"stage {s}: busy {self.busy_us(s) / 1e3:.1f} ms, idle "
