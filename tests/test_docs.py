@@ -18,7 +18,9 @@ pytestmark = [pytest.mark.docs, pytest.mark.slow, pytest.mark.timeout(3000)]
 USED = re.compile(r"(?<![\w.])(dtflab|train|exercises)\.(\w+)")
 IMPORTED = re.compile(r"^\s*from (dtflab(?:\.train)?) import \(?([\w, ]+)", re.M)
 MAGIC = re.compile(r"^\s*%%?(dtf_\w+)", re.M)
-MAGIC_CLASSES = {"dtf_cluster": "ClusterMagics", "dtf_run": "RunMagics", "dtf_trace": "TraceMagics"}
+MAGIC_CLASSES = {"dtf_cluster": ("dtflab.magics", "ClusterMagics"), "dtf_run": ("dtflab.magics", "RunMagics"),
+                 "dtf_trace": ("dtflab.magics", "TraceMagics"),
+                 "dtf_solution": ("dtflab.exercises", "SolutionMagics")}
 
 
 def inventory(site: str) -> set[str]:
@@ -50,8 +52,8 @@ def names_notebooks_use() -> dict[str, object]:
             for attribute in filter(None, (n.strip() for n in names.split(","))):
                 found[f"{space}.{attribute}"] = getattr(spaces[space], attribute)
         for magic in MAGIC.findall(code):
-            magics = importlib.import_module("dtflab.magics")
-            found[f"%{magic}"] = getattr(getattr(magics, MAGIC_CLASSES[magic]), magic)
+            module, owner = MAGIC_CLASSES[magic]
+            found[f"%{magic}"] = getattr(getattr(importlib.import_module(module), owner), magic)
     return found
 
 
