@@ -65,10 +65,11 @@ def test_a_tf1_between_graph_trainer_runs_unchanged_with_the_placeholder_flags(r
     # Each worker prints the global step its last run fetched, which may be read before that
     # run's own increment and the other worker's: at least 40 - 2 (seen: 38 and 38 under load).
     assert max(steps) >= 38, steps
-    # The chief's final checkpoint: at step 40, or one later when worker:1's update landed
-    # between the chief's stop and its save (seen under load).
+    # The chief's final checkpoint: at step 40, or later by each worker's last update, which
+    # may land after the step its run fetched (as above): at most one a worker, 42 (seen 41,
+    # and 42 in a fresh-clone CI run under load).
     saved = [int(m[1]) for m in (re.match(r"model\.ckpt-(\d+)\.index$", f) for f in os.listdir(tmp_path)) if m]
-    assert 40 <= max(saved) <= 41, (sorted(os.listdir(tmp_path)), steps)
+    assert 40 <= max(saved) <= 40 + 2, (sorted(os.listdir(tmp_path)), steps)
 
 
 def test_a_two_worker_multi_worker_mirrored_program_gives_both_workers_identical_losses(run_programs):
