@@ -24,7 +24,7 @@ from dtflab.train import costs
 from dtflab.train.graphs import TrainGraph, delay_op
 from dtflab.train.history import RunHistory
 from dtflab.train.runner import Runner
-from dtflab.train.sessions import new_session, synchronous, with_train, worker_devices
+from dtflab.train.sessions import run_one_replica, worker_devices
 from dtflab.train.watchdog import settings as watchdog_settings
 
 
@@ -41,11 +41,6 @@ class Stages:
     @property
     def count(self) -> int:
         return len(self.devices)
-
-    def describe(self) -> str:
-        return ", ".join(f"stage {s} on {names.task(d)}: layers {a}-{b}" if a != b else
-                         f"stage {s} on {names.task(d)}: layer {a}"
-                         for s, (d, (a, b)) in enumerate(zip(self.devices, self.layers)))
 
 
 def balanced_cut(problem, stages: int) -> tuple[int, ...]:
@@ -242,20 +237,12 @@ def pipeline(problem, cluster, *, stages: int = 2, micro_batches: int = 4,
     devices, slow_devices = worker_devices(cluster, stages, slow)
     plan = Stages(tuple(devices), ranges, micro_batches, schedule)
     built = pipeline_graph(problem, plan, seed, slow_devices)
-    # The master runs on the last stage's task: idle while the pipeline fills, it sends every
-    # other stage its part of the step at once (on stage 0, whose one thread is busy with the
-    # first forwards, the other stages got theirs only after those: measured, 34 of 193 ms).
-    session = new_session(cluster.target(*names.split(devices[-1])), built.graph)
-    session.run(built.init)
-    x, t = built.inputs
     history = RunHistory(name or f"pipeline ({stages} stages, {micro_batches} micro-batches, "
                          f"{schedule})", "pipeline", cluster=cluster)
     history.details["stages"] = plan
-
-    def feeds(step):
-        xs, ts = problem.batch(step, seed)
-        return {x: xs, t: ts}
-
-    runner = Runner(history, callbacks, watchdog=watchdog_settings(watchdog))
-    return synchronous(runner, steps, session, with_train(built), feeds, problem, cluster,
-                       trace_step, background)
+    # The master runs on the last stage's task: idle while the pipeline fills, it sends every
+    # other stage its part of the step at once (on stage 0, whose one thread is busy with the
+    # first forwards, the other stages got theirs only after those: measured, 34 of 193 ms).
+    return run_one_replica(built, cluster.target(*names.split(devices[-1])),
+                           Runner(history, callbacks, watchdog=watchdog_settings(watchdog)),
+                           problem, steps, seed, cluster, background, trace_step)

@@ -29,7 +29,12 @@ class Problem:
 
     @property
     def parameter_bytes(self) -> int:
-        return 4 * sum(a * b + b for a, b in zip(self.layers, self.layers[1:]))
+        return self.layer_bytes(1, self.depth)
+
+    def layer_bytes(self, first: int, last: int) -> int:
+        """Bytes of the weights and biases of layers ``first`` to ``last`` (1-based)."""
+        pairs = zip(self.layers[first - 1:last], self.layers[first:last + 1])
+        return 4 * sum(a * b + b for a, b in pairs)
 
     def batch(self, step: int, seed: int = 0, size: int | None = None):
         """The batch for ``step``: the same for every loop given the same seed."""

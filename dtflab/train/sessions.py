@@ -200,7 +200,8 @@ def close_session(session, failed: bool = False) -> None:
 
 def run_one_replica(built, target, runner, problem, steps, seed, cluster, background,
                      trace_step):
-    """The loop shared by single and model parallel: one copy of the model, one session."""
+    """The loop shared by single, model parallel and the pipeline: one copy of the model
+    (on one task or spread over several), one session."""
     session = new_session(target, built.graph)
     session.run(built.init)
     x, t = built.inputs

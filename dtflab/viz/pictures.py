@@ -179,7 +179,7 @@ def pipeline_picture(problem, cluster, stages: int = 2, micro_batches: int = 4,
     columns, arrows = [], []
     for s, (first, last) in enumerate(ranges):
         where = f"worker:{s}" + (f" ({workers[s]})" if s < len(workers) else "")
-        held = 4 * sum(a * b + b for a, b in zip(problem.layers[first - 1:last], problem.layers[first:last + 1]))
+        held = problem.layer_bytes(first, last)
         layers = f"layer {first}" if first == last else f"layers {first}-{last}"
         columns.append([_Box(f"stage{s}", [f"stage {s}", where, f"{layers}: {held:,} B",
                                            f"{micro_batches} micro-batches of {size}"],
