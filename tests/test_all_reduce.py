@@ -39,7 +39,7 @@ def test_all_reduce_matches_one_process_and_every_copy_agrees(single_run):
         losses = [r.loss for r in history.records if r.worker == worker]
         assert np.max(np.abs(np.array(losses) - single_run.losses)) <= TOLERANCE
     fingerprints = history.details["fingerprints"]
-    assert len(fingerprints["worker:0"]) == 40
+    assert len(fingerprints["worker:0"]) == 4  # every check_every=10 steps
     assert fingerprints["worker:0"] == fingerprints["worker:1"]  # the weights, bit for bit
     assert history.examples == 40 * PROBLEM.batch_size  # each worker trained half of each batch
     row = dtflab.compare(single_run, history).rows[1]
@@ -67,6 +67,7 @@ def test_records_stream_into_a_dashboard_and_stop_ends_every_worker_at_the_same_
     assert history.stopped_early and not history.failures
     counts = history.steps_per_worker
     assert counts["worker:0"] == counts["worker:1"] < 100_000
+    assert counts["worker:0"] % 10 == 0  # the workers agree on Stop every check_every=10 steps
     drawn = {key[1]: len(source.data["step"]) for key, source in dashboard.loss_sources.items()}
     assert drawn == counts  # every step plotted, per worker
     assert history.cluster.stopped

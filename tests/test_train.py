@@ -177,3 +177,16 @@ def test_parameter_server_strategy_trains_on_a_dtflab_cluster():
     assert out.returncode == 0, out.stderr[-3000:]
     steps, first, last = out.stdout.split()[-3:]
     assert int(steps) == 300 and float(last) < float(first) / 10
+
+
+@pytest.mark.parametrize("problem", [PROBLEM, train.classification(width=8, batch_size=1536)],
+                         ids=["exp", "classification"])
+def test_a_workers_slice_of_a_batch_is_made_alone_and_the_slices_make_the_batch(problem):
+    x, t = problem.batch(7, seed=3)
+    assert len(x) == len(t) == problem.batch_size
+    for parts in (2, 3, 4):
+        slices = [problem.batch(7, seed=3, part=(i, parts)) for i in range(parts)]
+        assert [len(s[0]) for s in slices] == [problem.batch_size // parts] * parts
+        assert np.array_equal(np.concatenate([s[0] for s in slices]), x)
+        assert np.array_equal(np.concatenate([s[1] for s in slices]), t)
+    assert not np.array_equal(problem.batch(8, seed=3)[0], x)  # another step, other examples

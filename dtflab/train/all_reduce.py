@@ -5,12 +5,11 @@ sums the gradients with the others; there is no parameter server. The workers ar
 started with ``dtflab.run`` (the same warm fork server as every local task), each running
 ``dtflab/train/all_reduce_worker.py``; this notebook only listens.
 
-How the records come back: the notebook opens a TCP listener on 127.0.0.1 (let through the
-cluster's private network) and every worker connects to it and writes a JSON line per step;
-a thread per worker reads them into a queue, and the runner turns them into ``StepRecord``
-objects (``time_s`` is when the notebook received the step, from the moment every worker had
-set up its strategy). Stop goes the other way, as a ``stop`` line to every worker; the workers
-agree on the last step inside the next all-reduce.
+How the records come back: every worker writes a JSON line per step to the notebook's
+listener (``dtflab.train.reports``), and the runner turns them into ``StepRecord`` objects
+(``time_s`` is when the notebook received the step, from the moment every worker had set up
+its strategy). Stop goes the other way, as a ``stop`` line to every worker; the workers agree
+on the last step in their next check (every ``check_every`` steps).
 """
 
 from __future__ import annotations
@@ -19,33 +18,21 @@ import contextlib
 import dataclasses
 import json
 import os
-import queue
 import shutil
-import socket
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from dtflab import names
-from dtflab.cluster.task import TaskState, log_tail
+from dtflab.cluster.task import log_tail
 from dtflab.errors import StallError, TaskError
 from dtflab.train.checkpoints import Recovery
 from dtflab.train.history import RunHistory
+from dtflab.train.reports import Reports, WorkerDied
 from dtflab.train.runner import Runner, Update
 from dtflab.train.watchdog import Stalled
 
 WORKER_PROGRAM = Path(__file__).with_name("all_reduce_worker.py")
-#: How often a wait for a worker's next message looks at whether the worker still runs.
-POLL_S = 0.5
-
-
-class WorkerDied(Exception):
-    """A worker program ended before it said it was done."""
-
-    def __init__(self, worker: str, status: str):
-        super().__init__(f"{worker} {status}")
-        self.worker, self.status = worker, status
 
 
 def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
@@ -54,17 +41,21 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
                background: bool = False, callbacks=(), name: str | None = None,
                timeout: float = 60.0, start_method: str | None = None,
                collective_timeout_s: float | None = None, threads: int | None = None,
-               lockstep: bool = False, watchdog=True):
+               lockstep: bool = False, check_every: int = 10, watchdog=True):
     """Train ``problem`` with MultiWorkerMirroredStrategy in ``workers`` worker programs.
 
     In [1]: run = train.all_reduce(problem, workers=2, background=True)
     In [2]: Dashboard(run)
 
-    Each worker reports the global batch's loss each step (so every worker's curve is the
-    same) and a fingerprint of its weights (``history.details["fingerprints"]``: one list
-    per worker, equal when the copies agree). ``slow={"worker:1": 0.05}`` makes that worker
-    sleep that long before each step: a straggler. ``trace_step=k`` profiles step k on every
-    worker (``history.trace``: a per-worker timeline with the collectives).
+    Each worker makes and trains only its own slice of each global batch and reports the
+    slice's loss; each record carries the global batch's (so every worker's curve is the
+    same). Every ``check_every`` steps (and at the last) the workers agree whether to stop,
+    in a collective of their own, and report a fingerprint of their weights
+    (``history.details["fingerprints"]``: one list per worker, equal when the copies agree):
+    a Stop ends every worker at the next such step. The step itself has one collective, the
+    gradients'. ``slow={"worker:1": 0.05}`` makes that worker sleep that long before each
+    step: a straggler. ``trace_step=k`` profiles step k on every worker (``history.trace``: a
+    per-worker timeline with the collectives).
 
     A worker that dies stops the whole job (every other worker waits for it in the next
     all-reduce). With ``checkpoint_every=K`` each worker saves every K steps, and the run
@@ -103,6 +94,7 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
     slow = checks.tasks_in(slow, "slow", chosen, example={chosen[-1]: 0.05})
     if checkpoint_every is not None:
         checks.whole(checkpoint_every, "checkpoint_every", example=10)
+    checks.whole(check_every, "check_every", example=10)
     lockstep = lockstep or any(getattr(callback, "between_steps", False) for callback in callbacks)
     folder = checkpoint_dir or (tempfile.mkdtemp(prefix="dtflab-allreduce-")
                                 if checkpoint_every or trace_step is not None else "")
@@ -113,7 +105,8 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
             f"--trace-step={-1 if trace_step is None else trace_step}",
             f"--trace-dir={os.path.join(folder, 'trace') if folder else ''}",
             f"--timeout={collective_timeout_s or 0}", f"--slow={_escaped(json.dumps(slow or {}))}",
-            f"--threads={threads or 0}"] + (["--lockstep"] if lockstep else [])
+            f"--threads={threads or 0}", f"--check-every={check_every}"] + (
+                ["--lockstep"] if lockstep else [])
     try:
         cluster = run_programs(WORKER_PROGRAM, *args, workers=workers, timeout=timeout,
                                start_method=start_method)
@@ -192,10 +185,15 @@ class _Job:
                 continue
             if messages is None:
                 return None
+            # Each worker reports its slice's summed loss: the global batch's loss per example
+            # is their sum over the batch, the same on every worker's curve.
+            loss = sum(m["loss_sum"] for m in messages) / sum(m["examples"] for m in messages)
             updates = []
             for message in messages:
-                self.history.details["fingerprints"][message["worker"]].append(message["fingerprint"])
-                updates.append(Update(message["loss"], message["examples"], message["step"],
+                if message["fingerprint"] is not None:
+                    self.history.details["fingerprints"][message["worker"]].append(
+                        message["fingerprint"])
+                updates.append(Update(loss, message["examples"], message["step"],
                                       message["worker"]))
             self.last_step, self.recorded = messages[0]["step"], True
             return updates
@@ -263,134 +261,6 @@ class _Job:
         resumed = min(hello["resumed_at"] for hello in hellos.values())
         self.history.recoveries.append(Recovery(cause, step, resumed,
                                                 time.perf_counter() - began, "every worker"))
-
-
-class Reports:
-    """The notebook's end of the workers' reports: a listener, a reader thread per worker."""
-
-    def __init__(self, workers: int):
-        self.workers = workers
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.queues: dict[str, queue.Queue] = {}
-        self.connections: dict[str, socket.socket] = {}
-        self.done: set[str] = set()
-        self.stopping = False  # a Stop that came before a worker connected reaches it then
-
-    def accept(self, cluster, timeout: float) -> dict[str, dict]:
-        """Wait for every worker's ``hello``; returns them by worker."""
-        for connection in self.connections.values():
-            connection.close()
-        self.connections, self.queues, self.done = {}, {}, set()
-        hellos = {}
-        deadline = time.monotonic() + timeout
-        self.listener.settimeout(0.05)
-        # A worker connects first and says hello once its strategy is up, which needs every
-        # worker: the hellos are read in threads, so a worker that died meanwhile is noticed.
-        greeted: queue.Queue = queue.Queue()
-        while len(hellos) < self.workers:
-            try:
-                connection, _ = self.listener.accept()
-                threading.Thread(target=self._hello, args=(connection, greeted),
-                                 name="dtflab-reports-hello", daemon=True).start()
-            except socket.timeout:
-                pass
-            try:
-                connection, lines, hello = greeted.get(timeout=0.05)
-            except queue.Empty:
-                self._check_alive(cluster, waiting_for=set(hellos))
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"only {len(hellos)} of {self.workers} workers reported "
-                                       f"within {timeout:g} s; see cluster.logs('worker:0')")
-                continue
-            if hello.get("kind") != "hello":
-                connection.close()
-                continue
-            worker = hello["worker"]
-            hellos[worker] = hello
-            self.connections[worker] = connection
-            self.queues[worker] = queue.Queue()
-            if self.stopping:
-                connection.sendall(b"stop\n")
-            threading.Thread(target=self._read, args=(lines, self.queues[worker]),
-                             name=f"dtflab-reports-{worker}", daemon=True).start()
-        return hellos
-
-    @staticmethod
-    def _hello(connection, greeted: queue.Queue) -> None:
-        lines = connection.makefile("r")
-        try:
-            hello = json.loads(lines.readline() or "{}")
-        except (OSError, ValueError):
-            hello = {}
-        greeted.put((connection, lines, hello))
-
-    @staticmethod
-    def _read(lines, messages: queue.Queue) -> None:
-        try:
-            for line in lines:
-                messages.put(json.loads(line))
-        except (OSError, ValueError):
-            pass
-        messages.put({"kind": "closed"})
-
-    def next_step(self, cluster, waiting=lambda: None) -> list[dict] | None:
-        """Every worker's next ``step`` message (the same step), or ``None`` when all are done.
-        ``waiting()`` is called every POLL_S while none comes (it may raise to end the wait)."""
-        messages = []
-        for worker in sorted(self.queues):
-            while True:
-                try:
-                    message = self.queues[worker].get(timeout=POLL_S)
-                except queue.Empty:
-                    self._check_alive(cluster)
-                    waiting()
-                    continue
-                if message["kind"] == "step":
-                    messages.append(message)
-                    break
-                if message["kind"] == "done":
-                    self.done.add(worker)
-                    break
-                if message["kind"] == "closed":
-                    self._check_alive(cluster, wait_s=5)
-        return messages or None
-
-    def _check_alive(self, cluster, waiting_for=(), wait_s: float = 0.0) -> None:
-        """Raise WorkerDied for a worker program that ended without saying it was done."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            # states(): a cheap read; tasks (with its memory figures) only for the dead ones
-            dead = [name for name, state in cluster.states(programs_only=True).items()
-                    if name not in self.done and name not in waiting_for
-                    and state in (TaskState.KILLED, TaskState.EXITED)]
-            if dead:
-                # The cause first: a survivor's collective fails once its peer is gone, and it
-                # may exit (code 1) before this look.
-                infos = sorted((t for t in cluster.tasks if t.name in dead),
-                               key=lambda t: (t.state is not TaskState.KILLED, (t.exit_code or 0) >= 0))
-                first = infos[0]
-                raise WorkerDied(first.name, "was killed" if first.state is TaskState.KILLED
-                                 else first.status)
-            if time.monotonic() >= deadline:
-                return
-            time.sleep(0.1)
-
-    def send_stop(self) -> None:
-        self.stopping = True
-        self.send("stop")
-
-    def send(self, line: str) -> None:
-        for connection in list(self.connections.values()):
-            try:
-                connection.sendall(line.encode() + b"\n")
-            except OSError:  # that worker is gone: the caller finds out from its state
-                pass
-
-    def close(self) -> None:
-        for connection in self.connections.values():
-            connection.close()
-        self.listener.close()
 
 
 def _worker_trace(folder: Path, workers: list[str]):

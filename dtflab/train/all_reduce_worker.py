@@ -1,17 +1,20 @@
 """The program every worker of ``train.all_reduce`` runs (one process per worker, started by
 ``dtflab.run`` with ``TF_CONFIG`` set): MultiWorkerMirroredStrategy, ring all-reduce over gRPC.
 
-It trains its slice of each global batch, and the optimizer sums the gradients over all
-workers (TensorFlow's v1 optimizers all-reduce inside ``apply_gradients``), so every worker
-applies the same update. Each step it also all-reduces ``[loss, stop votes]``: the loss it
-reports is the global batch's, and a Stop sent to any worker ends every worker after the same
-step (a worker that stopped alone would leave the others waiting in the next collective).
+It makes only its own slice of each global batch (``Problem.batch(..., part=...)``) and trains
+on it; the optimizer sums the gradients over all workers (TensorFlow's v1 optimizers all-reduce
+inside ``apply_gradients``), so every worker applies the same update. That is the step's one
+collective: the loss it reports is its slice's (the notebook adds the slices up), and only every
+``--check-every`` steps do the workers all-reduce their stop votes (a Stop sent to any worker
+ends every worker after the same step: a worker that stopped alone would leave the others
+waiting in the next collective) and fingerprint their weights.
 
 It reports to the notebook over one TCP connection (``--report host:port``), a JSON line per
-message: ``hello`` (once the strategy is up), ``step`` (loss, a fingerprint of its weights,
-its own step time), ``done``. The notebook
-writes ``stop`` to it, and with ``--lockstep`` a ``go`` after each step it has recorded. With ``--checkpoint-every K`` it writes its variables and optimizer
-slots every K steps and resumes from worker 0's newest checkpoint when started again.
+message: ``hello`` (once the strategy is up), ``step`` (its slice's summed loss, its own step
+time, a fingerprint of its weights on check steps), ``done``. The notebook writes ``stop`` to
+it, and with ``--lockstep`` a ``go`` after each step it has recorded. With
+``--checkpoint-every K`` it writes its variables and optimizer slots every K steps and resumes
+from worker 0's newest checkpoint when started again.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ def arguments(argv):
                         help="intra- and inter-op threads (0: TensorFlow's default, every core)")
     parser.add_argument("--lockstep", action="store_true",
                         help="after each step, wait for the notebook's go")
+    parser.add_argument("--check-every", type=int, default=10,
+                        help="steps between agreeing on Stop and fingerprinting the weights")
     parser.add_argument("--timeout", type=float, default=0.0,
                         help="seconds a collective may wait for the others (0: no limit)")
     return parser.parse_args(argv)
@@ -116,17 +121,25 @@ def main(argv=None) -> int:
         optimizer = problem.optimizer()
 
     @tf.function
-    def train_step(x, t, stop_vote):
-        def replica(x, t, stop_vote):
+    def train_step(x, t):
+        def replica(x, t):
             with tf.GradientTape() as tape:
                 loss = problem.loss(problem.forward(variables, x), t)
             optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-            totals = tf.distribute.get_replica_context().all_reduce("sum", tf.stack([loss, stop_vote]))
-            fingerprint = tf.add_n([tf.reduce_sum(tf.cast(v, tf.float64)) for v in variables])
-            return totals, fingerprint
+            return loss
 
-        totals, fingerprint = strategy.run(replica, args=(x, t, stop_vote))
-        return (strategy.experimental_local_results(totals)[0],
+        return strategy.experimental_local_results(strategy.run(replica, args=(x, t)))[0]
+
+    @tf.function
+    def check(stop_vote):
+        def replica(stop_vote):
+            # A tensor made in the replica: the argument itself has no device to reduce onto.
+            votes = tf.distribute.get_replica_context().all_reduce("sum", tf.stack([stop_vote]))[0]
+            fingerprint = tf.add_n([tf.reduce_sum(tf.cast(v, tf.float64)) for v in variables])
+            return votes, fingerprint
+
+        votes, fingerprint = strategy.run(replica, args=(stop_vote,))
+        return (strategy.experimental_local_results(votes)[0],
                 strategy.experimental_local_results(fingerprint)[0])
 
     checkpoint = tf.train.Checkpoint(variables=variables, optimizer=optimizer)
@@ -136,9 +149,7 @@ def main(argv=None) -> int:
         began = time.perf_counter()
         if slow:
             time.sleep(slow)
-        xs, ts = problem.batch(step, args.seed)
-        index = resolver.task_id
-        x, t = xs[index * share:(index + 1) * share], ts[index * share:(index + 1) * share]
+        x, t = problem.batch(step, args.seed, part=(resolver.task_id, workers))
         traced = step == args.trace_step and args.trace_dir
         if traced:
             # TensorFlow's profiler sometimes corrupts the heap in stop() on a loaded machine
@@ -146,17 +157,19 @@ def main(argv=None) -> int:
             # first, the notebook can restart every worker at this step and trace it again.
             save(checkpoint, args, resolver.task_id, step)
             tf.profiler.experimental.start(trace_folder(args.trace_dir, name))
-        totals, fingerprint = train_step(tf.constant(x), tf.constant(t),
-                                         tf.constant(1.0 if report.stop.is_set() else 0.0))
-        totals, fingerprint = totals.numpy(), fingerprint.numpy()  # the step is over
+        loss = float(train_step(tf.constant(x), tf.constant(t)).numpy())  # the step is over
         if traced:
             tf.profiler.experimental.stop()
-        report.send(kind="step", worker=name, step=step, loss=float(totals[0]) / problem.batch_size,
-                    examples=share, fingerprint=float(fingerprint),
-                    step_s=time.perf_counter() - began)
+        checking = (step + 1) % args.check_every == 0 or step + 1 == args.steps
+        votes = fingerprint = None
+        if checking:
+            votes, fingerprint = (float(value.numpy()) for value in
+                                  check(tf.constant(1.0 if report.stop.is_set() else 0.0)))
+        report.send(kind="step", worker=name, step=step, loss_sum=loss, examples=share,
+                    fingerprint=fingerprint, step_s=time.perf_counter() - began)
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
             save(checkpoint, args, resolver.task_id, step + 1)
-        if totals[1] > 0:
+        if votes:
             break
         if args.lockstep:  # the notebook reads counters between steps
             report.go.wait()

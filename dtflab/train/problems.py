@@ -14,6 +14,10 @@ from dtflab import checks
 from dtflab._quiet import import_tf
 
 
+#: Rows drawn from one generator in Problem.batch (a worker's slice is whole blocks, mostly).
+BLOCK_ROWS = 256
+
+
 @dataclass(frozen=True)
 class Problem:
     """A model and its data. ``loss`` sums over the examples of a batch (so the loss of a batch
@@ -36,20 +40,39 @@ class Problem:
         pairs = zip(self.layers[first - 1:last], self.layers[first:last + 1])
         return 4 * sum(a * b + b for a, b in pairs)
 
-    def batch(self, step: int, seed: int = 0, size: int | None = None):
-        """The batch for ``step``: the same for every loop given the same seed."""
-        rng = np.random.default_rng([seed, step])
-        size = size or self.batch_size
+    def batch(self, step: int, seed: int = 0, part: tuple[int, int] | None = None):
+        """The batch for ``step``: the same for every loop given the same seed. ``part=(i, n)``
+        is the i-th of n equal slices of it (rows ``i * B / n`` on), made without the rest:
+        an all-reduce worker makes only its own share. The rows come in blocks of
+        ``BLOCK_ROWS``, each drawn from its own generator, so a slice costs its own rows."""
+        start, stop = 0, self.batch_size
+        if part is not None:
+            index, parts = part
+            share = self.batch_size // parts
+            start, stop = index * share, (index + 1) * share
+        first, last = start // BLOCK_ROWS, (stop - 1) // BLOCK_ROWS
+        centers = self._centers(seed) if self.loss_kind == "softmax" else None
+        blocks = [self._block(step, seed, b, min(BLOCK_ROWS, self.batch_size - b * BLOCK_ROWS),
+                              centers) for b in range(first, last + 1)]
+        offset = first * BLOCK_ROWS
+        return tuple(np.concatenate([block[k] for block in blocks])[start - offset:stop - offset]
+                     for k in range(2))
+
+    def _block(self, step: int, seed: int, block: int, rows: int, centers):
+        rng = np.random.default_rng([seed, step, block])
         if self.loss_kind == "l2":
-            x = rng.random((size, 1), dtype=np.float32)
+            x = rng.random((rows, 1), dtype=np.float32)
             return x, np.exp(x).astype(np.float32)
-        centers = np.random.default_rng(seed + 1000).normal(
-            0, 1, (self.layers[-1], self.layers[0])).astype(np.float32)
-        labels = rng.integers(0, self.layers[-1], size)
-        x = rng.standard_normal((size, self.layers[0]), dtype=np.float32)
+        labels = rng.integers(0, self.layers[-1], rows)
+        x = rng.standard_normal((rows, self.layers[0]), dtype=np.float32)
         x *= 1.5
         x += centers[labels]
         return x, labels.astype(np.int64)
+
+    def _centers(self, seed: int) -> np.ndarray:
+        """The class centres of a classification problem (fixed by the seed)."""
+        return np.random.default_rng(seed + 1000).normal(
+            0, 1, (self.layers[-1], self.layers[0])).astype(np.float32)
 
     def placeholders(self):
         tf = import_tf()

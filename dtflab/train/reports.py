@@ -1,0 +1,157 @@
+"""The notebook's end of worker programs' reports: a TCP listener each worker connects to,
+one JSON line per message, read by a thread per worker into a queue.
+
+The listener is on 127.0.0.1, let through the cluster's private network. Messages: ``hello``
+(once a worker is up), ``step``, ``done``; the notebook writes lines back (``stop``, ``go``).
+A worker program that ends without saying ``done`` is found from its task's state and raised
+as :class:`WorkerDied`.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import threading
+import time
+
+from dtflab.cluster.task import TaskState
+
+#: How often a wait for a worker's next message looks at whether the worker still runs.
+POLL_S = 0.5
+
+
+class WorkerDied(Exception):
+    """A worker program ended before it said it was done."""
+
+    def __init__(self, worker: str, status: str):
+        super().__init__(f"{worker} {status}")
+        self.worker, self.status = worker, status
+
+
+class Reports:
+    """The notebook's end of the workers' reports: a listener, a reader thread per worker."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.queues: dict[str, queue.Queue] = {}
+        self.connections: dict[str, socket.socket] = {}
+        self.done: set[str] = set()
+        self.stopping = False  # a Stop that came before a worker connected reaches it then
+
+    def accept(self, cluster, timeout: float) -> dict[str, dict]:
+        """Wait for every worker's ``hello``; returns them by worker."""
+        for connection in self.connections.values():
+            connection.close()
+        self.connections, self.queues, self.done = {}, {}, set()
+        hellos = {}
+        deadline = time.monotonic() + timeout
+        self.listener.settimeout(0.05)
+        # A worker connects first and says hello once its strategy is up, which needs every
+        # worker: the hellos are read in threads, so a worker that died meanwhile is noticed.
+        greeted: queue.Queue = queue.Queue()
+        while len(hellos) < self.workers:
+            try:
+                connection, _ = self.listener.accept()
+                threading.Thread(target=self._hello, args=(connection, greeted),
+                                 name="dtflab-reports-hello", daemon=True).start()
+            except socket.timeout:
+                pass
+            try:
+                connection, lines, hello = greeted.get(timeout=0.05)
+            except queue.Empty:
+                self._check_alive(cluster, waiting_for=set(hellos))
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"only {len(hellos)} of {self.workers} workers reported "
+                                       f"within {timeout:g} s; see cluster.logs('worker:0')")
+                continue
+            if hello.get("kind") != "hello":
+                connection.close()
+                continue
+            worker = hello["worker"]
+            hellos[worker] = hello
+            self.connections[worker] = connection
+            self.queues[worker] = queue.Queue()
+            if self.stopping:
+                connection.sendall(b"stop\n")
+            threading.Thread(target=self._read, args=(lines, self.queues[worker]),
+                             name=f"dtflab-reports-{worker}", daemon=True).start()
+        return hellos
+
+    @staticmethod
+    def _hello(connection, greeted: queue.Queue) -> None:
+        lines = connection.makefile("r")
+        try:
+            hello = json.loads(lines.readline() or "{}")
+        except (OSError, ValueError):
+            hello = {}
+        greeted.put((connection, lines, hello))
+
+    @staticmethod
+    def _read(lines, messages: queue.Queue) -> None:
+        try:
+            for line in lines:
+                messages.put(json.loads(line))
+        except (OSError, ValueError):
+            pass
+        messages.put({"kind": "closed"})
+
+    def next_step(self, cluster, waiting=lambda: None) -> list[dict] | None:
+        """Every worker's next ``step`` message (the same step), or ``None`` when all are done.
+        ``waiting()`` is called every POLL_S while none comes (it may raise to end the wait)."""
+        messages = []
+        for worker in sorted(self.queues):
+            while True:
+                try:
+                    message = self.queues[worker].get(timeout=POLL_S)
+                except queue.Empty:
+                    self._check_alive(cluster)
+                    waiting()
+                    continue
+                if message["kind"] == "step":
+                    messages.append(message)
+                    break
+                if message["kind"] == "done":
+                    self.done.add(worker)
+                    break
+                if message["kind"] == "closed":
+                    self._check_alive(cluster, wait_s=5)
+        return messages or None
+
+    def _check_alive(self, cluster, waiting_for=(), wait_s: float = 0.0) -> None:
+        """Raise WorkerDied for a worker program that ended without saying it was done."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            # states(): a cheap read; tasks (with its memory figures) only for the dead ones
+            dead = [name for name, state in cluster.states(programs_only=True).items()
+                    if name not in self.done and name not in waiting_for
+                    and state in (TaskState.KILLED, TaskState.EXITED)]
+            if dead:
+                # The cause first: a survivor's collective fails once its peer is gone, and it
+                # may exit (code 1) before this look.
+                infos = sorted((t for t in cluster.tasks if t.name in dead),
+                               key=lambda t: (t.state is not TaskState.KILLED, (t.exit_code or 0) >= 0))
+                first = infos[0]
+                raise WorkerDied(first.name, "was killed" if first.state is TaskState.KILLED
+                                 else first.status)
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.1)
+
+    def send_stop(self) -> None:
+        self.stopping = True
+        self.send("stop")
+
+    def send(self, line: str) -> None:
+        for connection in list(self.connections.values()):
+            try:
+                connection.sendall(line.encode() + b"\n")
+            except OSError:  # that worker is gone: the caller finds out from its state
+                pass
+
+    def close(self) -> None:
+        for connection in self.connections.values():
+            connection.close()
+        self.listener.close()
