@@ -133,6 +133,21 @@ def test_a_traced_step_shows_each_worker_and_its_collectives():
     for device, timings in trace.timings.items():
         collectives = [t for t in timings if t.name.endswith(":CollectiveReduceV2")]
         assert collectives and all(t.kind == "transfer" for t in collectives)
+    shares = trace.collective_overlap()  # each worker's collective time under compute
+    assert set(shares) == set(trace.timings) and all(0.0 <= s <= 1.0 for s in shares.values())
+    assert history.overlap_share == pytest.approx(sum(shares.values()) / 2)
+
+
+def test_collective_overlap_is_the_collective_time_under_compute():
+    from dtflab.tracing.step import OpTiming, StepTrace
+
+    device = "/job:worker/replica:0/task:0/device:CPU:0"
+    timings = [OpTiming(device, "a:MatMul", "tf_Compute", 0, 40),
+               OpTiming(device, "b:MatMul", "tf_Compute", 30, 30),       # 0-60 busy
+               OpTiming(device, "pack0:CollectiveReduceV2", "collective_ops", 50, 20, "transfer"),
+               OpTiming(device, "pack1:CollectiveReduceV2", "collective_ops", 80, 20, "transfer")]
+    trace = StepTrace(None, {}, [], [], {device: timings}, 100.0)
+    assert trace.collective_overlap() == {device: 10 / 40}  # 10 of 40 µs under compute
 
 
 def test_a_worker_that_crashes_in_the_traced_step_is_restarted_and_the_step_traced_again():

@@ -137,6 +137,23 @@ class StepTrace:
             totals[transfer.dst_device]["bytes_in"] += transfer.nbytes
         return totals
 
+    def collective_overlap(self) -> dict[str, float]:
+        """Per device that ran collectives (``CollectiveReduceV2``: an all-reduce), the share
+        of their time during which the device also computed: collective time hidden under
+        compute. A collective's time includes waiting for its slowest peer."""
+        shares = {}
+        for device, timings in self.timings.items():
+            collectives = [(t.start_us, t.end_us) for t in timings
+                           if t.kind == "transfer" and t.name.endswith("CollectiveReduceV2")]
+            if not collectives:
+                continue
+            busy = _union((t.start_us, t.end_us) for t in timings if t.kind == "compute")
+            hidden = sum(max(0.0, min(end, b) - max(start, a))
+                         for start, end in collectives for a, b in busy)
+            total = sum(end - start for start, end in collectives)
+            shares[device] = hidden / total if total > 0 else 0.0
+        return shares
+
     def summary(self) -> str:
         """A short table: one line per device, then the total bytes on the wire."""
         lines = [f"{'device':<14}{'ops':>6}{'compute ms':>12}{'transfer ms':>13}{'bytes in':>11}"
@@ -176,3 +193,14 @@ class StepTrace:
         from dtflab.tracing.chrome import chrome_trace
 
         return chrome_trace(self, path)
+
+
+def _union(intervals) -> list[tuple[float, float]]:
+    """Overlapping ``(start, end)`` intervals merged, in time order."""
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]

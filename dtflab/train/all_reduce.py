@@ -41,7 +41,8 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
                background: bool = False, callbacks=(), name: str | None = None,
                timeout: float = 60.0, start_method: str | None = None,
                collective_timeout_s: float | None = None, threads: int | None = None,
-               lockstep: bool = False, check_every: int = 10, watchdog=True):
+               lockstep: bool = False, check_every: int = 10, bucket_bytes: int = 0,
+               watchdog=True):
     """Train ``problem`` with MultiWorkerMirroredStrategy in ``workers`` worker programs.
 
     In [1]: run = train.all_reduce(problem, workers=2, background=True)
@@ -65,6 +66,10 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
     there to see a fault). ``threads=1`` gives each worker one intra-op and one inter-op
     thread (one core each, for speedup measurements); ``collective_timeout_s`` bounds how
     long a collective waits for the others (TensorFlow's default: no limit).
+    ``bucket_bytes=B`` packs the gradients into all-reduces of about B bytes
+    (``CommunicationOptions(bytes_per_pack=B)``) instead of one: a pack whose gradients are
+    ready can go while the others are still computed; ``history.overlap_share`` of a traced
+    step says how much collective time compute hid.
 
     ``lockstep=True`` makes each worker wait, after each step, until this notebook has
     recorded it and run the callbacks: callbacks then see the workers between steps (what
@@ -95,6 +100,8 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
     if checkpoint_every is not None:
         checks.whole(checkpoint_every, "checkpoint_every", example=10)
     checks.whole(check_every, "check_every", example=10)
+    if bucket_bytes != 0:
+        checks.whole(bucket_bytes, "bucket_bytes", example=1 << 20)
     lockstep = lockstep or any(getattr(callback, "between_steps", False) for callback in callbacks)
     folder = checkpoint_dir or (tempfile.mkdtemp(prefix="dtflab-allreduce-")
                                 if checkpoint_every or trace_step is not None else "")
@@ -105,7 +112,8 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
             f"--trace-step={-1 if trace_step is None else trace_step}",
             f"--trace-dir={os.path.join(folder, 'trace') if folder else ''}",
             f"--timeout={collective_timeout_s or 0}", f"--slow={_escaped(json.dumps(slow or {}))}",
-            f"--threads={threads or 0}", f"--check-every={check_every}"] + (
+            f"--threads={threads or 0}", f"--check-every={check_every}",
+            f"--bucket-bytes={bucket_bytes}"] + (
                 ["--lockstep"] if lockstep else [])
     try:
         cluster = run_programs(WORKER_PROGRAM, *args, workers=workers, timeout=timeout,

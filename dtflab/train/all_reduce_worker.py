@@ -52,6 +52,9 @@ def arguments(argv):
                         help="intra- and inter-op threads (0: TensorFlow's default, every core)")
     parser.add_argument("--lockstep", action="store_true",
                         help="after each step, wait for the notebook's go")
+    parser.add_argument("--bucket-bytes", type=int, default=0,
+                        help="gradients packed into all-reduces of about this many bytes "
+                             "(0: one all-reduce of every gradient)")
     parser.add_argument("--check-every", type=int, default=10,
                         help="steps between agreeing on Stop and fingerprinting the weights")
     parser.add_argument("--timeout", type=float, default=0.0,
@@ -111,7 +114,7 @@ def main(argv=None) -> int:
     slow = float(json.loads(args.slow).get(name, 0.0))
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING,
-        timeout_seconds=args.timeout or None)
+        bytes_per_pack=args.bucket_bytes, timeout_seconds=args.timeout or None)
     patient_coordination(resolver.cluster_spec(), HEARTBEAT_S)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(resolver, communication_options=options)
     workers = strategy.num_replicas_in_sync

@@ -67,6 +67,14 @@ class RunHistory:
 
         return Bubble.from_trace(self.trace, stages.devices, stages.micro_batches, stages.schedule)
 
+    @property
+    def overlap_share(self) -> float | None:
+        """An all-reduce run's traced step: the share of the collectives' time the workers
+        also computed (collective time hidden under compute; mean over workers). ``None``
+        without a traced step or collectives."""
+        shares = self.trace.collective_overlap() if self.trace is not None else {}
+        return sum(shares.values()) / len(shares) if shares else None
+
     def since(self, count: int) -> list[StepRecord]:
         """Records after the first ``count`` (for streaming to a live plot)."""
         with self._lock:

@@ -129,3 +129,43 @@ def scaling_figure(rates: dict[int, float], model: ScalingModel, *, up_to: int =
     fig.legend.location = "top_left"
     fig.legend.label_text_font_size = "10px"
     return fig
+
+
+#: How each loop is drawn in :func:`curves_figure`.
+LOOP_COLORS = {"sync_data_parallel": "#1f77b4", "async_parameter_server": "#2ca02c",
+               "all_reduce": "#d62728"}
+
+
+def curves_figure(curves, *, quoted: dict | None = None, width: int = 620, height: int = 380):
+    """Bokeh figures side by side: strong scaling (speed-up in steps/s over the fewest workers)
+    and weak scaling (speed-up in examples/s), one line per loop, the ideal N x dashed, from a
+    :class:`dtflab.train.scaling.Curves`. ``quoted``: ``{loop: {N: speed-up}}`` measured
+    elsewhere (another machine's table), drawn dotted beside ours. Renderers are named after
+    the loops (``strong-all_reduce``, ``weak-all_reduce``, ``quoted-all_reduce``)."""
+    from bokeh.layouts import row
+    from bokeh.plotting import figure
+
+    figures = []
+    for mode in ("strong", "weak"):
+        loops = curves.rates.get(mode, {})
+        if not loops:
+            continue
+        top = max([max(by_n) for by_n in loops.values()]
+                  + [max(by_n) for by_n in (quoted or {}).values()] + [2])
+        fig = figure(title=f"{mode} scaling ({'global' if mode == 'strong' else 'per-worker'} "
+                           f"batch {curves.batch})", x_axis_label="workers",
+                     y_axis_label="speed-up" + (" (examples/s)" if mode == "weak" else ""),
+                     width=width // 2 + 60, height=height, tools="save,hover")
+        fig.line([1, top], [1, top], color="gray", line_dash="dashed", legend_label="ideal")
+        for loop in loops:
+            sped = curves.speedups(loop, mode)
+            fig.line(list(sped), list(sped.values()), color=LOOP_COLORS[loop], line_width=2,
+                     legend_label=loop, name=f"{mode}-{loop}")
+            fig.scatter(list(sped), list(sped.values()), color=LOOP_COLORS[loop], size=7)
+        for loop, by_n in ((quoted or {}).items() if mode == "strong" else ()):
+            fig.line(list(by_n), list(by_n.values()), color=LOOP_COLORS[loop], line_dash="dotted",
+                     legend_label=f"{loop} (quoted)", name=f"quoted-{loop}")
+        fig.legend.location = "top_left"
+        fig.legend.label_text_font_size = "9px"
+        figures.append(fig)
+    return row(*figures)

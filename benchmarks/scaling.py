@@ -1,0 +1,74 @@
+"""Strong and weak scaling of the data-parallel loops, measured in one run.
+
+For N = 1, 2, 4, ... up to the machine's cores (one intra-op and one inter-op thread per
+task), the heavy classifier (width 1024, two hidden layers), global batch 4096 (strong) or
+4096 per worker (weak), medians of --rounds runs with the worker counts interleaved:
+
+- strong / weak: loop -> N -> steps/s (updates/s, summed over workers, for async) and
+  examples/s (``dtflab.train.scaling``).
+- allreduce_speedup_2_workers: all-reduce steps/s at 2 workers over 1, strong scaling.
+- allreduce_over_sync_ps_2_workers: all-reduce steps/s over sync data parallel through one
+  ps, 2 workers, strong scaling.
+- cores: the machine's.
+
+    python benchmarks/scaling.py [--quick] [--rounds 3] [--figure build/scaling.html]
+
+Prints one JSON line and writes the Bokeh figure. --quick measures strong scaling only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from dtflab import train  # noqa: E402
+from dtflab.train import scaling  # noqa: E402
+
+
+def worker_counts(cores: int) -> list[int]:
+    counts, n = [], 1
+    while n <= cores:
+        counts.append(n)
+        n *= 2
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="strong scaling only")
+    parser.add_argument("--rounds", type=int, default=3, help="runs per point (medians)")
+    parser.add_argument("--steps", type=int, default=10, help="steps per run")
+    parser.add_argument("--figure", default="build/scaling.html", help="where the figure goes")
+    args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    problem = train.classification(width=1024, batch_size=4096)
+    curves = scaling.measure(problem, counts=worker_counts(cores), steps=args.steps,
+                             rounds=args.rounds, modes=("strong",) if args.quick else ("strong", "weak"))
+    strong = curves.rates["strong"]
+    result = {"benchmark": "scaling", "cores": cores, "batch": problem.batch_size,
+              "rounds": args.rounds, **curves.as_json()}
+    if 2 in strong["all_reduce"]:
+        result["allreduce_speedup_2_workers"] = round(
+            strong["all_reduce"][2] / strong["all_reduce"][1], 3)
+        result["allreduce_over_sync_ps_2_workers"] = round(
+            strong["all_reduce"][2] / strong["sync_data_parallel"][2], 3)
+    result["runs_steps_per_s"] = {mode: {loop: {str(n): [round(r, 3) for r in rs]
+                                                for n, rs in by_n.items()}
+                                         for loop, by_n in loops.items()}
+                                  for mode, loops in curves.runs.items()}
+    from bokeh.io import output_file, save
+
+    from dtflab.viz.scaling import curves_figure
+
+    os.makedirs(os.path.dirname(args.figure) or ".", exist_ok=True)
+    output_file(args.figure, title="dtflab scaling")
+    save(curves_figure(curves))
+    result["figure"] = args.figure
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
