@@ -75,27 +75,28 @@ def measure(problem, *, counts=(1, 2), loops=LOOPS, modes=("strong", "weak"), st
 
 def _one_count(problem, workers: int, loops, steps: int, skip: int):
     """(loop, steps/s, examples/s) for each loop with ``workers`` workers."""
-    import dtflab
-    from dtflab import train
+    from dtflab.cluster import start_cluster
+    from dtflab.train.all_reduce import all_reduce
+    from dtflab.train.downpour import async_parameter_server
+    from dtflab.train.sync import sync_data_parallel
 
     ps_loops = [loop for loop in loops if loop != "all_reduce"]
     if ps_loops:
-        with dtflab.start_cluster(jobs=f"ps=1,worker={workers}", intra_op_threads=1,
+        with start_cluster(jobs=f"ps=1,worker={workers}", intra_op_threads=1,
                                   inter_op_threads=1) as cluster:
             if "sync_data_parallel" in ps_loops:
-                history = train.sync_data_parallel(problem, cluster, steps=steps, workers=workers,
-                                                   watchdog=False)
+                history = sync_data_parallel(problem, cluster, steps=steps, workers=workers,
+                                             watchdog=False)
                 yield ("sync_data_parallel", *_rates(history.records, skip))
             if "async_parameter_server" in ps_loops:
                 # Each Downpour worker trains a whole problem batch per update: its share of
                 # the global batch is a problem of batch / N.
                 share = replace(problem, batch_size=problem.batch_size // workers)
-                history = train.async_parameter_server(share, cluster, steps=steps,
-                                                       workers=workers, watchdog=False)
+                history = async_parameter_server(share, cluster, steps=steps, workers=workers,
+                                                 watchdog=False)
                 yield ("async_parameter_server", *_rates(history.records, skip * workers))
     if "all_reduce" in loops:
-        history = train.all_reduce(problem, workers=workers, steps=steps, threads=1,
-                                   watchdog=False)
+        history = all_reduce(problem, workers=workers, steps=steps, threads=1, watchdog=False)
         own = [r for r in history.records if r.worker == "worker:0"]
         steps_per_s, _ = _rates(own, skip)
         yield ("all_reduce", steps_per_s, steps_per_s * problem.batch_size)
