@@ -73,7 +73,8 @@ def test_the_formula_sends_one_activation_each_way_per_pair_for_two_ways():
     assert deep[0] == {"forward": 4 * (b * 8 + b * h + h), "backward": 4 * (b * h + b * 10)}
     assert costs.tensor_parallel_bytes(1, b, (8, h, h, 10)) == [{"forward": 0, "backward": 0}]
     # k ways, all-to-all: k - 1 copies of each partial.
-    assert costs.tensor_parallel_bytes(4, b, (8, h, h, h, 10))[2]["forward"] == 4 * (3 * b * h + b * 10)
+    four_ways = costs.tensor_parallel_bytes(4, b, (8, h, h, h, 10))
+    assert four_ways[2]["forward"] == 4 * (3 * b * h + b * 10)
 
 
 @pytest.mark.parametrize("batch", [128, 512])

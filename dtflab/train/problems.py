@@ -98,7 +98,9 @@ class Problem:
         """Layer ``layer``'s activation of ``h`` (none on the last layer of a softmax model)."""
         tf = import_tf()
         if layer < self.depth or self.loss_kind == "l2":
-            return tf.nn.leaky_relu(h, alpha=0.2) if self.activation == "leaky_relu" else tf.nn.relu(h)
+            if self.activation == "leaky_relu":
+                return tf.nn.leaky_relu(h, alpha=0.2)
+            return tf.nn.relu(h)
         return h
 
     def loss(self, output, t):

@@ -54,9 +54,9 @@ class Split:
         return len(self.devices)
 
 
-def split_layers(problem, ways: int, available: int) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
-    """The pairs to split and the layers left whole, if ``ways`` splits every pair's hidden
-    width; ``available`` worker tasks only shape the suggestion."""
+def split_layers(problem, ways: int, available: int):
+    """``(pairs, whole)``: the layer pairs to split and the layers left whole, if ``ways``
+    splits every pair's hidden width; ``available`` worker tasks only shape the suggestion."""
     pairs = costs.tensor_parallel_pairs(problem.depth)
     if not pairs:
         raise ValueError(f"{problem.name} has {problem.depth} layer: tensor parallelism splits "
@@ -94,7 +94,8 @@ def tensor_parallel_graph(problem, split: Split, seed: int, slow: dict | None = 
             x, t = problem.placeholders()
         inputs = {}  # device -> the pair's input there
         for device in split.devices:  # the batch reaches each worker from worker 0
-            with tf.device(device), tf.name_scope(f"input_on_{names.task(device).replace(':', '')}"):
+            scope = f"input_on_{names.task(device).replace(':', '')}"
+            with tf.device(device), tf.name_scope(scope):
                 waits = []
                 if device in slow:
                     with tf.name_scope("straggler"):
