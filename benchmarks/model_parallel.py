@@ -1,4 +1,5 @@
-"""Pipeline parallelism measured: the bubble, a cost model's predictions, GPipe against 1F1B.
+"""Pipeline parallelism measured: the bubble, a cost model's predictions, GPipe against 1F1B;
+tensor parallelism's bytes and losses.
 
 Two stages of the classifier with three hidden layers (two layers a stage, width 1024, batch
 2048), one intra-op thread per stage task, for m = 1, 2, 4, 8, 16 micro-batches:
@@ -20,6 +21,12 @@ Two stages of the classifier with three hidden layers (two layers a stage, width
   4, 8; the ratio at m = 8.
 - pipeline_vs_single_max_abs_loss_diff: exp(x) (200 steps) and the classifier (30 steps),
   pipelined (GPipe and 1F1B) against train.single, same seed and batches.
+- tensor_parallel_bytes_over_formula: bytes each worker sent the other per step, counted at the
+  transport (train.WireBytes, steps 2-10), over ``costs.tensor_parallel_bytes``, for
+  ``train.tensor_parallel`` with 2 ways on classification(width=256, hidden_layers=3), batch
+  128 and 512.
+- tensor_parallel_vs_single_max_abs_loss_diff: exp(x) (200 steps) and the classifier (30
+  steps), 2 ways, against train.single, same seed and batches.
 
     python benchmarks/model_parallel.py [--quick] [--rounds 3]
 
@@ -122,6 +129,29 @@ def loss_agreement(cluster) -> float:
     return worst
 
 
+def tensor_parallel_figures(cluster) -> dict:
+    """Tensor parallelism, 2 ways: bytes at the transport over the formula, and the losses
+    against one process (both from this one call, on ``cluster``'s first two workers)."""
+    ratios = {}
+    for batch in (128, 512):
+        problem = train.classification(width=256, batch_size=batch, hidden_layers=3)
+        wire = train.WireBytes(after_step=2, steps=8)
+        train.tensor_parallel(problem, cluster, ways=2, steps=12, callbacks=[wire], watchdog=False)
+        formula = costs.tensor_parallel_bytes(2, batch, problem.layers)
+        ratios[batch] = {source: round(wire.per_step.sent[source, destination]
+                                       / sum(formula[worker].values()), 4)
+                         for worker, (source, destination) in enumerate(
+                             (("worker:0", "worker:1"), ("worker:1", "worker:0")))}
+    worst = 0.0
+    for problem, steps in ((train.exp_regression(), 200),
+                           (train.classification(width=64, batch_size=256, hidden_layers=3), 30)):
+        alone = train.single(problem, steps=steps, seed=1)
+        split = train.tensor_parallel(problem, cluster, ways=2, steps=steps, seed=1)
+        worst = max(worst, float(np.max(np.abs(np.array(alone.losses) - np.array(split.losses)))))
+    return {"tensor_parallel_bytes_over_formula": ratios,
+            "tensor_parallel_vs_single_max_abs_loss_diff": worst}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="width 512, batch 1024")
@@ -146,6 +176,7 @@ def main() -> None:
                                          schedule=schedule, steps=3, trace_step=1, watchdog=False)
                 peaks.setdefault(schedule, {})[m] = history.bubble.peak_activation_bytes[0]
         result["pipeline_vs_single_max_abs_loss_diff"] = loss_agreement(cluster)
+        result.update(tensor_parallel_figures(cluster))
     step_ms = {m: statistics.median(times[m]) * 1e3 for m in MICRO_BATCHES}
     # The model reads the traced step at m = 4 whose own step time is the round's median.
     traced = sorted(bubbles[MODEL_FROM], key=lambda b: b.step_us)[len(bubbles[MODEL_FROM]) // 2]

@@ -235,6 +235,18 @@ CASES = [
     Case("train-pipeline-cut-past-the-model", on_cluster(
         lambda c: train.pipeline(PROBLEM, c, cut=[5])), "cut=[5]",
          r"for example cut=\[\d\]"),
+    Case("train-tensor-parallel-more-ways-than-workers", on_cluster(
+        lambda c: train.tensor_parallel(PROBLEM, c, ways=3)), "ways=3",
+         r"this cluster has 2; use ways=2 or start more, e\.g\. dtflab\.start_cluster\(workers=3\)"),
+    Case("train-tensor-parallel-ways-not-dividing-the-width", on_cluster(
+        lambda c: train.tensor_parallel(train.classification(width=33, batch_size=64), c, ways=2)),
+         "ways=2", r"layer 1's 33 outputs do not split into 2 equal column slices; use ways=1, "
+                   r"or a width divisible by 2, e\.g\. 32"),
+    Case("train-tensor-parallel-zero-ways", on_cluster(
+        lambda c: train.tensor_parallel(PROBLEM, c, ways=0)), "ways=0", r"for example ways=2"),
+    Case("train-tensor-parallel-slow-unknown-task", on_cluster(
+        lambda c: train.tensor_parallel(PROBLEM, c, slow={"worker:2": 0.1})), "'worker:2'",
+         r"use one of: worker:0, worker:1"),
     # the watchdog's settings
     Case("watchdog-negative-floor", api(lambda: train.Watchdog(floor_s=-1)), "floor_s=-1",
          r"for example Watchdog\(floor_s=5\.0\)"),

@@ -9,7 +9,8 @@ counts as stalled and how often it is retried on a new session (train.watchdog).
 One module per strategy, each supplying its step to the one :class:`Runner`: ``single``,
 ``model_parallel`` (2016: variables on the ps tasks), ``sync`` (towers through a ps),
 ``downpour`` (asynchronous ps), ``ps_strategy`` (TF2's ParameterServerStrategy),
-``all_reduce`` (worker programs), ``pipeline`` (stages and micro-batches). ``costs`` holds the
+``all_reduce`` (worker programs), ``pipeline`` (stages and micro-batches), ``tensor_parallel``
+(layer pairs split by columns and rows, Megatron-style). ``costs`` holds the
 formulas that predictions, benchmarks and views share.
 """
 
@@ -23,9 +24,11 @@ from dtflab.train.problems import Problem, classification, exp_regression
 from dtflab.train.ps_strategy import ps_strategy, strategy_for
 from dtflab.train.runner import BackgroundRun, Runner, Update
 from dtflab.train.single import single
+from dtflab.train.tensor_parallel import tensor_parallel
 from dtflab.train.sync import sync_data_parallel
 from dtflab.train.watchdog import Watchdog
 
 __all__ = ["Problem", "exp_regression", "classification", "RunHistory", "StepRecord", "Callback",
            "BackgroundRun", "single", "model_parallel", "sync_data_parallel",
-           "async_parameter_server", "ps_strategy", "strategy_for", "all_reduce", "pipeline", "WireBytes", "Runner", "Update", "Watchdog"]
+           "async_parameter_server", "ps_strategy", "strategy_for", "all_reduce", "pipeline",
+           "tensor_parallel", "WireBytes", "Runner", "Update", "Watchdog"]

@@ -130,3 +130,50 @@ def activation_bytes(widths, examples: int, dtype_bytes: int = 4) -> int:
     (``widths``, one per layer) for ``examples`` examples. It leaves out the temporaries a
     kernel frees at once and, after an activation, the pre-activation some kernels keep."""
     return dtype_bytes * examples * sum(widths)
+
+
+# -- tensor parallelism -----------------------------------------------------------------------
+
+def tensor_parallel_pairs(depth: int) -> tuple[tuple[int, int], ...]:
+    """The layer pairs ``train.tensor_parallel`` splits (1-based): ``(1, 2), (3, 4), ...`` from
+    the input, the first of each by columns, the second by rows. An odd depth leaves the last
+    layer (the output layer) whole: exp(x)'s 1-16-32-1 splits 1-16-32 and keeps 32-1 on one task."""
+    return tuple((first, first + 1) for first in range(1, depth, 2))
+
+
+def tensor_parallel_bytes(ways: int, batch: int, layers, dtype_bytes: int = 4) -> list[dict]:
+    """Bytes each of ``ways`` workers sends the others in one tensor-parallel step of an MLP of
+    widths ``layers``: ``[{"forward": ..., "backward": ...}, ...]``, worker 0 first (it holds
+    the batch, the loss, the whole layer and every row-split bias).
+
+    With k ways, batch B and a pair whose output is h wide:
+
+    - a pair followed by another pair ends in an all-reduce (every worker sums the k partial
+      outputs itself): each worker sends ``(k - 1) x B x h`` values forward and, for the
+      gradient of the next pair's input, the same backward; worker 0 also sends the bias
+      (h values) to each other worker, which return their share of its gradient (h values);
+    - the last pair ends in a sum on worker 0: each other worker sends its partial output
+      forward (``B x h``) and receives the output's gradient (worker 0 sends ``(k - 1) x B x h``);
+    - worker 0 sends the batch's input to the others: ``(k - 1) x B x layers[0]``.
+
+    For k = 2 a pair's all-reduce moves ``B x h`` values each way, as a ring would. It leaves
+    out gRPC's framing, the requests for each tensor and the optimizer's scalars."""
+    k, sent = ways, [{"forward": 0, "backward": 0} for _ in range(ways)]
+    if k == 1:
+        return sent
+    sent[0]["forward"] += (k - 1) * batch * layers[0]
+    pairs = tensor_parallel_pairs(len(layers) - 1)
+    for number, (_, second) in enumerate(pairs):
+        h = layers[second]
+        if number + 1 < len(pairs):  # all-reduce: every worker needs the sum
+            for worker in sent:
+                worker["forward"] += (k - 1) * batch * h
+                worker["backward"] += (k - 1) * batch * h
+            sent[0]["forward"] += (k - 1) * h
+            for worker in sent[1:]:
+                worker["backward"] += h
+        else:  # reduce to worker 0, the output's gradient back
+            for worker in sent[1:]:
+                worker["forward"] += batch * h
+            sent[0]["backward"] += (k - 1) * batch * h
+    return [{way: values * dtype_bytes for way, values in worker.items()} for worker in sent]

@@ -114,9 +114,16 @@ class Problem:
         pairs = list(zip(variables[::2], variables[1::2]))
         for i, (w, b) in enumerate(pairs, start=first_layer):
             with tf.name_scope(f"layer{i}"):
-                h = tf.matmul(h, w) + b
-                if i < self.depth or self.loss_kind == "l2":
-                    h = tf.nn.leaky_relu(h, alpha=0.2) if self.activation == "leaky_relu" else tf.nn.relu(h)
+                h = self.activate(tf.matmul(h, w) + b, i)
+        return h
+
+    def activate(self, h, layer: int):
+        """Layer ``layer``'s activation of ``h`` (none on the last layer of a softmax model)."""
+        tf = import_tf()
+        if layer < self.depth or self.loss_kind == "l2":
+            if self.activation == "leaky_relu":
+                return tf.nn.leaky_relu(h, alpha=0.2)
+            return tf.nn.relu(h)
         return h
 
     def loss(self, output, t):

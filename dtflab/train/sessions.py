@@ -1,9 +1,10 @@
 """What the graph loops share: sessions on a cluster, one synchronous step, and naming the task
 a TensorFlow error is about.
 
-Every ``tf.compat.v1`` loop (single, model parallel, sync towers, Downpour, the pipeline) runs its
-steps through here: a session made with its own config, steps retried while a restarted task
-reconnects, a failed task named in a TaskError, a stalled step's session closed for the watchdog.
+Every ``tf.compat.v1`` loop (single, model parallel, sync towers, Downpour, the pipeline, tensor
+parallelism) runs its steps through here: a session made with its own config, steps retried
+while a restarted task reconnects, a failed task named in a TaskError, a stalled step's session
+closed for the watchdog.
 """
 
 from __future__ import annotations
@@ -200,8 +201,8 @@ def close_session(session, failed: bool = False) -> None:
 
 def run_one_replica(built, target, runner, problem, steps, seed, cluster, background,
                      trace_step):
-    """The loop shared by single, model parallel and the pipeline: one copy of the model
-    (on one task or spread over several), one session."""
+    """The loop shared by single, model parallel, the pipeline and tensor parallelism: one copy
+    of the model (on one task or spread over several), one session."""
     session = new_session(target, built.graph)
     session.run(built.init)
     x, t = built.inputs

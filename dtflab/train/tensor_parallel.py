@@ -1,0 +1,180 @@
+"""Tensor parallelism as Megatron-LM splits an MLP: every pair of layers cut across k worker
+tasks, the first matrix by columns and the second by rows, one sum of activations forward and
+one of gradients backward per pair.
+
+Pairs are layers ``(1, 2), (3, 4), ...`` from the input (:func:`dtflab.train.costs.
+tensor_parallel_pairs`); an odd depth leaves the last layer, the output layer, whole on worker 0.
+Worker j holds columns j of the pair's first weights and bias (``w1[:, j]``, ``b1[j]``), computes
+its slice of the hidden activation and its activation function locally, multiplies that slice
+by rows j of the second weights (``w2[j, :]``) and so holds a partial output; the k partial
+outputs summed are the layer's output, before its bias, which is added once, after the sum.
+
+The sum is an ``add_n`` in the one graph, placed where the sum is used. A pair followed by
+another pair sums on every worker (each sends its partial output to the k - 1 others and adds
+them in the same order: an all-reduce, all-to-all rather than a ring, since in one graph
+TensorFlow sends a tensor once to each task that reads it). Backward, that all-reduce comes for
+free: each worker's next pair reads its own copy of the sum, so the gradients of the copies are
+partial, and ``tf.gradients`` adds them up on the task that made each partial output (the
+gradient with respect to the next pair's input, summed). The last pair sums on worker 0 only,
+where the loss is, and worker 0 sends the output's gradient back. For k = 2 each worker sends
+one activation forward and one gradient back per pair, as a ring all-reduce would; for larger k
+an all-to-all sends ``k - 1`` copies where a ring sends ``2 (k - 1) / k``
+(:func:`dtflab.train.costs.tensor_parallel_bytes` counts them).
+
+Ops are named ``pair{n}/worker{j}/...`` (a worker's slice of pair n) and ``pair{n}/sum_on_
+worker{j}/...`` (the sum), so a traced step's transfers show where the sums sit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dtflab import checks, names
+from dtflab._quiet import import_tf
+from dtflab.train import costs
+from dtflab.train.graphs import TrainGraph, delay_op
+from dtflab.train.history import RunHistory
+from dtflab.train.runner import Runner
+from dtflab.train.sessions import run_one_replica, worker_devices
+from dtflab.train.watchdog import settings as watchdog_settings
+
+
+@dataclass(frozen=True)
+class Split:
+    """Where a tensor-parallel model lives: slice j of every pair on ``devices[j]``; the batch,
+    the loss, the layers in ``whole`` and the second bias of every pair on ``devices[0]``."""
+
+    devices: tuple[str, ...]
+    pairs: tuple[tuple[int, int], ...]
+    whole: tuple[int, ...]
+
+    @property
+    def ways(self) -> int:
+        return len(self.devices)
+
+
+def split_layers(problem, ways: int, available: int):
+    """``(pairs, whole)``: the layer pairs to split and the layers left whole, if ``ways``
+    splits every pair's hidden width; ``available`` worker tasks only shape the suggestion."""
+    pairs = costs.tensor_parallel_pairs(problem.depth)
+    if not pairs:
+        raise ValueError(f"{problem.name} has {problem.depth} layer: tensor parallelism splits "
+                         f"layer pairs; use a model of two or more, e.g. train.classification()")
+    common = math.gcd(*(problem.layers[first] for first, _ in pairs))
+    for first, _ in pairs:
+        width = problem.layers[first]
+        if width % ways:
+            fits = max(d for d in range(1, max(available, 1) + 1) if common % d == 0)
+            raise ValueError(f"ways={ways}: layer {first}'s {width} outputs do not split into "
+                             f"{ways} equal column slices; use ways={fits}, or a width "
+                             f"divisible by {ways}, e.g. {width - width % ways or ways}")
+    paired = {layer for pair in pairs for layer in pair}
+    return pairs, tuple(layer for layer in range(1, problem.depth + 1) if layer not in paired)
+
+
+def tensor_parallel_graph(problem, split: Split, seed: int, slow: dict | None = None) -> TrainGraph:
+    """The tensor-parallel training step (see the module's docstring). ``slow[device]``
+    seconds are slept on that worker each step before its first slice (a slower machine: every
+    sum waits for it)."""
+    tf = import_tf()
+    slow = slow or {}
+    initial = dict(problem.initial_values(seed))
+    home, k = split.devices[0], split.ways
+    graph = tf.Graph()
+    variables = []
+
+    def variable(name, value, device):
+        with tf.device(device):
+            variables.append(tf.compat.v1.get_variable(name, initializer=value))
+        return variables[-1]
+
+    with graph.as_default():
+        with tf.device(home):
+            x, t = problem.placeholders()
+        inputs = {}  # device -> the pair's input there
+        for device in split.devices:  # the batch reaches each worker from worker 0
+            scope = f"input_on_{names.task(device).replace(':', '')}"
+            with tf.device(device), tf.name_scope(scope):
+                waits = []
+                if device in slow:
+                    with tf.name_scope("straggler"):
+                        waits = [delay_op(slow[device])]
+                with tf.control_dependencies(waits):
+                    inputs[device] = tf.identity(x, name="x")
+        for number, (first, second) in enumerate(split.pairs, start=1):
+            cut = problem.layers[first] // k
+            partials = []
+            for j, device in enumerate(split.devices):
+                columns = slice(j * cut, (j + 1) * cut)
+                w1 = variable(f"w{first}_part{j}", initial[f"w{first}"][:, columns], device)
+                b1 = variable(f"b{first}_part{j}", initial[f"b{first}"][columns], device)
+                w2 = variable(f"w{second}_part{j}", initial[f"w{second}"][columns, :], device)
+                with tf.device(device), tf.name_scope(f"pair{number}/worker{j}"):
+                    with tf.name_scope(f"layer{first}"):
+                        hidden = problem.activate(tf.matmul(inputs[device], w1) + b1, first)
+                    with tf.name_scope(f"layer{second}"):
+                        partials.append(tf.matmul(hidden, w2, name="partial"))
+            b2 = variable(f"b{second}", initial[f"b{second}"], home)
+            with tf.device(home), tf.name_scope(f"pair{number}/bias"):
+                bias = b2.read_value()
+            last = number == len(split.pairs)
+            inputs = {}
+            for device in ([home] if last else split.devices):
+                scope = f"pair{number}/sum_on_{names.task(device).replace(':', '')}"
+                with tf.device(device), tf.name_scope(scope):
+                    total = tf.add_n(partials, name="sum") + bias
+                    inputs[device] = problem.activate(total, second)
+        h = inputs[home]
+        for layer in split.whole:
+            w = variable(f"w{layer}", initial[f"w{layer}"], home)
+            b = variable(f"b{layer}", initial[f"b{layer}"], home)
+            with tf.device(home):
+                h = problem.forward([w, b], h, first_layer=layer)
+        with tf.device(home):
+            loss = problem.loss(h, t)
+        train = problem.optimizer().minimize(loss, var_list=variables,
+                                             colocate_gradients_with_ops=True)
+        init = tf.compat.v1.global_variables_initializer()
+    return TrainGraph(graph, init, train, loss, (x, t), variables=variables)
+
+
+def tensor_parallel(problem, cluster, *, ways: int = 2, steps: int = 200, seed: int = 0,
+                    slow: dict | None = None, background: bool = False, callbacks=(),
+                    name: str | None = None, trace_step: int | None = None, watchdog=True):
+    """Train ``problem`` with every layer pair split ``ways`` ways over the first worker tasks
+    (Megatron-style tensor parallelism).
+
+    In [1]: run = train.tensor_parallel(train.classification(hidden_layers=3), cluster, ways=2,
+       ...:                             trace_step=5, background=True)
+    In [2]: run.wait().trace.show()      # step 5: the partial outputs crossing to the sums
+
+    Layers 1 and 2, 3 and 4, ... are pairs (an odd depth leaves the output layer whole on
+    worker:0); each pair's hidden width must split into ``ways`` equal slices. The losses are
+    ``train.single``'s up to float rounding (the partial outputs are summed in another order).
+    ``history.details["bytes_formula"]`` holds what :func:`dtflab.train.costs.
+    tensor_parallel_bytes` says each worker sends per step; ``train.WireBytes`` counts it.
+    ``slow={"worker:1": 0.05}`` makes that worker sleep that long a step: every sum waits for
+    it. A dead task ends the run with a TaskError naming it.
+    """
+    checks.run_arguments(steps, seed, trace_step)
+    checks.whole(ways, "ways", example=2)
+    checks.cluster(cluster)
+    available = len(cluster.addresses.get("worker", []))
+    if ways > available:
+        raise ValueError(f"ways={ways}: each way runs on a worker task and this cluster has "
+                         f"{available}; use ways={max(available, 1)} or start more, e.g. "
+                         f"dtflab.start_cluster(workers={ways})")
+    pairs, whole = split_layers(problem, ways, available)
+    devices, slow_devices = worker_devices(cluster, ways, slow)
+    split = Split(tuple(devices), pairs, whole)
+    built = tensor_parallel_graph(problem, split, seed, slow_devices)
+    history = RunHistory(name or f"tensor parallel ({ways} ways)", "tensor_parallel",
+                         cluster=cluster)
+    history.details["split"] = split
+    history.details["bytes_formula"] = {
+        names.task(device): sent for device, sent in
+        zip(devices, costs.tensor_parallel_bytes(ways, problem.batch_size, problem.layers))}
+    return run_one_replica(built, cluster.target(*names.split(devices[0])),
+                           Runner(history, callbacks, watchdog=watchdog_settings(watchdog)),
+                           problem, steps, seed, cluster, background, trace_step)
