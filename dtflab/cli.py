@@ -51,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "--chief), beside --ps bare task servers. Each output line is prefixed with "
                     "its task; Ctrl-C or SIGTERM stops everything; the exit code is 0 only if "
                     "every program exited 0. In ARGS, {ps_hosts}, {worker_hosts}, "
-                    "{chief_hosts}, {job_name} and {task_index} are replaced per task.")
+                    "{chief_hosts}, {job_name} and {task_index} are replaced per task. A "
+                    "program that waits for a task that has ended (a session without "
+                    "device_filters) ends the run with an error naming both.")
     run.add_argument("--workers", required=True, help="number of worker tasks running SCRIPT")
     run.add_argument("--ps", default="0", help="number of bare task servers as job ps (default 0)")
     run.add_argument("--chief", action="store_true", help="add a chief task running SCRIPT too")
@@ -74,7 +76,7 @@ def run_programs(args) -> int:
     """``dtflab run``: start, follow every program's output, stop; 0 if every program exited 0."""
     from dtflab.cluster import run
     from dtflab.cluster.follow import follow_programs
-    from dtflab.errors import DtflabError
+    from dtflab.errors import DtflabError, WaitForEndedTaskError
 
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -98,6 +100,9 @@ def run_programs(args) -> int:
         except KeyboardInterrupt:
             print("dtflab: stopping", flush=True)
             return 130
+        except WaitForEndedTaskError as exc:  # the waiting program is stopped; stop the rest
+            print(f"dtflab: error: {exc}", file=sys.stderr, flush=True)
+            return 1
     failed = {name: code for name, code in codes.items() if code != 0}
     for name, code in failed.items():
         print(f"dtflab: {name} exited with code {code}", file=sys.stderr, flush=True)

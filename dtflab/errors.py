@@ -28,6 +28,18 @@ class TaskError(DtflabError):
         return lines
 
 
+class WaitForEndedTaskError(TaskError):
+    """A program waited for a task that had ended, so it could never go on, and was stopped
+    (``dtflab.cluster.waits``). ``ended`` names that task, ``fix`` what to change."""
+
+    def __init__(self, job: str, index: int, ended: str, how: str, *, fix: str,
+                 log_tail: str = ""):
+        self.job, self.index, self.exit_code, self.log_tail = job, index, None, log_tail
+        self.ended, self.fix = ended, fix
+        DtflabError.__init__(self, f"{job}:{index} waits for {ended}, which {how}: it would wait "
+                                   f"for ever, so it was stopped; {fix}")
+
+
 class StallError(DtflabError):
     """A step made no progress for far longer than usual and new sessions did not help
     (train.watchdog). ``stall`` says who, at which step, and for how long."""

@@ -108,3 +108,31 @@ def patient_coordination(cluster_spec, heartbeat_s: float) -> None:
     context.context().configure_coordination_service(
         service_type="standalone", service_leader=multi_worker_util.coordination_leader(cluster_spec),
         heartbeat_timeout_in_ms=int(heartbeat_s * 1000), coordinated_jobs=jobs)
+
+
+def set_cpp_log_level(level: int) -> bool:
+    """Set the least severity of TensorFlow's C++ log lines in this process (0 INFO, 1 WARNING,
+    2 ERROR), as ``TF_CPP_MIN_LOG_LEVEL`` does at start; False where that cannot be done.
+
+    TensorFlow reads ``TF_CPP_MIN_LOG_LEVEL`` once, so a task forked from the warm fork server
+    keeps the server's level; this calls Abseil's ``SetMinLogLevel`` in TensorFlow's library,
+    whose C++ name holds the Abseil version that TensorFlow's headers name.
+    """
+    import ctypes
+    import os
+    import re
+
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not getattr(tf, "__file__", None):
+        return False
+    root = os.path.dirname(tf.__file__)
+    try:
+        with open(os.path.join(root, "include", "absl", "base", "options.h")) as options:
+            found = re.search(r"#define ABSL_OPTION_INLINE_NAMESPACE_NAME (\w+)", options.read())
+        lib = ctypes.CDLL(os.path.join(root, "libtensorflow_framework.so.2"))
+        name = found.group(1) if found else ""
+        setter = getattr(lib, f"_ZN4absl{len(name)}{name}14SetMinLogLevelENS0_18LogSeverityAtLeastE")
+    except (OSError, AttributeError):
+        return False
+    setter(ctypes.c_int(level))
+    return True

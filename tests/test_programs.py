@@ -313,3 +313,73 @@ def test_a_spawned_program_gets_exactly_its_own_arguments(run_programs, tmp_path
     assert cluster.start_method == "spawn"
     assert cluster.wait(timeout=120) == {"worker:0": 0}
     assert json.loads(cluster.logs("worker:0").strip().splitlines()[-1]) == ["--steps=3", "plain"]
+
+
+TRAINER_FLAGS = ["--ps_hosts={ps_hosts}", "--worker_hosts={worker_hosts}", "--job_name={job_name}",
+                 "--task_index={task_index}", "--last_step=20"]
+OPENED = re.compile(r"worker 1: worker 0 has exited; opening my session at (\d+\.\d+)")
+
+
+def test_dtflab_run_ends_a_worker_waiting_for_an_exited_chief_with_one_line_naming_the_fix(tmp_path):
+    # TensorFlow's how-to trainer (no device_filters), the race forced: worker:1 opens its
+    # session only once worker:0 has finished and exited, and would then wait for it for ever.
+    env = dict(os.environ, DTFLAB_LATE_WORKER="1")
+    process = subprocess.Popen(DTFLAB + ["run", "--ps", "1", "--workers", "2",
+                                         str(PROGRAMS / "howto_trainer.py"), *TRAINER_FLAGS],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               cwd=tmp_path)
+    descendants = []
+    try:
+        lines = []
+        while not (opened := OPENED.search("".join(lines[-1:]))):
+            lines.append(process.stdout.readline())
+            assert lines[-1], f"dtflab run ended early: {lines} {process.stderr.read()}"
+            if len(descendants) < 6:
+                descendants = psutil.Process(process.pid).children(recursive=True)
+        assert len(descendants) == 6  # gate, its helper, fork server, ps:0, two programs
+        assert process.wait(timeout=60) == 1
+        import time
+
+        ended = time.time()
+        out, err = process.communicate()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert ended - float(opened[1]) < 30
+    assert err.splitlines() == [
+        "dtflab: error: worker:1 waits for worker:0, which exited with code 0: it would wait for "
+        "ever, so it was stopped; give each session device_filters so a worker waits only for "
+        "the ps and itself, e.g. tf.compat.v1.ConfigProto(device_filters=['/job:ps', "
+        "'/job:worker/task:1'])"], err
+    assert "I0000" not in out  # TensorFlow's INFO lines stay in the logs
+    assert wait_until(lambda: not any(psutil.pid_exists(p.pid) for p in descendants), timeout=5)
+
+
+def test_wait_stops_a_program_waiting_for_an_exited_task_and_names_both(run_programs, monkeypatch):
+    import time
+
+    from dtflab.errors import WaitForEndedTaskError
+
+    monkeypatch.setenv("DTFLAB_LATE_WORKER", "1")
+    cluster = run_programs(PROGRAMS / "howto_trainer.py", *TRAINER_FLAGS, workers=2, ps=1,
+                           timeout=120)
+    waiter = cluster.tasks[2].pid
+    with pytest.raises(WaitForEndedTaskError, match=r"^worker:1 waits for worker:0, which exited "
+                       r"with code 0: .* device_filters .*'/job:worker/task:1'\]\)$") as raised:
+        cluster.wait(timeout=240)
+    opened = OPENED.search(cluster.logs("worker:1"))
+    assert time.time() - float(opened[1]) < 30
+    assert "CreateSession still waiting for response from worker: /job:worker/replica:0/task:0" \
+        in raised.value.log_tail
+    assert [t.status for t in cluster.tasks] == ["running", "exited with code 0", "killed"]
+    assert not psutil.pid_exists(waiter) or psutil.Process(waiter).status() == psutil.STATUS_ZOMBIE
+
+
+def test_dtflab_run_still_ends_a_trainer_with_device_filters_with_exit_0(tmp_path):
+    out = subprocess.run(DTFLAB + ["run", "--ps", "1", "--workers", "2",
+                                   str(PROGRAMS / "between_graph_trainer.py"), *TRAINER_FLAGS],
+                         capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "dtflab: 2 of 2 programs exited with code 0" in out.stdout
+    assert re.search(r"^\[worker:1\] +worker 1 done at global step \d+$", out.stdout, re.M)

@@ -143,17 +143,24 @@ class Cluster:
         With ``check`` (the default), a program that exited with a code other than 0, or was
         killed, raises ``TaskError`` (``worker:1 exited with code 1`` and its last lines).
         ``timeout`` (seconds) raises ``TimeoutError`` naming the programs still running.
+        A program that waits for a task that has ended (a TF1 worker whose session has no
+        ``device_filters``, after the chief finished) is stopped, and ``WaitForEndedTaskError``
+        names both tasks and the fix, whatever ``check`` says (``dtflab.cluster.waits``).
         """
         import time
+
+        from dtflab.cluster.waits import WaitWatch
 
         if not self.programs:
             raise NotSupportedError("this cluster runs no programs, so there is nothing to wait "
                                     "for; start one with dtflab.run(...) or %dtf_cluster run")
         deadline = None if timeout is None else time.monotonic() + timeout
+        watch = WaitWatch(self)
         while running := [name for name, state in self.states(programs_only=True).items()
                           if state in (TaskState.RUNNING, TaskState.STARTING)]:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"{', '.join(running)} still running after {timeout:g} s")
+            watch.raise_if_stuck()
             time.sleep(0.1)
         infos = [t for t in self.tasks if t.job in self.programs]
         if check:

@@ -72,7 +72,10 @@ class Program:
         return Command("dtflab.processes.program",
                        ["--exit_with_parent", self.script, *self.arguments(addresses, job, index)],
                        env={"TF_CONFIG": tf_config(addresses, job, index),
-                            "DTFLAB_TASK": f"{job}:{index}"},
+                            "DTFLAB_TASK": f"{job}:{index}",
+                            # TensorFlow's INFO lines in the task's log: there it says what a
+                            # session waits for (dtflab.cluster.waits); followers hide them.
+                            "TF_CPP_MIN_LOG_LEVEL": "0"},
                        cwd=self.cwd)
 
 

@@ -5,7 +5,9 @@
 ``TF_CONFIG`` (set by the cluster). The process ends when its owner does (``--exit_with_parent``
 as for task servers). Exit code: the script's (``sys.exit``), 1 for an uncaught exception (its
 traceback goes to the task's log), 0 otherwise. A crash in C++ (an abort, a segfault) leaves every
-thread's Python stack in the log (``faulthandler``).
+thread's Python stack in the log (``faulthandler``). TensorFlow's C++ log lines are at the
+level ``TF_CPP_MIN_LOG_LEVEL`` gives (the cluster gives programs 0, INFO, so their logs say what
+a session waits for; ``dtflab.cluster.waits``), also in a task forked from a warm TensorFlow.
 
 The process then ends with a normal interpreter exit, as ``python SCRIPT`` would: atexit
 handlers run and TensorFlow shuts down as usual (MultiWorkerMirroredStrategy's workers wait
@@ -73,6 +75,13 @@ def main(argv=None) -> int:
     # A crash inside TensorFlow's C++ (an abort, a segfault) leaves the Python stack of every
     # thread in the task's log, where `%dtf_cluster logs` and a TaskError's last lines show it.
     faulthandler.enable()
+    # TensorFlow's C++ log lines at this task's own level (INFO for programs, so TensorFlow
+    # says what a session waits for): a task forked from the warm fork server kept its level.
+    level = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "")
+    if "tensorflow" in sys.modules and level.isdigit():
+        from dtflab.tf_private import set_cpp_log_level
+
+        set_cpp_log_level(int(level))
     return run_script(args.script, args.args)
 
 
