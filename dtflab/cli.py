@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     binder.add_argument("--remote", default="origin", help="the git remote to use (default origin)")
     binder.add_argument("--branch", default="main", help="the branch Binder builds (default main)")
     run = commands.add_parser(
-        "run", help="run SCRIPT as every worker's program, with TF_CONFIG set (foreground)",
+        "run", help="run SCRIPT as every worker's program, with TF_CONFIG and DTENSOR_* set "
+             "(foreground)",
         description="Run SCRIPT [ARGS...] as every worker task's program (and the chief's, with "
                     "--chief), beside --ps bare task servers. Each output line is prefixed with "
                     "its task; Ctrl-C or SIGTERM stops everything; the exit code is 0 only if "

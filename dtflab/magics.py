@@ -199,7 +199,7 @@ class ClusterMagics(Magics):
 def run_parser(prog: str, *, with_script: bool) -> MagicArgumentParser:
     """The options of ``%dtf_cluster run`` and ``%%dtf_run`` (those of ``dtflab run``)."""
     parser = MagicArgumentParser(prog=prog, description="Run a program on every worker task, "
-                                 "with TF_CONFIG set for its task.")
+                                 "with TF_CONFIG and DTENSOR_* set for its task.")
     parser.add_argument("--workers", default="2", help="worker tasks running the program (default 2)")
     parser.add_argument("--ps", default="0", help="bare task servers as job ps (default 0)")
     parser.add_argument("--chief", action="store_true", help="add a chief task running it too")

@@ -137,6 +137,15 @@ def run(script, *args, workers=2, ps=0, chief: bool = False, chief_only: bool = 
     Each program runs as ``python SCRIPT ARGS`` would, from ``cwd`` (default: this process's
     working directory), with ``TF_CONFIG`` set for its task; placeholders in ``args`` are
     described in ``dtflab.cluster.programs``. ``cluster.logs("worker:0")`` holds its output.
+
+    In [4]: dtflab.run("dtensor_train.py", workers=2)      # a DTensor program on 2 clients
+
+    The chief's and each worker's program is also a DTensor client: ``DTENSOR_CLIENT_ID`` (the
+    chief 0, then the workers in order), ``DTENSOR_NUM_CLIENTS``, ``DTENSOR_JOB_NAME``
+    (``worker``) and ``DTENSOR_JOBS`` (each client's ``TF_CONFIG`` address, where
+    ``initialize_accelerator_system`` starts its gRPC server) are set beside ``TF_CONFIG``, so a
+    DTensor program runs on every worker unchanged. Use DTensor or a ``TF_CONFIG`` strategy in
+    one program, not both: each starts a server on that address.
     """
     workers = parse_count(workers, "workers")
     ps = parse_count(ps, "ps", minimum=0)

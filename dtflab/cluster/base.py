@@ -336,7 +336,7 @@ class Cluster:
         from dtflab.cluster.task import Command
 
         if job in self.programs:
-            return self.programs[job].command(self.addresses, job, index)
+            return self.programs[job].command(self.addresses, job, index, tuple(self.programs))
         return Command("dtflab.processes.server", [
             "--cluster_spec", self.legacy_spec, "--job_name", job, "--task_index", str(index),
             "--inter_op_threads", str(self.inter_op_threads),

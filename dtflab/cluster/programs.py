@@ -1,10 +1,19 @@
-"""What a program task runs: the user's script, its arguments with per-task placeholders, and
-the ``TF_CONFIG`` TensorFlow's strategies read.
+"""What a program task runs: the user's script, its arguments with per-task placeholders, the
+``TF_CONFIG`` TensorFlow's strategies read and the variables DTensor's multi-client mode reads.
 
 In the arguments, ``{ps_hosts}``, ``{worker_hosts}``, ``{chief_hosts}`` (comma-separated
 ``host:port`` lists), ``{job_name}`` and ``{task_index}`` are replaced per task, so a 2016-2018
 trainer with ``--ps_hosts=... --job_name=... --task_index=...`` flags runs unchanged.
 ``{{`` and ``}}`` are literal braces.
+
+DTensor's clients are the program tasks of the chief and worker jobs, the chief first, as
+TensorFlow's own DTensor-backed ``tf.distribute.experimental.MultiWorkerMirroredStrategy`` maps
+``TF_CONFIG`` to them. Each client gets ``DTENSOR_CLIENT_ID`` (its place in that order),
+``DTENSOR_NUM_CLIENTS``, ``DTENSOR_JOB_NAME`` (``worker``) and ``DTENSOR_JOBS``: every client's
+``TF_CONFIG`` address, in client order. That address is the task's own: dtflab chose its port
+free and binds nothing there, so ``initialize_accelerator_system`` starts DTensor's gRPC server
+on it (a program uses DTensor or a ``TF_CONFIG`` strategy, not both: each binds that port).
+ps tasks and bare task servers are no clients.
 """
 
 from __future__ import annotations
@@ -16,6 +25,10 @@ from dataclasses import dataclass
 
 from dtflab.cluster.task import Command
 
+#: The jobs whose program tasks are DTensor's clients, in client order.
+DTENSOR_CLIENT_JOBS = ("chief", "worker")
+#: The job name DTensor's clients share (``DTENSOR_JOB_NAME``), as TensorFlow's own mapping has it.
+DTENSOR_JOB_NAME = "worker"
 PLACEHOLDERS = ("ps_hosts", "worker_hosts", "chief_hosts", "job_name", "task_index")
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -67,15 +80,18 @@ class Program:
 
         return [_PLACEHOLDER.sub(replace, arg) for arg in self.args]
 
-    def command(self, addresses: dict[str, list[str]], job: str, index: int) -> Command:
-        """How task ``job:index`` runs this program (see ``dtflab.processes.program``)."""
+    def command(self, addresses: dict[str, list[str]], job: str, index: int,
+                program_jobs=None) -> Command:
+        """How task ``job:index`` runs this program (see ``dtflab.processes.program``);
+        ``program_jobs``: every job that runs a program (default: ``job`` alone)."""
         return Command("dtflab.processes.program",
                        ["--exit_with_parent", self.script, *self.arguments(addresses, job, index)],
                        env={"TF_CONFIG": tf_config(addresses, job, index),
                             "DTFLAB_TASK": f"{job}:{index}",
                             # TensorFlow's INFO lines in the task's log: there it says what a
                             # session waits for (dtflab.cluster.waits); followers hide them.
-                            "TF_CPP_MIN_LOG_LEVEL": "0"},
+                            "TF_CPP_MIN_LOG_LEVEL": "0",
+                            **dtensor_env(addresses, program_jobs or (job,), job, index)},
                        cwd=self.cwd)
 
 
@@ -83,3 +99,23 @@ def tf_config(addresses: dict[str, list[str]], job: str, index: int) -> str:
     """``TF_CONFIG`` for task ``job:index`` of a cluster with these addresses."""
     return json.dumps({"cluster": {j: list(tasks) for j, tasks in addresses.items()},
                        "task": {"type": job, "index": index}})
+
+
+def dtensor_clients(addresses: dict[str, list[str]], program_jobs) -> list[tuple[str, int]]:
+    """DTensor's clients, ``(job, index)`` in client order: the program tasks of the chief and
+    worker jobs, the chief first."""
+    return [(job, index) for job in DTENSOR_CLIENT_JOBS if job in program_jobs
+            for index in range(len(addresses.get(job, [])))]
+
+
+def dtensor_env(addresses: dict[str, list[str]], program_jobs, job: str,
+                index: int) -> dict[str, str]:
+    """DTensor's multi-client variables for task ``job:index``; ``{}`` for a task that is no
+    client (a ps task, a job that runs no program)."""
+    clients = dtensor_clients(addresses, program_jobs)
+    if (job, index) not in clients:
+        return {}
+    return {"DTENSOR_CLIENT_ID": str(clients.index((job, index))),
+            "DTENSOR_NUM_CLIENTS": str(len(clients)),
+            "DTENSOR_JOB_NAME": DTENSOR_JOB_NAME,
+            "DTENSOR_JOBS": ",".join(addresses[j][i] for j, i in clients)}

@@ -2,12 +2,14 @@
 
 ``sys.argv`` is ``[SCRIPT, *ARGS]``, the script's folder comes first on ``sys.path``,
 ``__name__ == "__main__"``, the working directory is the caller's, and the environment carries
-``TF_CONFIG`` (set by the cluster). The process ends when its owner does (``--exit_with_parent``
-as for task servers). Exit code: the script's (``sys.exit``), 1 for an uncaught exception (its
-traceback goes to the task's log), 0 otherwise. A crash in C++ (an abort, a segfault) leaves every
-thread's Python stack in the log (``faulthandler``). TensorFlow's C++ log lines are at the
-level ``TF_CPP_MIN_LOG_LEVEL`` gives (the cluster gives programs 0, INFO, so their logs say what
-a session waits for; ``dtflab.cluster.waits``), also in a task forked from a warm TensorFlow.
+``TF_CONFIG`` and, in a DTensor client, ``DTENSOR_CLIENT_ID``, ``DTENSOR_NUM_CLIENTS``,
+``DTENSOR_JOB_NAME`` and ``DTENSOR_JOBS`` (set by the cluster: ``dtflab.cluster.programs``).
+The process ends when its owner does (``--exit_with_parent`` as for task servers). Exit code:
+the script's (``sys.exit``), 1 for an uncaught exception (its traceback goes to the task's log),
+0 otherwise. A crash in C++ (an abort, a segfault) leaves every thread's Python stack in the
+log (``faulthandler``). TensorFlow's C++ log lines are at the level ``TF_CPP_MIN_LOG_LEVEL``
+gives (the cluster gives programs 0, INFO, so their logs say what a session waits for;
+``dtflab.cluster.waits``), also in a task forked from a warm TensorFlow.
 
 The process then ends with a normal interpreter exit, as ``python SCRIPT`` would: atexit
 handlers run and TensorFlow shuts down as usual (MultiWorkerMirroredStrategy's workers wait
