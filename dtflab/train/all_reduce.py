@@ -192,11 +192,13 @@ class _Job:
         self.last_step = -1
         self.recorded = False  # the previous step's records went through the runner
 
-    def start(self) -> dict:
+    def start(self) -> None:
         try:
-            return self.reports.accept(self.cluster, self.timeout)
+            hellos = self.reports.accept(self.cluster, self.timeout)
         except WorkerDied as died:
             raise self._error(died, f"{died.status} before its first step") from None
+        # where each worker reached this notebook: 127.0.0.1, or this machine's address
+        self.history.details["reported_to"] = {w: h["reached"] for w, h in sorted(hellos.items())}
 
     def step(self, _):
         """The next step's records, one per worker; ``None`` once every worker is done."""
