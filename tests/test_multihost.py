@@ -259,6 +259,8 @@ import psutil
 from dask.distributed import Client
 
 from dtflab import train
+from dtflab.errors import NotSupportedError
+from dtflab.network.transport import cluster_snapshot
 
 scheduler, folder = sys.argv[1], sys.argv[2]
 out = {}
@@ -287,6 +289,11 @@ out["vs_single"] = max(abs(r.loss - single.losses[r.step]) for r in history.reco
 fingerprints = history.details["fingerprints"]
 out["fingerprints_agree"] = fingerprints["worker:0"] == fingerprints["worker:1"] != []
 out["strays_after_run"] = strays()
+try:  # train.WireBytes reads this machine's sockets: a remote pid is another host's process
+    cluster_snapshot(history.cluster)
+    out["wire"] = "counted"
+except NotSupportedError as exc:
+    out["wire"] = str(exc)
 
 reference = train.single(problem, steps=100, seed=2)
 run = train.all_reduce(problem, workers=2, steps=100, seed=2, slow={"worker:0": 0.05},
@@ -329,6 +336,13 @@ def test_all_reduce_workers_on_two_hosts_report_back_and_match_one_process(all_r
     assert all_reduce_report["steps_per_worker"] == {"worker:0": 40, "worker:1": 40}
     assert all_reduce_report["vs_single"] <= 1e-5
     assert all_reduce_report["fingerprints_agree"]
+
+
+def test_bytes_on_the_wire_are_not_counted_on_tasks_of_other_hosts(all_reduce_report):
+    _, h2, _ = all_reduce_report["hosts"]
+    assert all_reduce_report["wire"] == (f"counting bytes on the wire reads this machine's "
+                                         f"sockets; worker:0 runs on {h2}: count on a cluster "
+                                         f"of this machine (--backend local)")
 
 
 def test_all_reduce_recovers_a_worker_killed_on_another_host_from_the_shared_checkpoints(
