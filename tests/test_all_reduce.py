@@ -45,6 +45,8 @@ def test_all_reduce_matches_one_process_and_every_copy_agrees(single_run):
     row = dtflab.compare(single_run, history).rows[1]
     assert row["max_abs_loss_diff"] <= TOLERANCE and row["steps"] == 80
     assert history.cluster.stopped  # the worker programs end with the run
+    port = history.details["report_port"]  # local workers report through 127.0.0.1
+    assert history.details["reported_to"] == {w: f"127.0.0.1:{port}" for w in ("worker:0", "worker:1")}
 
 
 def test_softmax_all_reduce_with_three_workers_matches_one_process():
@@ -222,6 +224,10 @@ def test_single_runs_on_a_task_given_as_a_device_string():
                                    r"worker:0, worker:1"),
     (dict(checkpoint_every=0), r"checkpoint_every=0: checkpoint_every must be a whole number of at "
                                r"least 1; for example checkpoint_every=10"),
+    (dict(checkpoint_every=10, scheduler="tcp://127.0.0.1:1"),
+     r"checkpoint_every on a Dask cluster needs checkpoint_dir, a folder this machine and every "
+     r"worker's host share"),
+    (dict(trace_step=3, client=object()), r"trace_step on a Dask cluster needs checkpoint_dir"),
 ])
 def test_bad_input_is_refused_before_anything_starts(kwargs, message):
     with pytest.raises(ValueError, match=message):

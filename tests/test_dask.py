@@ -104,6 +104,31 @@ def test_an_external_cluster_trains_kills_restarts_and_survives_stop(external_da
     assert worker_count(address) == 3
 
 
+def check_all_reduce(**where):
+    """``train.all_reduce`` on Dask (``where``) matches one process; its workers reported to
+    127.0.0.1 (every Dask worker here is on this machine) and it stopped them."""
+    problem = train.exp_regression()
+    single = train.single(problem, steps=20, seed=1)
+    history = train.all_reduce(problem, workers=2, steps=20, seed=1, **where)
+    assert history.cluster.backend == "dask" and history.cluster.stopped
+    assert history.steps_per_worker == {"worker:0": 20, "worker:1": 20}
+    assert max(abs(r.loss - single.losses[r.step]) for r in history.records) <= 1e-5
+    port = history.details["report_port"]
+    assert history.details["reported_to"] == {w: f"127.0.0.1:{port}" for w in ("worker:0", "worker:1")}
+
+
+def test_all_reduce_runs_its_workers_on_a_dask_scheduler(external_dask):
+    address, add_worker, processes = external_dask
+    for _ in range(2):
+        add_worker()
+    check_all_reduce(scheduler=address)  # the listener on every interface
+    assert all(process.poll() is None for process in processes)  # the Dask cluster goes on
+
+
+def test_all_reduce_runs_its_workers_on_a_local_dask_cluster():
+    check_all_reduce(backend="dask")
+
+
 def test_too_few_workers_is_said_clearly_and_starts_nothing(external_dask):
     address, add_worker, processes = external_dask
     add_worker()

@@ -3,8 +3,10 @@
 The hosts are network namespaces this module creates (``ip netns add``), each with its own
 address on one subnet, joined by a bridge that lives in a fourth namespace (so this machine's
 own firewall never sees their traffic). ``h1`` runs the ``dask scheduler`` and the dtflab
-program under test; ``h2`` and ``h3`` each run two ``dask worker`` processes. Nothing listens
-on this machine's own network: the test reads what the program on ``h1`` reports.
+program under test; ``h2`` and ``h3`` each run two ``dask worker`` processes. For
+``train.all_reduce`` a second scheduler on ``h1`` has one worker on each of ``h2`` and ``h3``.
+Nothing listens on this machine's own network: the test reads what the program on ``h1``
+reports.
 
 Needs root (CAP_NET_ADMIN) and iproute2; ``.ci/run`` runs as root and installs iproute2.
 """
@@ -148,41 +150,59 @@ class Hosts:
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    """What the program on h1 saw, with the Dask scheduler on h1 and two workers on h2 and h3."""
+def hosts():
+    """Three hosts as network namespaces, removed (with every process started on them) after
+    the module's tests."""
     if os.geteuid() != 0 or not os.path.exists(IP):
         pytest.skip("MULTIHOST TIER NOT RUN: building hosts as network namespaces needs root and "
                     "iproute2 (`apt-get install iproute2`; .ci/run runs as root)")
-    folder = tmp_path_factory.mktemp("multihost")
     hosts = Hosts()
     try:
         hosts.build()
-        scheduler_file = folder / "scheduler.json"
-        quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        hosts.start(0, sys.executable, "-m", "distributed.cli.dask_scheduler", "--host",
-                    hosts.addresses[0], "--port", "0", "--dashboard-address",
-                    f"{hosts.addresses[0]}:0", "--scheduler-file", str(scheduler_file), **quiet)
-        deadline = time.monotonic() + 60
-        while not scheduler_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        scheduler = json.loads(scheduler_file.read_text())["address"]
-        for host in (1, 2):
-            for _ in range(2):
-                hosts.start(host, sys.executable, "-m", "distributed.cli.dask_worker", scheduler,
-                            "--host", hosts.addresses[host], "--nthreads", "1", "--no-dashboard",
-                            **quiet)
-        driver = folder / "driver.py"
-        driver.write_text(DRIVER)
-        done = subprocess.run([IP, "netns", "exec", hosts.names[0], sys.executable, str(driver),
-                               scheduler, str(MWMS), "4"], capture_output=True, text=True,
-                              timeout=600, cwd=ROOT)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        assert done.returncode == 0 and lines, done.stderr[-3000:]
-        result = json.loads(lines[-1][len("RESULT "):])
-        result["scheduler"], result["hosts"] = scheduler, hosts.addresses
-        yield result
+        yield hosts
     finally:
         hosts.remove()
+
+
+def start_dask(hosts: Hosts, folder: Path, workers_per_host: int) -> str:
+    """A `dask scheduler` on h1 and ``workers_per_host`` `dask worker`s on each of h2 and h3
+    (stopped with the hosts); returns the scheduler's address."""
+    scheduler_file = folder / "scheduler.json"
+    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    hosts.start(0, sys.executable, "-m", "distributed.cli.dask_scheduler", "--host",
+                hosts.addresses[0], "--port", "0", "--dashboard-address",
+                f"{hosts.addresses[0]}:0", "--scheduler-file", str(scheduler_file), **quiet)
+    deadline = time.monotonic() + 60
+    while not scheduler_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    scheduler = json.loads(scheduler_file.read_text())["address"]
+    for host in (1, 2):
+        for _ in range(workers_per_host):
+            hosts.start(host, sys.executable, "-m", "distributed.cli.dask_worker", scheduler,
+                        "--host", hosts.addresses[host], "--nthreads", "1", "--no-dashboard",
+                        **quiet)
+    return scheduler
+
+
+def drive(hosts: Hosts, folder: Path, driver: str, *args: str) -> dict:
+    """Run ``driver`` (Python code) on h1 with ``args``; what it reported as ``RESULT {json}``."""
+    path = folder / "driver.py"
+    path.write_text(driver)
+    done = subprocess.run([IP, "netns", "exec", hosts.names[0], sys.executable, str(path), *args],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def report(hosts, tmp_path_factory):
+    """What the program on h1 saw, with the Dask scheduler on h1 and two workers on h2 and h3."""
+    folder = tmp_path_factory.mktemp("multihost")
+    scheduler = start_dask(hosts, folder, workers_per_host=2)
+    result = drive(hosts, folder, DRIVER, scheduler, str(MWMS), "4")
+    result["scheduler"], result["hosts"] = scheduler, hosts.addresses
+    return result
 
 
 def host_of(address: str) -> str:
@@ -230,3 +250,115 @@ def test_program_tasks_run_across_hosts_with_identical_losses(report):
 
 def test_stopping_leaves_the_external_dask_cluster_running(report):
     assert report["dask_workers_after"] == report["dask_workers"]
+
+
+# train.all_reduce from h1 with its two worker programs on h2 and h3 (one Dask worker each).
+ALL_REDUCE_DRIVER = r'''
+import json, sys, time
+import psutil
+from dask.distributed import Client
+
+from dtflab import train
+from dtflab.errors import NotSupportedError
+from dtflab.network.transport import cluster_snapshot
+
+scheduler, folder = sys.argv[1], sys.argv[2]
+out = {}
+
+
+def strays():
+    """all_reduce_worker programs still running, on any host (the namespaces share one pid
+    namespace: this machine's process table shows every host's)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        command = " ".join(process.info["cmdline"] or [])
+        if "all_reduce_worker.py" in command:
+            found.append(command[:200])
+    return found
+
+
+with Client(scheduler, timeout="30s") as client:
+    client.wait_for_workers(2, timeout=90)
+problem = train.exp_regression()
+single = train.single(problem, steps=40, seed=5)
+history = train.all_reduce(problem, workers=2, steps=40, seed=5, scheduler=scheduler)
+out["addresses"] = history.cluster.addresses
+out["steps_per_worker"] = history.steps_per_worker
+out["reported_to"] = history.details["reported_to"]
+out["vs_single"] = max(abs(r.loss - single.losses[r.step]) for r in history.records)
+fingerprints = history.details["fingerprints"]
+out["fingerprints_agree"] = fingerprints["worker:0"] == fingerprints["worker:1"] != []
+out["strays_after_run"] = strays()
+try:  # train.WireBytes reads this machine's sockets: a remote pid is another host's process
+    cluster_snapshot(history.cluster)
+    out["wire"] = "counted"
+except NotSupportedError as exc:
+    out["wire"] = str(exc)
+
+reference = train.single(problem, steps=100, seed=2)
+run = train.all_reduce(problem, workers=2, steps=100, seed=2, slow={"worker:0": 0.05},
+                       checkpoint_every=10, checkpoint_dir=folder, scheduler=scheduler,
+                       background=True)
+deadline = time.monotonic() + 180
+while run.history.steps < 2 * 25 and time.monotonic() < deadline:
+    time.sleep(0.05)
+run.history.cluster.kill("worker:1")
+recovered = run.wait(timeout=300)
+(recovery,) = recovered.recoveries
+out["recovery"] = {"task": recovery.task, "restarted": recovery.restarted,
+                   "failed_at": recovery.failed_at, "resumed_from": recovery.resumed_from}
+out["recovered_steps"] = [r.step for r in recovered.records if r.worker == "worker:0"]
+out["recovered_vs_single"] = max(abs(r.loss - reference.losses[r.step]) for r in recovered.records)
+out["recovered_cluster_stopped"] = recovered.cluster.stopped
+out["strays_after_recovery"] = strays()
+with Client(scheduler, timeout="30s") as client:
+    out["dask_workers_after"] = len(client.scheduler_info(n_workers=-1)["workers"])
+print("RESULT " + json.dumps(out), flush=True)
+'''
+
+
+@pytest.fixture(scope="module")
+def all_reduce_report(hosts, tmp_path_factory):
+    """What ``train.all_reduce`` did from h1 on a Dask cluster of one worker on h2 and one on h3;
+    the checkpoint folder is on the filesystem the namespaces share (on real hosts: NFS, say)."""
+    folder = tmp_path_factory.mktemp("multihost-all-reduce")
+    scheduler = start_dask(hosts, folder, workers_per_host=1)
+    result = drive(hosts, folder, ALL_REDUCE_DRIVER, scheduler, str(folder / "checkpoints"))
+    result["hosts"] = hosts.addresses
+    return result
+
+
+def test_all_reduce_workers_on_two_hosts_report_back_and_match_one_process(all_reduce_report):
+    # The workers reached the notebook on h1 (not its 127.0.0.1) from their own hosts.
+    h1, h2, h3 = all_reduce_report["hosts"]
+    assert [host_of(a) for a in all_reduce_report["addresses"]["worker"]] == [h2, h3]
+    assert {host_of(a) for a in all_reduce_report["reported_to"].values()} == {h1}
+    assert all_reduce_report["steps_per_worker"] == {"worker:0": 40, "worker:1": 40}
+    assert all_reduce_report["vs_single"] <= 1e-5
+    assert all_reduce_report["fingerprints_agree"]
+
+
+def test_bytes_on_the_wire_are_not_counted_on_tasks_of_other_hosts(all_reduce_report):
+    _, h2, _ = all_reduce_report["hosts"]
+    assert all_reduce_report["wire"] == (f"counting bytes on the wire reads this machine's "
+                                         f"sockets; worker:0 runs on {h2}: count on a cluster "
+                                         f"of this machine (--backend local)")
+
+
+def test_all_reduce_recovers_a_worker_killed_on_another_host_from_the_shared_checkpoints(
+        all_reduce_report):
+    recovery = all_reduce_report["recovery"]
+    assert recovery["task"] == "worker:1" and recovery["restarted"] == "every worker"
+    assert recovery["resumed_from"] % 10 == 0 and 0 <= recovery["failed_at"] - recovery["resumed_from"] <= 10
+    steps = all_reduce_report["recovered_steps"]
+    lost = recovery["failed_at"] - recovery["resumed_from"]
+    assert steps[-1] == 99 and len(steps) == 100 + lost  # the lost steps ran twice
+    assert steps[recovery["failed_at"]] == recovery["resumed_from"]
+    assert all_reduce_report["recovered_vs_single"] <= 1e-5
+
+
+def test_nothing_of_an_all_reduce_run_outlives_it_on_any_host(all_reduce_report):
+    assert all_reduce_report["strays_after_run"] == []
+    assert all_reduce_report["strays_after_recovery"] == []
+    assert all_reduce_report["recovered_cluster_stopped"]
+    assert all_reduce_report["dask_workers_after"] == 2  # the Dask cluster itself goes on

@@ -90,6 +90,23 @@ def test_the_other_host_reaches_what_this_machine_exposes(other_host):
         listener.close()
 
 
+def test_the_address_toward_another_host_is_this_machines_end_of_the_route(other_host):
+    from dtflab.network.networks import address_toward
+
+    _, host_ip = other_host
+    assert address_toward(host_ip.rsplit(".", 1)[0] + ".2") == host_ip  # the veth, not eth0
+    assert address_toward("localhost") == "127.0.0.1"
+
+
+def test_no_route_to_a_host_is_an_error_naming_it():
+    from dtflab.errors import DtflabError
+    from dtflab.network.networks import address_toward
+
+    with pytest.raises(DtflabError, match=r"no IPv4 route to no-such-host\.invalid \(.+\), so a "
+                                          r"task there cannot call it back"):
+        address_toward("no-such-host.invalid")
+
+
 def test_a_local_cluster_is_out_of_reach_of_other_hosts_and_works_here(other_host, start_cluster):
     cluster = start_cluster(3)
     assert cluster.exposed == []

@@ -462,3 +462,16 @@ def test_a_dtensor_program_runs_on_two_clients_that_agree_on_the_loss(run_progra
     assert float(ends[0][0][1]) == steps[0][-1] < steps[0][0]  # and it learns
     cluster.stop()
     assert None not in pids and all_gone(pids)  # nothing outlives the run
+
+
+def test_client_host_stands_for_where_the_task_reaches_this_machine(tmp_path):
+    from dtflab.cluster.programs import Program
+
+    script = tmp_path / "report.py"
+    script.write_text("")
+    program = Program.checked(script, ["--report={client_host}:7000", "--job={job_name}"])
+    assert program.uses("client_host") and not Program.checked(script, ["{job_name}"]).uses("client_host")
+    addresses = {"worker": ["10.0.0.2:2222"]}
+    assert program.arguments(addresses, "worker", 0) == ["--report=127.0.0.1:7000", "--job=worker"]
+    assert program.arguments(addresses, "worker", 0, client_host="10.0.0.1") == [
+        "--report=10.0.0.1:7000", "--job=worker"]

@@ -6,6 +6,7 @@ import threading
 
 from dtflab.cluster import running
 from dtflab.cluster.ports import choose_ports
+from dtflab.cluster.programs import LOOPBACK
 from dtflab.cluster.task import TaskInfo, TaskState, log_tail
 from dtflab.errors import NotSupportedError, PortInUseError, TaskError
 from dtflab.spec import Layout, layout_to_legacy_spec, parse_address, parse_task
@@ -29,7 +30,7 @@ class Cluster:
     - ``_stop_all()``;
     - ``_task_state(job, index) -> (TaskState, pid or None)`` and ``_task_logs(job, index)``;
     - optionally ``_kill_task`` / ``_start_task`` (default: refuse with ``NotSupportedError``),
-      ``_task_host`` for tasks that run elsewhere, ``_task_details`` (exit code, how it
+      ``_task_host`` and ``_client_host`` for tasks that run elsewhere, ``_task_details`` (exit code, how it
       started) and ``_server_args`` (extra flags for a task server).
 
     It gets for free: ``spec``, ``target()``, ``tasks``, what each task runs
@@ -321,6 +322,10 @@ class Cluster:
     def _task_host(self, job: str, index: int) -> str | None:
         return None
 
+    def _client_host(self, job: str, index: int) -> str:
+        """Where task ``job:index`` reaches this process (its program's ``{client_host}``)."""
+        return LOOPBACK
+
     def _task_details(self, job: str, index: int) -> dict:
         """``exit_code`` and ``started_by`` of one task, where the backend knows them."""
         return {}
@@ -336,7 +341,11 @@ class Cluster:
         from dtflab.cluster.task import Command
 
         if job in self.programs:
-            return self.programs[job].command(self.addresses, job, index, tuple(self.programs))
+            program = self.programs[job]
+            # Only where it is used: a host this machine has no route to fails the start.
+            client_host = self._client_host(job, index) if program.uses("client_host") else ""
+            return program.command(self.addresses, job, index, tuple(self.programs),
+                                   client_host=client_host)
         return Command("dtflab.processes.server", [
             "--cluster_spec", self.legacy_spec, "--job_name", job, "--task_index", str(index),
             "--inter_op_threads", str(self.inter_op_threads),

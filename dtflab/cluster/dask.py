@@ -26,7 +26,8 @@ class DaskCluster(Cluster):
     it and its workers running. Roles go to workers in order of their addresses; each worker
     chooses its task's port and reports its own host, so tasks on different machines reach
     each other. Task processes are children of their worker, spawned, not forked (see
-    dask_worker.py). Program tasks run a script at the same path on the worker's machine.
+    dask_worker.py). Program tasks run a script at the same path on the worker's machine; their
+    ``{client_host}`` is this machine's address on the interface that routes to their host.
     """
 
     backend = "dask"
@@ -131,6 +132,12 @@ class DaskCluster(Cluster):
 
     def _task_host(self, job: str, index: int) -> str | None:
         return self._roles.get((job, index))
+
+    def _client_host(self, job: str, index: int) -> str:
+        from dtflab.network.networks import address_toward
+        from dtflab.spec import parse_address
+
+        return address_toward(parse_address(self.addresses[job][index])[0])
 
     # -- Dask --------------------------------------------------------------------------------
 

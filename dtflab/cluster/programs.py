@@ -4,7 +4,11 @@
 In the arguments, ``{ps_hosts}``, ``{worker_hosts}``, ``{chief_hosts}`` (comma-separated
 ``host:port`` lists), ``{job_name}`` and ``{task_index}`` are replaced per task, so a 2016-2018
 trainer with ``--ps_hosts=... --job_name=... --task_index=...`` flags runs unchanged.
-``{{`` and ``}}`` are literal braces.
+``{client_host}`` is the address at which the task's host reaches the process that started
+the cluster (``127.0.0.1`` for a task on this machine, where ``Cluster.let_tasks_reach(port)``
+lets a port through the private network; on Dask, this machine's address on the interface that
+routes to the task's host): a program reports back to a listener there. ``{{`` and ``}}`` are
+literal braces.
 
 DTensor's clients are the program tasks of the chief and worker jobs, the chief first, as
 TensorFlow's own DTensor-backed ``tf.distribute.experimental.MultiWorkerMirroredStrategy`` maps
@@ -29,7 +33,9 @@ from dtflab.cluster.task import Command
 DTENSOR_CLIENT_JOBS = ("chief", "worker")
 #: The job name DTensor's clients share (``DTENSOR_JOB_NAME``), as TensorFlow's own mapping has it.
 DTENSOR_JOB_NAME = "worker"
-PLACEHOLDERS = ("ps_hosts", "worker_hosts", "chief_hosts", "job_name", "task_index")
+PLACEHOLDERS = ("ps_hosts", "worker_hosts", "chief_hosts", "job_name", "task_index", "client_host")
+#: ``{client_host}`` where the task shares this machine's loopback.
+LOOPBACK = "127.0.0.1"
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -69,10 +75,16 @@ class Program:
     def name(self) -> str:
         return os.path.basename(self.script)
 
-    def arguments(self, addresses: dict[str, list[str]], job: str, index: int) -> list[str]:
+    def uses(self, placeholder: str) -> bool:
+        """Whether an argument names ``{placeholder}``."""
+        return any(match.group(1) == placeholder for arg in self.args
+                   for match in _PLACEHOLDER.finditer(arg))
+
+    def arguments(self, addresses: dict[str, list[str]], job: str, index: int,
+                  client_host: str = LOOPBACK) -> list[str]:
         """The arguments for task ``job:index``, placeholders replaced."""
         values = {f"{j}_hosts": ",".join(addresses.get(j, [])) for j in ("ps", "worker", "chief")}
-        values.update(job_name=job, task_index=str(index))
+        values.update(job_name=job, task_index=str(index), client_host=client_host)
 
         def replace(match):
             text = match.group(0)
@@ -81,11 +93,13 @@ class Program:
         return [_PLACEHOLDER.sub(replace, arg) for arg in self.args]
 
     def command(self, addresses: dict[str, list[str]], job: str, index: int,
-                program_jobs=None) -> Command:
+                program_jobs=None, client_host: str = LOOPBACK) -> Command:
         """How task ``job:index`` runs this program (see ``dtflab.processes.program``);
-        ``program_jobs``: every job that runs a program (default: ``job`` alone)."""
+        ``program_jobs``: every job that runs a program (default: ``job`` alone);
+        ``client_host``: what ``{client_host}`` stands for."""
         return Command("dtflab.processes.program",
-                       ["--exit_with_parent", self.script, *self.arguments(addresses, job, index)],
+                       ["--exit_with_parent", self.script,
+                        *self.arguments(addresses, job, index, client_host)],
                        env={"TF_CONFIG": tf_config(addresses, job, index),
                             "DTFLAB_TASK": f"{job}:{index}",
                             # TensorFlow's INFO lines in the task's log: there it says what a

@@ -42,6 +42,22 @@ def outside_addresses() -> list[str]:
     return sorted(set(found))
 
 
+def address_toward(host: str) -> str:
+    """This machine's IPv4 address on the interface that routes to ``host``: where a process
+    on ``host`` reaches this one (``127.0.0.1`` for this machine's loopback). Routes are taken
+    to be symmetric, as on one LAN; nothing is sent (a UDP socket's connect only asks the kernel
+    for the route)."""
+    try:
+        target = socket.getaddrinfo(host, 9, socket.AF_INET, socket.SOCK_DGRAM)[0][4]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(target)
+            return probe.getsockname()[0]
+    except OSError as exc:
+        raise DtflabError(f"this machine has no IPv4 route to {host} ({exc.strerror or exc}), so "
+                          f"a task there cannot call it back; check that the host's name "
+                          f"resolves and that this machine reaches it") from None
+
+
 def check_network(network) -> str:
     if network not in NETWORKS:
         raise ValueError(f"unknown network {network!r}; choose 'private' (task servers reachable "

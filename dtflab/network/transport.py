@@ -133,8 +133,16 @@ def snapshot(pids: dict[str, int]) -> WireSnapshot:
 
 
 def cluster_snapshot(cluster) -> WireSnapshot:
-    """:func:`snapshot` of every running task of a cluster with processes of its own."""
-    pids = {task.name: task.pid for task in cluster.tasks if task.pid is not None}
+    """:func:`snapshot` of every running task of a cluster with processes of its own, on
+    this machine (a task on another host has a pid of that host)."""
+    tasks = cluster.tasks
+    for task in tasks:  # task.host: where a task runs that is not this process's child
+        host = task.address.rsplit(":", 1)[0]
+        if task.host is not None and not (host == "localhost" or host.startswith("127.")):
+            raise NotSupportedError(f"counting bytes on the wire reads this machine's sockets; "
+                                    f"{task.name} runs on {host}: count on a cluster of this "
+                                    f"machine (--backend local)")
+    pids = {task.name: task.pid for task in tasks if task.pid is not None}
     if not pids:
         raise NotSupportedError(f"counting bytes on the wire needs task processes; the "
                                 f"{cluster.backend} backend has none here: use --backend local")

@@ -2,8 +2,9 @@
 
 Every worker holds a full copy of the variables, trains on its slice of each global batch and
 sums the gradients with the others; there is no parameter server. The workers are programs
-started with ``dtflab.run`` (the same warm fork server as every local task), each running
-``dtflab/train/all_reduce_worker.py``; this notebook only listens.
+started with ``dtflab.run`` (forked from the same warm fork server as every local task, or on a
+Dask cluster's workers), each running ``dtflab/train/all_reduce_worker.py``; this notebook
+only listens.
 
 How the records come back: every worker writes a JSON line per step to the notebook's
 listener (``dtflab.train.reports``), and the runner turns them into ``StepRecord`` objects
@@ -28,7 +29,7 @@ from dtflab.cluster.task import log_tail
 from dtflab.errors import StallError, TaskError
 from dtflab.train.checkpoints import Recovery
 from dtflab.train.history import RunHistory
-from dtflab.train.reports import Reports, WorkerDied
+from dtflab.train.reports import EVERY_INTERFACE, LOOPBACK, Reports, WorkerDied
 from dtflab.train.runner import Runner, Update
 from dtflab.train.watchdog import Stalled
 
@@ -42,7 +43,8 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
                timeout: float = 60.0, start_method: str | None = None,
                collective_timeout_s: float | None = None, threads: int | None = None,
                lockstep: bool = False, check_every: int = 10, bucket_bytes: int = 0,
-               watchdog=True):
+               watchdog=True, backend: str | None = None, scheduler: str | None = None,
+               client=None):
     """Train ``problem`` with MultiWorkerMirroredStrategy in ``workers`` worker programs.
 
     In [1]: run = train.all_reduce(problem, workers=2, background=True)
@@ -77,6 +79,17 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
     per step. The watchdog reports a step that stalls (every worker waits in the collective);
     if it lasts ``1 + retries`` times the watchdog's bound, the run restarts every worker from
     the newest checkpoint (with ``checkpoint_every``) or ends with a ``StallError``.
+
+    In [3]: train.all_reduce(problem, workers=2, scheduler="tcp://10.0.0.5:8786",
+       ...:                  checkpoint_every=10, checkpoint_dir="/shared/run1")
+
+    ``scheduler`` (an address) or ``client`` (a ``dask.distributed.Client``) runs the worker
+    programs on that Dask cluster's workers, one per Dask worker, as ``dtflab.run`` does
+    (``backend="dask"`` alone: on a Dask LocalCluster of this machine). This notebook then
+    listens on every interface, and each worker reports to this machine's address on the
+    interface that routes to its host. Checkpoints and traces then need ``checkpoint_dir``: a
+    folder this machine and every worker's host share (NFS, say), where a restarted worker
+    finds the newest checkpoint and this notebook the workers' profiles.
     """
     from dtflab import checks
     from dtflab.cluster import MAX_THREADS
@@ -102,12 +115,19 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
     checks.whole(check_every, "check_every", example=10)
     if bucket_bytes != 0:
         checks.whole(bucket_bytes, "bucket_bytes", example=1 << 20)
+    elsewhere = scheduler is not None or client is not None  # workers on other hosts
+    if elsewhere and not checkpoint_dir and (checkpoint_every or trace_step is not None):
+        what = "checkpoint_every" if checkpoint_every else "trace_step"
+        raise ValueError(f"{what} on a Dask cluster needs checkpoint_dir, a folder this machine "
+                         f"and every worker's host share (on NFS, say), where the workers write "
+                         f"their checkpoints and profiles; for example "
+                         f"checkpoint_dir='/shared/dtflab-run'")
     lockstep = lockstep or any(getattr(callback, "between_steps", False) for callback in callbacks)
     folder = checkpoint_dir or (tempfile.mkdtemp(prefix="dtflab-allreduce-")
                                 if checkpoint_every or trace_step is not None else "")
-    reports = Reports(workers)
+    reports = Reports(workers, EVERY_INTERFACE if elsewhere else LOOPBACK)
     args = [f"--problem={_escaped(json.dumps(dataclasses.asdict(problem)))}", f"--steps={steps}",
-            f"--seed={seed}", f"--report=127.0.0.1:{reports.port}",
+            f"--seed={seed}", f"--report={{client_host}}:{reports.port}",
             f"--checkpoint-dir={folder}", f"--checkpoint-every={checkpoint_every or 0}",
             f"--trace-step={-1 if trace_step is None else trace_step}",
             f"--trace-dir={os.path.join(folder, 'trace') if folder else ''}",
@@ -117,7 +137,8 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
                 ["--lockstep"] if lockstep else [])
     try:
         cluster = run_programs(WORKER_PROGRAM, *args, workers=workers, timeout=timeout,
-                               start_method=start_method)
+                               start_method=start_method, backend=backend,
+                               scheduler=scheduler, client=client)
     except BaseException:
         reports.close()
         if folder and not checkpoint_dir:
@@ -171,11 +192,13 @@ class _Job:
         self.last_step = -1
         self.recorded = False  # the previous step's records went through the runner
 
-    def start(self) -> dict:
+    def start(self) -> None:
         try:
-            return self.reports.accept(self.cluster, self.timeout)
+            hellos = self.reports.accept(self.cluster, self.timeout)
         except WorkerDied as died:
             raise self._error(died, f"{died.status} before its first step") from None
+        # where each worker reached this notebook: 127.0.0.1, or this machine's address
+        self.history.details["reported_to"] = {w: h["reached"] for w, h in sorted(hellos.items())}
 
     def step(self, _):
         """The next step's records, one per worker; ``None`` once every worker is done."""

@@ -10,7 +10,7 @@ ends every worker after the same step: a worker that stopped alone would leave t
 waiting in the next collective) and fingerprint their weights.
 
 It reports to the notebook over one TCP connection (``--report host:port``), a JSON line per
-message: ``hello`` (once the strategy is up), ``step`` (its slice's summed loss, its own step
+message: ``hello`` (once the strategy is up; with the address it reached), ``step`` (its slice's summed loss, its own step
 time, a fingerprint of its weights on check steps), ``done``. The notebook writes ``stop`` to
 it, and with ``--lockstep`` a ``go`` after each step it has recorded. With
 ``--checkpoint-every K`` it writes its variables and optimizer slots every K steps and resumes
@@ -150,7 +150,8 @@ def main(argv=None) -> int:
     checkpoint = tf.train.Checkpoint(variables=variables, optimizer=optimizer)
     first = resume(checkpoint, args, resolver.task_id)
     check(tf.constant(0.0))  # traced and its collective set up now, not inside a timed step
-    report.send(kind="hello", worker=name, pid=os.getpid(), workers=workers, resumed_at=first)
+    report.send(kind="hello", worker=name, pid=os.getpid(), workers=workers, resumed_at=first,
+                reached=args.report)
     for step in range(first, args.steps):
         began = time.perf_counter()
         if slow:

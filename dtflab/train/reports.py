@@ -1,7 +1,10 @@
 """The notebook's end of worker programs' reports: a TCP listener each worker connects to,
 one JSON line per message, read by a thread per worker into a queue.
 
-The listener is on 127.0.0.1, let through the cluster's private network. Messages: ``hello``
+The listener is on 127.0.0.1 (let through the cluster's private network) for workers on this
+machine; for workers on other hosts (a Dask cluster's) it is on every interface, and each worker
+is told this machine's address on the interface that routes to its host (a program's
+``{client_host}``). It reads JSON lines and runs nothing it is sent. Messages: ``hello``
 (once a worker is up), ``step``, ``done``; the notebook writes lines back (``stop``, ``go``).
 A worker program that ends without saying ``done`` is found from its task's state and raised
 as :class:`WorkerDied`.
@@ -19,6 +22,8 @@ from dtflab.cluster.task import TaskState
 
 #: How often a wait for a worker's next message looks at whether the worker still runs.
 POLL_S = 0.5
+#: Where the listener is for workers on this machine, and for workers on other hosts.
+LOOPBACK, EVERY_INTERFACE = "127.0.0.1", "0.0.0.0"
 
 
 class WorkerDied(Exception):
@@ -32,9 +37,9 @@ class WorkerDied(Exception):
 class Reports:
     """The notebook's end of the workers' reports: a listener, a reader thread per worker."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, host: str = LOOPBACK):
         self.workers = workers
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener = socket.create_server((host, 0))
         self.port = self.listener.getsockname()[1]
         self.queues: dict[str, queue.Queue] = {}
         self.connections: dict[str, socket.socket] = {}
@@ -52,6 +57,7 @@ class Reports:
         # A worker connects first and says hello once its strategy is up, which needs every
         # worker: the hellos are read in threads, so a worker that died meanwhile is noticed.
         greeted: queue.Queue = queue.Queue()
+        next_look = 0.0  # at most every POLL_S: on Dask a look is a round trip to each worker
         while len(hellos) < self.workers:
             try:
                 connection, _ = self.listener.accept()
@@ -62,7 +68,9 @@ class Reports:
             try:
                 connection, lines, hello = greeted.get(timeout=0.05)
             except queue.Empty:
-                self._check_alive(cluster, waiting_for=set(hellos))
+                if time.monotonic() >= next_look:
+                    self._check_alive(cluster, waiting_for=set(hellos))
+                    next_look = time.monotonic() + POLL_S
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"only {len(hellos)} of {self.workers} workers reported "
                                        f"within {timeout:g} s; see cluster.logs('worker:0')")
