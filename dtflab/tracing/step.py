@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import importlib
+import re
 from dataclasses import dataclass, field
 
 from dtflab.names import short as short_device  # the name every view prints
@@ -139,15 +140,19 @@ class StepTrace:
 
     def collective_overlap(self) -> dict[str, float]:
         """Per device that ran collectives (``CollectiveReduceV2``: an all-reduce), the share
-        of their time during which the device also computed: collective time hidden under
-        compute. A collective's time includes waiting for its slowest peer."""
+        of their time during which the device also computed its forward or backward pass:
+        collective time hidden under compute. A collective's time includes waiting for its
+        slowest peer. The update that consumes the sums (the optimizer's ops and the split of
+        a pack) is not counted: the profiler may record an asynchronous collective's end after
+        the ops its result released have started."""
         shares = {}
         for device, timings in self.timings.items():
             collectives = [(t.start_us, t.end_us) for t in timings
                            if t.kind == "transfer" and t.name.endswith("CollectiveReduceV2")]
             if not collectives:
                 continue
-            busy = _union((t.start_us, t.end_us) for t in timings if t.kind == "compute")
+            busy = _union((t.start_us, t.end_us) for t in timings
+                          if t.kind == "compute" and not _UPDATE.search(t.name))
             hidden = sum(max(0.0, min(end, b) - max(start, a))
                          for start, end in collectives for a, b in busy)
             total = sum(end - start for start, end in collectives)
@@ -193,6 +198,10 @@ class StepTrace:
         from dtflab.tracing.chrome import chrome_trace
 
         return chrome_trace(self, path)
+
+
+#: Ops of the update that an all-reduce's result feeds (``name:type`` as the profiler names them).
+_UPDATE = re.compile(r"(^|/)(Adam|update_[^/]*)/|:ResourceApply|:(SplitV|Split|Reshape)$")
 
 
 def _union(intervals) -> list[tuple[float, float]]:
