@@ -78,9 +78,10 @@ def main(argv=None) -> int:
     check(tf.constant(0.0))  # traced and its collective set up now, not inside a timed step
     report.send(kind="hello", worker=name, pid=os.getpid(), workers=workers, resumed_at=first)
 
-    def state_bytes():  # the slots exist once the first step has run
+    def state_bytes():  # the slots (Adam's m and v) exist once the first step has run
+        slots = [optimizer.get_slot(v, slot) for v in variables for slot in optimizer.get_slot_names()]
         return {"parameters": variable_bytes(variables),
-                "slots": variable_bytes(optimizer.variables())}
+                "slots": variable_bytes([slot for slot in slots if slot is not None])}
 
     run_steps(args, report, problem, name, resolver.task_id, workers, first, train_step, check,
               lambda next_step: save(checkpoint, args, resolver.task_id, next_step), state_bytes)

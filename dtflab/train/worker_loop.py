@@ -127,7 +127,8 @@ def run_steps(args, report: Report, problem, name: str, index: int, workers: int
     ``train_step(x, t)`` trains on the worker's slice and returns its summed loss (a tensor);
     ``check(stop_vote)`` returns the summed votes and a fingerprint (tensors, the same on
     every worker); ``save(next_step)`` writes a checkpoint; ``state_bytes()`` what the worker's
-    variables take, ``{"parameters": ..., "slots": ...}``."""
+    variables take, ``{"parameters": ..., "slots": ...}`` (the optimizer's slots: Adam's m and v;
+    its two scalars left out)."""
     import tensorflow as tf
 
     share = problem.batch_size // workers

@@ -74,9 +74,10 @@ def checked(problem, workers, steps, seed, trace_step, timeout, collective_timeo
 def train_in_programs(loop: Loop, problem, *, workers, steps, seed, slow, checkpoint_every,
                       checkpoint_dir, trace_step, background, callbacks, name, timeout,
                       start_method, collective_timeout_s, threads, lockstep, check_every,
-                      watchdog, extra_args=()):
+                      watchdog, extra_args=(), details=None):
     """Start ``loop.program`` on ``workers`` workers and run them to the end (arguments
-    already :func:`checked`); the RunHistory, or a BackgroundRun with ``background=True``."""
+    already :func:`checked`); the RunHistory, or a BackgroundRun with ``background=True``.
+    ``details`` go into ``history.details`` as they are (the loop's formulas)."""
     from dtflab.cluster import run as run_programs
 
     lockstep = lockstep or any(getattr(callback, "between_steps", False) for callback in callbacks)
@@ -106,6 +107,7 @@ def train_in_programs(loop: Loop, problem, *, workers, steps, seed, slow, checkp
     history.details["state_bytes"] = {}
     history.details["memory"] = {}
     history.details["report_port"] = reports.port
+    history.details.update(details or {})
     runner = Runner(history, callbacks, on_stop=reports.send_stop, watchdog=watchdog)
     job = _Job(cluster, reports, history, checkpoint_every, timeout, lockstep, runner.watch,
                trace_step, loop.collective)
