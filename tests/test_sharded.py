@@ -110,3 +110,11 @@ def test_with_checkpoints_every_worker_resumes_its_own_shards_and_the_curve_goes
 def test_bad_input_is_refused_before_anything_starts(kwargs, message):
     with pytest.raises(ValueError, match=message):
         train.sharded_data_parallel(PROBLEM, steps=5, **{"workers": 2, **kwargs})
+
+
+def test_a_traced_step_shows_each_worker_gathering_twice_per_layer():
+    history = train.sharded_data_parallel(PROBLEM, workers=2, steps=5, trace_step=3)
+    assert len(history.trace.timings) == 2
+    for timings in history.trace.timings.values():
+        gathers = [t for t in timings if t.name.endswith(":CollectiveGatherV2")]
+        assert len(gathers) == 2 * PROBLEM.depth  # before each layer's forward and its backward
