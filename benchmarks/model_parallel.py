@@ -1,5 +1,5 @@
 """Pipeline parallelism measured: the bubble, a cost model's predictions, GPipe against 1F1B;
-tensor parallelism's bytes and losses.
+tensor parallelism's and sharded data parallelism's bytes and losses.
 
 Two stages of the classifier with three hidden layers (two layers a stage, width 1024, batch
 2048), one intra-op thread per stage task, for m = 1, 2, 4, 8, 16 micro-batches:
@@ -27,6 +27,16 @@ Two stages of the classifier with three hidden layers (two layers a stage, width
   128 and 512.
 - tensor_parallel_vs_single_max_abs_loss_diff: exp(x) (200 steps) and the classifier (30
   steps), 2 ways, against train.single, same seed and batches.
+- sharded_state_bytes_per_worker_over_all_reduce: parameter and slot bytes (Adam's m and v) each
+  worker of ``train.sharded_data_parallel`` holds, over a plain ``train.all_reduce``'s, as the
+  workers report them, 2 workers, classification(width=256), in the same call
+  (``costs.sharded_state_bytes``: 1/2); ``sharded_pss_bytes`` / ``all_reduce_pss_bytes``: each
+  worker process's proportional set size then (TensorFlow's library dominates it).
+- sharded_bytes_per_step_over_all_reduce: bytes each worker sent the other per step, counted at
+  the transport (train.WireBytes, steps 2-10), sharded over all-reduce (``costs``: 1.5);
+  ``sharded_bytes_over_formula``: over ``costs.sharded_bytes``.
+- sharded_vs_single_max_abs_loss_diff: exp(x) (200 steps) and the classifier (30 steps), 2
+  workers, against train.single, same seed and batches.
 
     python benchmarks/model_parallel.py [--quick] [--rounds 3]
 
@@ -152,6 +162,48 @@ def tensor_parallel_figures(cluster) -> dict:
             "tensor_parallel_vs_single_max_abs_loss_diff": worst}
 
 
+def sharded_figures() -> dict:
+    """ZeRO-3 / FSDP against a plain all-reduce in the same call, 2 workers each: the state each
+    worker holds, the bytes each sends per step, and the losses against one process."""
+    problem = train.classification(width=256, batch_size=256)
+    runs = {}
+    for loop in (train.all_reduce, train.sharded_data_parallel):
+        wire = train.WireBytes(after_step=2, steps=8)
+        runs[loop] = (loop(problem, workers=2, steps=12, callbacks=[wire], watchdog=False), wire)
+    (plain, plain_wire), (sharded, sharded_wire) = runs.values()
+    pairs = (("worker:0", "worker:1"), ("worker:1", "worker:0"))
+    worst = 0.0
+    for checked, steps in ((train.exp_regression(), 200),
+                           (train.classification(width=64, batch_size=256), 30)):
+        alone = train.single(checked, steps=steps, seed=1)
+        history = train.sharded_data_parallel(checked, workers=2, steps=steps, seed=1, watchdog=False)
+        for worker in history.workers:
+            losses = np.array([r.loss for r in history.records if r.worker == worker])
+            worst = max(worst, float(np.max(np.abs(losses - np.array(alone.losses)))))
+
+    def state(history):
+        return max(sum(held.values()) for held in history.details["state_bytes"].values())
+
+    def pss(history):
+        return {worker: held["pss"] for worker, held in history.details["memory"].items()}
+
+    return {
+        "sharded_state_bytes_per_worker_over_all_reduce": round(state(sharded) / state(plain), 4),
+        "sharded_state_bytes_formula_over_all_reduce": round(
+            costs.sharded_state_bytes(problem.parameter_bytes, 2) / (3 * problem.parameter_bytes), 4),
+        "sharded_pss_bytes": pss(sharded), "all_reduce_pss_bytes": pss(plain),
+        "sharded_bytes_per_step_over_all_reduce": {
+            source: round(sharded_wire.per_step.sent[source, destination]
+                          / plain_wire.per_step.sent[source, destination], 4)
+            for source, destination in pairs},
+        "sharded_bytes_over_formula": {
+            source: round(sharded_wire.per_step.sent[source, destination]
+                          / costs.sharded_bytes(problem.parameter_bytes, 2), 4)
+            for source, destination in pairs},
+        "sharded_vs_single_max_abs_loss_diff": worst,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="width 512, batch 1024")
@@ -177,6 +229,7 @@ def main() -> None:
                 peaks.setdefault(schedule, {})[m] = history.bubble.peak_activation_bytes[0]
         result["pipeline_vs_single_max_abs_loss_diff"] = loss_agreement(cluster)
         result.update(tensor_parallel_figures(cluster))
+    result.update(sharded_figures())
     step_ms = {m: statistics.median(times[m]) * 1e3 for m in MICRO_BATCHES}
     # The model reads the traced step at m = 4 whose own step time is the round's median.
     traced = sorted(bubbles[MODEL_FROM], key=lambda b: b.step_us)[len(bubbles[MODEL_FROM]) // 2]

@@ -247,6 +247,19 @@ CASES = [
     Case("train-tensor-parallel-slow-unknown-task", on_cluster(
         lambda c: train.tensor_parallel(PROBLEM, c, slow={"worker:2": 0.1})), "'worker:2'",
          r"use one of: worker:0, worker:1"),
+    Case("train-sharded-uneven-batch", api(lambda: train.sharded_data_parallel(PROBLEM, workers=3)),
+         "3", r"does not split into 3 equal slices; choose workers that divide it, e\.g\. workers=2"),
+    Case("train-sharded-zero-threads", api(lambda: train.sharded_data_parallel(PROBLEM, threads=0)),
+         "threads=0", r"for example threads=1"),
+    Case("train-sharded-slow-unknown", api(
+        lambda: train.sharded_data_parallel(PROBLEM, slow={"worker:2": 1})), "'worker:2'",
+         r"use one of: worker:0, worker:1"),
+    Case("train-sharded-zero-checkpoint-every", api(
+        lambda: train.sharded_data_parallel(PROBLEM, checkpoint_every=0)), "checkpoint_every=0",
+         r"for example checkpoint_every=10"),
+    Case("train-sharded-collective-timeout", api(
+        lambda: train.sharded_data_parallel(PROBLEM, collective_timeout_s=-1)),
+         "collective_timeout_s=-1", r"more than 0; for example collective_timeout_s=30"),
     # the watchdog's settings
     Case("watchdog-negative-floor", api(lambda: train.Watchdog(floor_s=-1)), "floor_s=-1",
          r"for example Watchdog\(floor_s=5\.0\)"),

@@ -10,7 +10,8 @@ One module per strategy, each supplying its step to the one :class:`Runner`: ``s
 ``model_parallel`` (2016: variables on the ps tasks), ``sync`` (towers through a ps),
 ``downpour`` (asynchronous ps), ``ps_strategy`` (TF2's ParameterServerStrategy),
 ``all_reduce`` (worker programs), ``pipeline`` (stages and micro-batches), ``tensor_parallel``
-(layer pairs split by columns and rows, Megatron-style). ``costs`` holds the
+(layer pairs split by columns and rows, Megatron-style), ``sharded`` (ZeRO-3 / FSDP in
+worker programs: 1/N of every layer and of Adam's slots on each worker). ``costs`` holds the
 formulas that predictions, benchmarks and views share.
 """
 
@@ -23,6 +24,7 @@ from dtflab.train.pipeline import pipeline
 from dtflab.train.problems import Problem, classification, exp_regression
 from dtflab.train.ps_strategy import ps_strategy, strategy_for
 from dtflab.train.runner import BackgroundRun, Runner, Update
+from dtflab.train.sharded import sharded_data_parallel
 from dtflab.train.single import single
 from dtflab.train.tensor_parallel import tensor_parallel
 from dtflab.train.sync import sync_data_parallel
@@ -31,4 +33,4 @@ from dtflab.train.watchdog import Watchdog
 __all__ = ["Problem", "exp_regression", "classification", "RunHistory", "StepRecord", "Callback",
            "BackgroundRun", "single", "model_parallel", "sync_data_parallel",
            "async_parameter_server", "ps_strategy", "strategy_for", "all_reduce", "pipeline",
-           "tensor_parallel", "WireBytes", "Runner", "Update", "Watchdog"]
+           "tensor_parallel", "sharded_data_parallel", "WireBytes", "Runner", "Update", "Watchdog"]

@@ -177,3 +177,29 @@ def tensor_parallel_bytes(ways: int, batch: int, layers, dtype_bytes: int = 4) -
                 worker["forward"] += batch * h
             sent[0]["backward"] += (k - 1) * batch * h
     return [{way: values * dtype_bytes for way, values in worker.items()} for worker in sent]
+
+
+# -- data parallelism: bytes per step and what each worker holds -------------------------------
+
+def all_reduce_bytes(parameter_bytes: float, workers: int) -> float:
+    """Bytes each worker sends per step in a ring all-reduce of the gradients of a model of
+    ``parameter_bytes`` (M): ``2 x (N - 1) / N x M`` (a reduce-scatter, then an all-gather).
+    It leaves out gRPC's framing."""
+    return 2 * (workers - 1) / workers * parameter_bytes
+
+
+def sharded_bytes(parameter_bytes: float, workers: int, gathers: int = 2) -> float:
+    """Bytes each worker sends per step in ZeRO-3 / FSDP (``train.sharded_data_parallel``):
+    ``(gathers + 1) x (N - 1) / N x M``. The parameters are all-gathered before the forward
+    and again before the backward (``gathers=2``: the full layer is freed in between), and the
+    gradients reduce-scattered once: ``3 x (N - 1) / N x M``, 1.5 times a ring all-reduce's
+    (:func:`all_reduce_bytes`). It leaves out the padding of each layer to a multiple of N
+    (fewer than N values a layer) and gRPC's framing."""
+    return (gathers + 1) * (workers - 1) / workers * parameter_bytes
+
+
+def sharded_state_bytes(parameter_bytes: float, workers: int, slots: int = 2) -> float:
+    """Bytes of parameters and optimizer slots each worker holds in ZeRO-3 / FSDP:
+    ``(1 + slots) x M / N`` (Adam: m and v, two slots), against ``(1 + slots) x M`` for every
+    worker of plain data parallelism. It leaves out the padding and Adam's two scalars."""
+    return (1 + slots) * parameter_bytes / workers

@@ -1,0 +1,77 @@
+"""Sharded data parallelism (ZeRO-3 / FSDP): N worker programs, each holding 1/N of every
+layer and of Adam's slots, the full layer all-gathered only while it is used.
+
+Each worker trains on its slice of each global batch, as in ``train.all_reduce``; but no worker
+holds the whole model. Before a layer's forward the workers all-gather its shards, before its
+backward they gather them again (the full layer is freed in between), and its gradient is
+reduce-scattered, so each worker gets the sum over all workers for its own shard and applies
+Adam to that shard only. What it costs: 1.5 times the bytes of an all-reduce per step
+(``costs.sharded_bytes``), for 1/N of the parameter and slot memory
+(``costs.sharded_state_bytes``).
+
+The collectives are TensorFlow's own ops, called in a ``tf.function`` on each worker:
+``CollectiveGatherV2`` (ring) for the all-gathers, ``CollectiveReduceV2`` for the check; and,
+because TensorFlow 2.21 has no CPU implementation of ``CollectiveReduceScatterV2``, a
+reduce-scatter made of ``CollectiveBcastSendV2``/``CollectiveBcastRecvV2`` in groups of two
+(worker i sends chunk j of its gradient to worker j: (N - 1)/N of the gradient from each
+worker, as a ring reduce-scatter sends). ``tf.distribute``'s replica context has an
+``all_gather`` but no reduce-scatter. The program is ``dtflab/train/sharded_worker.py``;
+the records, Stop, restarts and traces are ``dtflab.train.worker_programs``'s, as for
+``train.all_reduce``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dtflab.train import costs
+from dtflab.train.worker_programs import Loop, checked, train_in_programs
+
+LOOP = Loop(Path(__file__).with_name("sharded_worker.py"), "sharded", "sharded", "all-gather",
+            "TF profiler on each worker program, one sharded step; CollectiveGatherV2 is an "
+            "all-gather, CollectiveBcastSendV2/RecvV2 the reduce-scatter's exchanges")
+
+
+def sharded_data_parallel(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
+                          slow: dict | None = None, checkpoint_every: int | None = None,
+                          checkpoint_dir: str | None = None, trace_step: int | None = None,
+                          background: bool = False, callbacks=(), name: str | None = None,
+                          timeout: float = 60.0, start_method: str | None = None,
+                          collective_timeout_s: float | None = None, threads: int | None = None,
+                          lockstep: bool = False, check_every: int = 10, watchdog=True,
+                          backend: str | None = None, scheduler: str | None = None,
+                          client=None):
+    """Train ``problem`` with ZeRO-3 / FSDP in ``workers`` worker programs.
+
+    In [1]: history = train.sharded_data_parallel(problem, workers=2, steps=100)
+    In [2]: history.details["state_bytes"]    # {'worker:0': {'parameters': ..., 'slots': ...}}
+
+    Each worker holds shard i of every layer (the layer's weights and bias as one vector,
+    padded to a multiple of N) and Adam's m and v for it; the losses are ``train.single``'s up
+    to the rounding of the sums. ``history.details``: ``state_bytes`` (what each worker's
+    variables take, in bytes), ``memory`` (each worker process's ``rss`` and ``pss``, read on
+    check steps), ``fingerprints`` (the sum of every parameter, the same on every worker),
+    ``bytes_per_step_formula`` and ``state_bytes_formula`` (``costs``).
+
+    The other arguments are ``train.all_reduce``'s: ``background``, Stop (every
+    ``check_every`` steps), ``slow``, ``checkpoint_every`` (each worker saves its own shards;
+    all resume from the newest step every worker saved), ``trace_step``, ``lockstep`` (what
+    ``WireBytes`` needs), ``threads``, ``collective_timeout_s`` and the watchdog. A worker that
+    dies stops the whole job: the others wait for it in the next all-gather.
+    ``backend``, ``scheduler`` and ``client`` run the programs on a Dask cluster, as
+    ``train.all_reduce``'s do (checkpoints and traces then need a shared ``checkpoint_dir``).
+    """
+    workers, slow, watchdog = checked(problem, workers, steps, seed, trace_step, timeout,
+                                      collective_timeout_s, threads, slow, checkpoint_every,
+                                      check_every, watchdog,
+                                      scheduler is not None or client is not None,
+                                      checkpoint_dir)
+    details = {"bytes_per_step_formula": costs.sharded_bytes(problem.parameter_bytes, workers),
+               "state_bytes_formula": costs.sharded_state_bytes(problem.parameter_bytes, workers)}
+    return train_in_programs(
+        LOOP, problem, workers=workers, steps=steps, seed=seed, slow=slow,
+        checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, trace_step=trace_step,
+        background=background, callbacks=callbacks, name=name, timeout=timeout,
+        start_method=start_method, collective_timeout_s=collective_timeout_s, threads=threads,
+        lockstep=lockstep, check_every=check_every, watchdog=watchdog, backend=backend,
+        scheduler=scheduler, client=client, details=details)

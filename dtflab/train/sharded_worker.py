@@ -1,0 +1,256 @@
+"""The program every worker of ``train.sharded_data_parallel`` runs (one process per worker,
+started by ``dtflab.run`` with ``TF_CONFIG`` set): ZeRO-3 / FSDP with TensorFlow's collective
+ops over gRPC.
+
+Each layer's weights and bias are one flat vector, padded with zeros to a multiple of N and
+cut into N equal shards: worker i holds shard i of every layer and Adam's m and v for that
+shard only (the math of ``tf.compat.v1.train.AdamOptimizer``, in the order its
+``ResourceApplyAdam`` kernel computes it). A step, per layer, on the worker's slice of the
+global batch:
+
+- forward: all-gather the layer's shards (``CollectiveGatherV2``, ring) once the layer's input
+  is ready, compute, and keep only the layer's input and pre-activation;
+- backward: all-gather the shards again once the output's gradient is there (FSDP frees the
+  full layer between the two), compute the gradients, and reduce-scatter the layer's gradient:
+  each worker gets the sum over all workers of its own shard;
+- Adam on the shard.
+
+TensorFlow 2.21 has no CPU implementation of ``CollectiveReduceScatterV2`` ("CollectiveRegistry::
+Lookup did not find collective implementation"), so the reduce-scatter is built from
+broadcasts in groups of two (``CollectiveBcastSendV2`` / ``CollectiveBcastRecvV2``, one group
+per pair of workers): worker i sends chunk j of its gradient to worker j and adds the chunks
+it receives, in worker order. Each worker sends (N-1)/N of the layer's gradient, as a ring
+reduce-scatter does. MultiWorkerMirroredStrategy is made only to set up the workers'
+collectives (its own all-reduce is not used). The step loop, the reports and Stop are
+``dtflab.train.worker_loop``'s; the check all-reduces the stop votes and the sum of every
+worker's shards (a fingerprint the same on every worker).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+
+import numpy as np
+
+from dtflab.train.worker_loop import HEARTBEAT_S, Report, parser, problem_of, run_steps, variable_bytes
+
+#: Group keys of this program's collectives: far above MultiWorkerMirroredStrategy's own, which
+#: count from 1. The whole group is GROUP_BASE; the pair (i, j) is GROUP_BASE + 1 + i x N + j.
+GROUP_BASE = 1_000_000
+#: tf.compat.v1.train.AdamOptimizer's defaults.
+BETA1, BETA2, EPSILON = 0.9, 0.999, 1e-8
+
+
+class Collectives:
+    """TensorFlow's collective ops among the N workers. Keys are handed out as a function is
+    traced: every worker traces the same functions in the same order, so every worker's k-th
+    collective gets the same key."""
+
+    def __init__(self, tf, index: int, workers: int, timeout_s: float):
+        self.tf, self.index, self.workers, self.timeout_s = tf, index, workers, timeout_s
+        self.next_key = 1
+
+    def _keys(self, count: int = 1) -> int:
+        first, self.next_key = self.next_key, self.next_key + count
+        return first
+
+    def all_gather(self, shard):
+        """``[k]`` from every worker -> ``[N x k]``, in worker order."""
+        if self.workers == 1:
+            return self.tf.identity(shard)
+        return self.tf.raw_ops.CollectiveGatherV2(
+            input=shard, group_size=self.workers, group_key=GROUP_BASE, instance_key=self._keys(),
+            ordering_token=[], communication_hint="ring", timeout_seconds=self.timeout_s)
+
+    def all_reduce(self, value):
+        """The sum over every worker."""
+        if self.workers == 1:
+            return self.tf.identity(value)
+        return self.tf.raw_ops.CollectiveReduceV2(
+            input=value, group_size=self.workers, group_key=GROUP_BASE, instance_key=self._keys(),
+            ordering_token=[], merge_op="Add", final_op="Id", communication_hint="ring",
+            timeout_seconds=self.timeout_s)
+
+    def reduce_scatter(self, flat, k: int):
+        """``[N x k]`` from every worker -> ``[k]``: chunk i of their sum, on worker i."""
+        tf, n, i = self.tf, self.workers, self.index
+        if n == 1:
+            return tf.identity(flat)
+        first = self._keys(n * n)  # key of the chunk worker a sends worker b: first + a x n + b
+        chunks = tf.split(tf.reshape(flat, [n * k]), n)
+        parts, sends = [], []
+        for j in range(n):
+            if j == i:
+                parts.append(chunks[i])
+                continue
+            group = GROUP_BASE + 1 + min(i, j) * n + max(i, j)
+            sends.append(tf.raw_ops.CollectiveBcastSendV2(
+                input=chunks[j], group_size=2, group_key=group, instance_key=first + i * n + j,
+                communication_hint="auto", timeout_seconds=self.timeout_s))
+            parts.append(tf.raw_ops.CollectiveBcastRecvV2(
+                group_size=2, group_key=group, instance_key=first + j * n + i,
+                shape=[k], T=flat.dtype, communication_hint="auto",
+                timeout_seconds=self.timeout_s))
+        with tf.control_dependencies(sends):  # a send nothing reads would be pruned
+            return tf.add_n(parts)
+
+
+class Unit:
+    """One layer's weights and bias as one flat vector padded to a multiple of N."""
+
+    def __init__(self, w: np.ndarray, b: np.ndarray, workers: int):
+        self.w_shape, self.w_size, self.b_size = w.shape, w.size, b.size
+        self.shard_size = -(-(w.size + b.size) // workers)
+        self.padded = np.zeros(self.shard_size * workers, np.float32)
+        self.padded[:w.size + b.size] = np.concatenate([w.ravel(), b])
+
+    def shard(self, index: int) -> np.ndarray:
+        return self.padded[index * self.shard_size:(index + 1) * self.shard_size]
+
+    def unflatten(self, tf, flat):
+        return (tf.reshape(flat[:self.w_size], self.w_shape),
+                flat[self.w_size:self.w_size + self.b_size])
+
+    def flatten(self, tf, dw, db):
+        padding = self.shard_size * (len(self.padded) // self.shard_size) - self.w_size - self.b_size
+        return tf.concat([tf.reshape(dw, [-1]), db, tf.zeros([padding], dw.dtype)], 0)
+
+
+def sharded_layer(tf, problem, collectives, unit: Unit, number: int):
+    """Layer ``number`` as a function of its input and this worker's shard, whose gradient
+    gathers the layer again and returns the reduce-scattered gradient of the shard."""
+
+    @tf.custom_gradient
+    def layer(h, shard):
+        with tf.control_dependencies([h]):  # gathered when the layer is next, not all at once
+            w, b = unit.unflatten(tf, collectives.all_gather(shard))
+        z = tf.matmul(h, w) + b
+        out = problem.activate(z, number)
+
+        def backward(dout):
+            with tf.control_dependencies([dout]):  # again: nothing kept the forward's copy
+                w, _ = unit.unflatten(tf, collectives.all_gather(shard))
+            with tf.GradientTape() as tape:
+                tape.watch(z)
+                again = problem.activate(z, number)
+            dz = tape.gradient(again, z, output_gradients=dout)
+            dh = None if number == 1 else tf.matmul(dz, w, transpose_b=True)
+            dw = tf.matmul(h, dz, transpose_a=True)
+            return dh, collectives.reduce_scatter(unit.flatten(tf, dw, tf.reduce_sum(dz, 0)),
+                                                         unit.shard_size)
+
+        return out, backward
+
+    return layer
+
+
+def main(argv=None) -> int:
+    args = parser("sharded_worker").parse_args(sys.argv[1:] if argv is None else argv)
+    import tensorflow as tf
+
+    from dtflab.tf_private import patient_coordination
+
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    problem = problem_of(args)
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    name, index = f"{resolver.task_type}:{resolver.task_id}", resolver.task_id
+    report = Report(args.report)
+    patient_coordination(resolver.cluster_spec(), HEARTBEAT_S)
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(resolver, communication_options=options)
+    workers, device = strategy.num_replicas_in_sync, strategy.extended.worker_devices[0]
+    collectives = Collectives(tf, index, workers, args.timeout)
+    values = [value for _, value in problem.initial_values(args.seed)]
+    units = [Unit(w, b, workers) for w, b in zip(values[::2], values[1::2])]
+    with tf.device(device):
+        shards = [tf.Variable(unit.shard(index), name=f"layer{n}") for n, unit in enumerate(units, 1)]
+        ms = [tf.Variable(tf.zeros_like(s), name=f"layer{n}_m") for n, s in enumerate(shards, 1)]
+        vs = [tf.Variable(tf.zeros_like(s), name=f"layer{n}_v") for n, s in enumerate(shards, 1)]
+        beta1_power = tf.Variable(BETA1, dtype=tf.float32, name="beta1_power")
+        beta2_power = tf.Variable(BETA2, dtype=tf.float32, name="beta2_power")
+    layers = [sharded_layer(tf, problem, collectives, unit, n) for n, unit in enumerate(units, 1)]
+
+    def adam(gradients):
+        """tf.compat.v1.train.AdamOptimizer's update of each shard, then its beta powers."""
+        lr, beta1, beta2, epsilon = (tf.constant(value, tf.float32) for value in
+                                     (problem.learning_rate, BETA1, BETA2, EPSILON))
+        alpha = lr * tf.sqrt(1.0 - beta2_power) / (1.0 - beta1_power)
+        updates = []
+        for shard, m, v, g in zip(shards, ms, vs, gradients):
+            m_t = m.assign_add((g - m) * (1.0 - beta1))
+            v_t = v.assign_add((tf.square(g) - v) * (1.0 - beta2))
+            updates.append(shard.assign_sub(m_t * alpha / (tf.sqrt(v_t) + epsilon)))
+        with tf.control_dependencies(updates):
+            return tf.group(beta1_power.assign(beta1_power * beta1),
+                            beta2_power.assign(beta2_power * beta2))
+
+    @tf.function
+    def train_step(x, t):
+        with tf.device(device):
+            with tf.GradientTape() as tape:
+                h = x
+                for layer, shard in zip(layers, shards):
+                    h = layer(h, tf.convert_to_tensor(shard))
+                loss = problem.loss(h, t)
+            with tf.control_dependencies([adam(tape.gradient(loss, shards))]):
+                return tf.identity(loss)
+
+    @tf.function
+    def check(stop_vote):
+        with tf.device(device):
+            mine = tf.add_n([tf.reduce_sum(tf.cast(shard, tf.float64)) for shard in shards])
+            total = collectives.all_reduce(tf.stack([tf.cast(stop_vote, tf.float64), mine]))
+            return total[0], total[1]
+
+    checkpoint = tf.train.Checkpoint(shards=shards, m=ms, v=vs, beta1_power=beta1_power,
+                                     beta2_power=beta2_power)
+    first = resume(checkpoint, args, index, workers)
+    check(tf.constant(0.0))  # traced and its collective set up now, not inside a timed step
+    report.send(kind="hello", worker=name, pid=os.getpid(), workers=workers, resumed_at=first,
+                reached=args.report)
+
+    def state_bytes():
+        return {"parameters": variable_bytes(shards),
+                "slots": variable_bytes(ms + vs)}  # Adam's m and v, as all_reduce counts them
+
+    run_steps(args, report, problem, name, index, workers, first, train_step, check,
+              lambda next_step: save(checkpoint, args, index, next_step), state_bytes)
+    return 0
+
+
+def save(checkpoint, args, index: int, next_step: int) -> None:
+    """Write this worker's shards and slots, then ``saved-<next_step>.json`` naming them (a
+    worker killed while writing leaves no such file for that step)."""
+    folder = os.path.join(args.checkpoint_dir, f"worker-{index}")
+    path = checkpoint.write(os.path.join(folder, f"step-{next_step}-{os.getpid()}"))
+    with open(os.path.join(folder, "saved.json.tmp"), "w") as out:
+        json.dump({"path": path, "next_step": next_step}, out)
+    os.replace(os.path.join(folder, "saved.json.tmp"), os.path.join(folder, f"saved-{next_step}.json"))
+
+
+def resume(checkpoint, args, index: int, workers: int) -> int:
+    """Restore this worker's shards from the newest step every worker saved (each holds a
+    different part, so all must go back to the same step); the step to start from."""
+    if not args.checkpoint_every and args.trace_step < 0:
+        return 0
+    saved = []
+    for worker in range(workers):
+        files = glob.glob(os.path.join(args.checkpoint_dir, f"worker-{worker}", "saved-*.json"))
+        saved.append({int(os.path.basename(f)[len("saved-"):-len(".json")]) for f in files})
+    common = set.intersection(*saved)
+    if not common:
+        return 0
+    step = max(common)
+    with open(os.path.join(args.checkpoint_dir, f"worker-{index}", f"saved-{step}.json")) as file:
+        checkpoint.read(json.load(file)["path"]).assert_consumed()
+    return step
+
+
+if __name__ == "__main__":
+    sys.exit(main())

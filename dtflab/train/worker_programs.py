@@ -1,0 +1,286 @@
+"""What the loops that train in worker programs share (``train.all_reduce``,
+``train.sharded_data_parallel``): their checked arguments, the programs started with
+``dtflab.run``, the notebook's end of their reports, and restarts after a death or a stall.
+
+How the records come back: every worker writes a JSON line per step to the notebook's
+listener (``dtflab.train.reports``), and the runner turns them into ``StepRecord`` objects
+(``time_s`` is when the notebook received the step, from the moment every worker had set up
+its collectives). Stop goes the other way, as a ``stop`` line to every worker; the workers
+agree on the last step in their next check (every ``check_every`` steps). Each worker program
+runs ``dtflab.train.worker_loop``'s step loop around its own step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from dtflab import names
+from dtflab.cluster.task import log_tail
+from dtflab.errors import StallError, TaskError
+from dtflab.train.checkpoints import Recovery
+from dtflab.train.history import RunHistory
+from dtflab.train.reports import EVERY_INTERFACE, LOOPBACK, Reports, WorkerDied
+from dtflab.train.runner import Runner, Update
+from dtflab.train.watchdog import Stalled
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+    """What one worker-program loop brings: its program, how its history is named and what
+    every other worker waits in when one dies (``collective``), and what its trace shows."""
+
+    program: Path
+    kind: str  # RunHistory.kind
+    title: str  # RunHistory.name, before " (N workers)"
+    collective: str  # "all-reduce": "every other worker waits for it in the all-reduce"
+    trace_note: str
+
+
+def checked(problem, workers, steps, seed, trace_step, timeout, collective_timeout_s, threads,
+            slow, checkpoint_every, check_every, watchdog, elsewhere=False, checkpoint_dir=None):
+    """The arguments every worker-program loop takes, checked before anything starts;
+    ``(workers, slow, watchdog)`` as the loop uses them."""
+    from dtflab import checks
+    from dtflab.cluster import MAX_THREADS
+    from dtflab.spec import parse_count
+    from dtflab.train.watchdog import settings as watchdog_settings
+
+    checks.run_arguments(steps, seed, trace_step)
+    watchdog = watchdog_settings(watchdog)
+    workers = parse_count(workers, "workers")
+    checks.seconds(timeout, "timeout", example=60)
+    if collective_timeout_s is not None:
+        checks.seconds(collective_timeout_s, "collective_timeout_s", example=30)
+    if threads is not None:
+        checks.whole(threads, "threads", maximum=MAX_THREADS, example=1)
+    if problem.batch_size % workers:
+        raise ValueError(f"the batch of {problem.batch_size} does not split into {workers} equal "
+                         f"slices; choose workers that divide it, e.g. workers=2")
+    chosen = [f"worker:{i}" for i in range(workers)]
+    slow = checks.tasks_in(slow, "slow", chosen, example={chosen[-1]: 0.05})
+    if checkpoint_every is not None:
+        checks.whole(checkpoint_every, "checkpoint_every", example=10)
+    checks.whole(check_every, "check_every", example=10)
+    if elsewhere and not checkpoint_dir and (checkpoint_every or trace_step is not None):
+        what = "checkpoint_every" if checkpoint_every else "trace_step"
+        raise ValueError(f"{what} on a Dask cluster needs checkpoint_dir, a folder this machine "
+                         f"and every worker's host share (on NFS, say), where the workers write "
+                         f"their checkpoints and profiles; for example "
+                         f"checkpoint_dir='/shared/dtflab-run'")
+    return workers, slow, watchdog
+
+
+def train_in_programs(loop: Loop, problem, *, workers, steps, seed, slow, checkpoint_every,
+                      checkpoint_dir, trace_step, background, callbacks, name, timeout,
+                      start_method, collective_timeout_s, threads, lockstep, check_every,
+                      watchdog, extra_args=(), details=None, backend=None, scheduler=None,
+                      client=None):
+    """Start ``loop.program`` on ``workers`` workers and run them to the end (arguments
+    already :func:`checked`); the RunHistory, or a BackgroundRun with ``background=True``.
+    ``details`` go into ``history.details`` as they are (the loop's formulas). ``scheduler``
+    or ``client`` (``backend="dask"``) run the programs on a Dask cluster's workers: the
+    listener is then on every interface, and each worker reports to this machine's address on
+    the interface that routes to its host (``{client_host}``)."""
+    from dtflab.cluster import run as run_programs
+
+    lockstep = lockstep or any(getattr(callback, "between_steps", False) for callback in callbacks)
+    folder = checkpoint_dir or (tempfile.mkdtemp(prefix=f"dtflab-{loop.kind}-")
+                                if checkpoint_every or trace_step is not None else "")
+    elsewhere = scheduler is not None or client is not None  # workers on other hosts
+    reports = Reports(workers, EVERY_INTERFACE if elsewhere else LOOPBACK)
+    args = [f"--problem={_escaped(json.dumps(dataclasses.asdict(problem)))}", f"--steps={steps}",
+            f"--seed={seed}", f"--report={{client_host}}:{reports.port}",
+            f"--checkpoint-dir={folder}", f"--checkpoint-every={checkpoint_every or 0}",
+            f"--trace-step={-1 if trace_step is None else trace_step}",
+            f"--trace-dir={os.path.join(folder, 'trace') if folder else ''}",
+            f"--timeout={collective_timeout_s or 0}", f"--slow={_escaped(json.dumps(slow or {}))}",
+            f"--threads={threads or 0}", f"--check-every={check_every}", *extra_args] + (
+                ["--lockstep"] if lockstep else [])
+    try:
+        cluster = run_programs(loop.program, *args, workers=workers, timeout=timeout,
+                               start_method=start_method, backend=backend, scheduler=scheduler,
+                               client=client)
+    except BaseException:
+        reports.close()
+        if folder and not checkpoint_dir:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    cluster.let_tasks_reach(reports.port)
+    history = RunHistory(name or f"{loop.title} ({workers} workers)", loop.kind,
+                         workers=[f"worker:{i}" for i in range(workers)], cluster=cluster)
+    history.details["fingerprints"] = {worker: [] for worker in history.workers}
+    history.details["state_bytes"] = {}
+    history.details["memory"] = {}
+    history.details["report_port"] = reports.port
+    history.details.update(details or {})
+    runner = Runner(history, callbacks, on_stop=reports.send_stop, watchdog=watchdog)
+    job = _Job(cluster, reports, history, checkpoint_every, timeout, lockstep, runner.watch,
+               trace_step, loop.collective)
+
+    def body():
+        try:
+            job.start()
+            runner.restart_clock()
+            runner.loop(None, job.step, stop_here=False)
+            cluster.wait(timeout=timeout)
+            if trace_step is not None and folder:
+                history.trace = _worker_trace(Path(folder, "trace"), history.workers,
+                                              loop.trace_note)
+        finally:
+            reports.close()
+            cluster.stop_letting_tasks_reach(reports.port)
+            cluster.stop()
+            if folder and not checkpoint_dir:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    return runner.run(body, background=background)
+
+
+def _escaped(text: str) -> str:
+    """Braces doubled: program arguments treat ``{name}`` as a placeholder."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+class _Job:
+    """The worker programs of one run, seen from the notebook: their step reports, and the
+    restart of all of them after one died or the run stalled (when they checkpoint)."""
+
+    #: How often a worker that crashed in the traced step is restarted to trace it again.
+    TRACE_RETRIES = 2
+
+    def __init__(self, cluster, reports, history, checkpoint_every, timeout, lockstep, watch,
+                 trace_step=None, collective="all-reduce"):
+        self.cluster, self.reports, self.history = cluster, reports, history
+        self.collective = collective
+        self.checkpoint_every, self.timeout, self.lockstep = checkpoint_every, timeout, lockstep
+        self.watch, self.trace_step = watch, trace_step
+        self.trace_retries = self.TRACE_RETRIES
+        self.last_step = -1
+        self.recorded = False  # the previous step's records went through the runner
+
+    def start(self) -> None:
+        try:
+            hellos = self.reports.accept(self.cluster, self.timeout)
+        except WorkerDied as died:
+            raise self._error(died, f"{died.status} before its first step") from None
+        # where each worker reached this notebook: 127.0.0.1, or this machine's address
+        self.history.details["reported_to"] = {w: h["reached"] for w, h in sorted(hellos.items())}
+
+    def step(self, _):
+        """The next step's records, one per worker; ``None`` once every worker is done."""
+        if self.lockstep and self.recorded:
+            self.reports.send("go")
+        self.recorded = False
+        while True:
+            try:
+                messages = self.reports.next_step(self.cluster, self._waiting)
+            except WorkerDied as died:
+                self._after_death(died)
+                continue
+            except Stalled as stalled:
+                self._after_stall(stalled.stall)
+                continue
+            if messages is None:
+                return None
+            # Each worker reports its slice's summed loss: the global batch's loss per example
+            # is their sum over the batch, the same on every worker's curve.
+            loss = sum(m["loss_sum"] for m in messages) / sum(m["examples"] for m in messages)
+            updates = []
+            for message in messages:
+                if message["fingerprint"] is not None:
+                    self.history.details["fingerprints"][message["worker"]].append(
+                        message["fingerprint"])
+                updates.append(Update(loss, message["examples"], message["step"],
+                                      message["worker"]))
+                for key in ("state_bytes", "memory"):  # what the worker holds, when it says
+                    if message.get(key):
+                        self.history.details[key][message["worker"]] = message[key]
+            self.last_step, self.recorded = messages[0]["step"], True
+            return updates
+
+    def _after_death(self, died: WorkerDied) -> None:
+        step = self.last_step + 1
+        if self.watch is not None and self.watch.stalled("all") is not None:
+            self.watch.settle("all", "a task had died")
+        if step == self.trace_step and died.status.startswith("exited with code -") and self.trace_retries:
+            # TensorFlow's profiler crashed (see worker_loop): a checkpoint from just
+            # before this step is there, so every worker restarts from it and traces it again.
+            self.trace_retries -= 1
+            crash = self._error(died, f"{died.status} in the traced step {step}")
+            self.history.failures.append(f"{crash}; TensorFlow's profiler crashes now and then "
+                                         f"on a loaded machine: every worker restarted at step "
+                                         f"{step} to trace it again")
+            self._restart_all(died.worker, step)
+            return
+        self.history.failures.append(f"{died.worker} {died.status} during step {step}: every "
+                                     f"other worker waits for it in the {self.collective}, so the "
+                                     f"whole job stopped")
+        if not self.checkpoint_every:
+            raise self._error(died, f"{died.status} during step {step}; every other worker waits "
+                                    f"for it in the {self.collective}, so the whole job stopped "
+                                    f"(pass checkpoint_every=K to resume from a checkpoint)") from None
+        self._restart_all(died.worker, step)
+
+    def _error(self, died: WorkerDied, what: str) -> TaskError:
+        return TaskError(*names.split(died.worker), what,
+                         log_tail=log_tail(self.cluster.logs(*names.split(died.worker))))
+
+    def _waiting(self) -> None:
+        """While no report comes: a stall that has lasted ``1 + retries`` times its bound (the
+        time a session loop spends on its new sessions) is given up on."""
+        stall = self.watch.stalled("all") if self.watch is not None else None
+        if stall is not None and self.watch.waited_s("all") >= stall.bound_s * (
+                1 + self.watch.settings.retries):
+            raise Stalled(stall)
+
+    def _after_stall(self, stall) -> None:
+        """A collective cannot be cancelled from here: without checkpoints the run ends with a
+        StallError; with them every worker restarts from the newest one."""
+        waited = self.watch.waited_s("all")
+        if not self.checkpoint_every:
+            error = StallError(stall, f"still no step after {waited:.1f} s, so the run ended "
+                                      f"(pass checkpoint_every=K to restart every worker from a "
+                                      f"checkpoint instead)")
+            self.history.failures.append(str(error))
+            self.watch.settle("all", "gave up")
+            raise error
+        self.history.failures.append(f"{stall}; no step for {waited:.1f} s: every worker restarts")
+        self._restart_all("the run (stalled)", self.last_step + 1)
+        self.watch.settle("all", "recovered")
+
+    def _restart_all(self, cause: str, step: int) -> None:
+        """Restart every worker (the survivors hang in a collective) from the newest checkpoint."""
+        began = time.perf_counter()
+        with self.watch.paused("all") if self.watch is not None else contextlib.nullcontext():
+            for worker in self.history.workers:
+                self.cluster.restart(*names.split(worker))
+            try:
+                hellos = self.reports.accept(self.cluster, self.timeout)
+            except WorkerDied as died:
+                raise self._error(died, f"{died.status} while every worker restarted") from None
+        resumed = min(hello["resumed_at"] for hello in hellos.values())
+        self.history.recoveries.append(Recovery(cause, step, resumed,
+                                                time.perf_counter() - began, "every worker"))
+
+
+def _worker_trace(folder: Path, workers: list[str], note: str):
+    """The profiled step of every worker as one StepTrace (timings only)."""
+    from dtflab.tracing.profile import read_xplane_files
+    from dtflab.tracing.step import StepTrace
+    from dtflab.train.worker_loop import trace_folder
+
+    files = {}
+    for worker in workers:
+        found = sorted(Path(trace_folder(str(folder), worker)).glob("plugins/profile/*/*.xplane.pb"))
+        if found:
+            files[names.full(worker)] = found[-1]
+    timings = read_xplane_files(files)
+    ends = [t.end_us for device in timings.values() for t in device]
+    return StepTrace(None, {}, [], [], timings, max(ends, default=0.0), note=note)
