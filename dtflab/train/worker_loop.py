@@ -9,9 +9,9 @@ every worker after the same step: a worker that stopped alone would leave the ot
 in the next collective) and a fingerprint of the weights.
 
 It reports to the notebook over one TCP connection (``--report host:port``), a JSON line per
-message: ``hello`` (once the collectives are up; with the address it reached), ``step`` (its slice's summed loss, its own
-step time, what its variables take, ``state_bytes``; on check steps a fingerprint of the
-weights and the process's memory), ``done``. The notebook writes ``stop`` to it, and with
+message: ``hello`` (once the collectives are up; with the address it reached), ``step`` (its
+slice's summed loss, its own step time, what its variables take, ``state_bytes``; on check
+steps a fingerprint of the weights and the process's memory), ``done``. The notebook writes ``stop`` to it, and with
 ``--lockstep`` a ``go`` after each step it has recorded.
 """
 
