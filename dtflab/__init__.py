@@ -59,7 +59,7 @@ def __getattr__(name):
         from dtflab.viz import pictures
 
         return getattr(pictures, name)
-    if name in ("ScalingModel", "scaling_figure"):
+    if name in ("ScalingModel", "scaling_figure", "curves_figure"):
         from dtflab.viz import scaling
 
         return getattr(scaling, name)
@@ -114,7 +114,7 @@ def load_ipython_extension(ipython) -> None:
 
 
 __all__ = ["Cluster", "PlacementPlan", "PlacementEditor", "Dashboard", "architectures",
-           "ScalingModel", "scaling_figure", *PICTURES,
+           "ScalingModel", "scaling_figure", "curves_figure", *PICTURES,
            "short_device", "show", "compare", "train", "TaskInfo", "TaskState", "start_cluster", "run",
            "trace", "profile", "tf_log", "DtflabError",
            "NotSupportedError", "TaskError", "__version__"]
