@@ -24,7 +24,7 @@ from dtflab.train import costs
 from dtflab.train.graphs import TrainGraph, delay_op
 from dtflab.train.history import RunHistory
 from dtflab.train.runner import Runner
-from dtflab.train.sessions import run_one_replica, worker_devices
+from dtflab.train.sessions import enough_workers, run_one_replica, worker_devices
 from dtflab.train.watchdog import settings as watchdog_settings
 
 
@@ -223,12 +223,7 @@ def pipeline(problem, cluster, *, stages: int = 2, micro_batches: int = 4,
     checks.whole(stages, "stages", example=2)
     checks.whole(micro_batches, "micro_batches", example=4)
     ranges = layer_ranges(problem, stages, cut)
-    checks.cluster(cluster)
-    available = len(cluster.addresses.get("worker", []))
-    if stages > available:
-        raise ValueError(f"stages={stages}: a stage runs on a worker task and this cluster has "
-                         f"{available}; use stages={max(available, 1)} or start more, e.g. "
-                         f"dtflab.start_cluster(workers={stages})")
+    enough_workers(cluster, stages, "stages", "a stage runs on a worker task")
     if problem.batch_size % micro_batches:
         divisors = [d for d in (1, 2, 4, 8, 16, 32) if problem.batch_size % d == 0]
         raise ValueError(f"micro_batches={micro_batches}: the batch of {problem.batch_size} does "

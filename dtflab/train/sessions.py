@@ -237,6 +237,17 @@ def worker_devices(cluster, workers, slow=None):
     return [names.device(task) for task in chosen], {names.device(t): s for t, s in slow.items()}
 
 
+def enough_workers(cluster, count: int, name: str, role: str) -> None:
+    """Refuse ``name=count`` when the cluster has fewer worker tasks; ``role`` says what runs
+    on each one ("a stage runs on a worker task")."""
+    checks.cluster(cluster)
+    available = len(cluster.addresses.get("worker", []))
+    if count > available:
+        raise ValueError(f"{name}={count}: {role} and this cluster has {available}; use "
+                         f"{name}={max(available, 1)} or start more, e.g. "
+                         f"dtflab.start_cluster(workers={count})")
+
+
 def checked_device(cluster, device, what: str) -> str:
     """``device`` as a full device name, if it names a task of ``cluster``."""
     tasks = [f"{job}:{i}" for job, addresses in cluster.addresses.items() for i in range(len(addresses))]

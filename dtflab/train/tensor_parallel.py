@@ -36,7 +36,7 @@ from dtflab.train import costs
 from dtflab.train.graphs import TrainGraph, delay_op
 from dtflab.train.history import RunHistory
 from dtflab.train.runner import Runner
-from dtflab.train.sessions import run_one_replica, worker_devices
+from dtflab.train.sessions import enough_workers, run_one_replica, worker_devices
 from dtflab.train.watchdog import settings as watchdog_settings
 
 
@@ -159,13 +159,8 @@ def tensor_parallel(problem, cluster, *, ways: int = 2, steps: int = 200, seed: 
     """
     checks.run_arguments(steps, seed, trace_step)
     checks.whole(ways, "ways", example=2)
-    checks.cluster(cluster)
-    available = len(cluster.addresses.get("worker", []))
-    if ways > available:
-        raise ValueError(f"ways={ways}: each way runs on a worker task and this cluster has "
-                         f"{available}; use ways={max(available, 1)} or start more, e.g. "
-                         f"dtflab.start_cluster(workers={ways})")
-    pairs, whole = split_layers(problem, ways, available)
+    enough_workers(cluster, ways, "ways", "each way runs on a worker task")
+    pairs, whole = split_layers(problem, ways, len(cluster.addresses["worker"]))
     devices, slow_devices = worker_devices(cluster, ways, slow)
     split = Split(tuple(devices), pairs, whole)
     built = tensor_parallel_graph(problem, split, seed, slow_devices)
