@@ -59,6 +59,14 @@ def __getattr__(name):
         from dtflab.viz import pictures
 
         return getattr(pictures, name)
+    if name == "slices_picture":
+        from dtflab.viz.slices import slices_picture
+
+        return slices_picture
+    if name == "bytes_sent":
+        from dtflab.network.transport import bytes_sent
+
+        return bytes_sent
     if name in ("ScalingModel", "scaling_figure", "curves_figure"):
         from dtflab.viz import scaling
 
@@ -114,7 +122,8 @@ def load_ipython_extension(ipython) -> None:
 
 
 __all__ = ["Cluster", "PlacementPlan", "PlacementEditor", "Dashboard", "architectures",
-           "ScalingModel", "scaling_figure", "curves_figure", *PICTURES,
+           "ScalingModel", "scaling_figure", "curves_figure", *PICTURES, "slices_picture",
+           "bytes_sent",
            "short_device", "show", "compare", "train", "TaskInfo", "TaskState", "start_cluster", "run",
            "trace", "profile", "tf_log", "DtflabError",
            "NotSupportedError", "TaskError", "__version__"]

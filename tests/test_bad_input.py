@@ -260,6 +260,11 @@ CASES = [
     Case("train-sharded-collective-timeout", api(
         lambda: train.sharded_data_parallel(PROBLEM, collective_timeout_s=-1)),
          "collective_timeout_s=-1", r"more than 0; for example collective_timeout_s=30"),
+    Case("api-slices-picture-strategy", api(lambda: dtflab.slices_picture(PROBLEM, "pipeline")),
+         "'pipeline'", r"choose one of 'tensor_parallel', 'sharded'"),
+    Case("train-layout-bytes-unknown", api(
+        lambda: train.costs.layout_bytes("rows", {"batch": 2, "model": 2}, 8, (4, 8, 1))),
+         "'rows'", r"choose one of 'data', 'model', 'both'"),
     # the watchdog's settings
     Case("watchdog-negative-floor", api(lambda: train.Watchdog(floor_s=-1)), "floor_s=-1",
          r"for example Watchdog\(floor_s=5\.0\)"),

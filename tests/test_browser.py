@@ -328,6 +328,27 @@ def test_pipeline_parallelism_draws_the_measured_bubble_beside_the_formulas(lab,
     assert page.console_errors == []
 
 
+def test_tensor_and_sharded_parallelism_draws_the_slices_and_the_bytes_against_the_batch(lab, page):
+    url, token, _ = lab
+    open_and_run_all(page, url, token, "10_tensor_and_sharded_parallelism.ipynb")
+    for code, name in (('slices_picture(problem, "tensor_parallel"', "tensor_parallel_slices.png"),
+                       ('slices_picture(problem, "sharded"', "sharded_slices.png")):
+        picture = cell_containing(page, code)
+        drawn = shot(page, picture.locator(".jp-OutputArea"), str(SHOTS / name))
+        assert ink(drawn) > 5_000, f"the picture of {name} drew nothing"
+    plot = cell_containing(page, "Bytes each worker sends per step")
+    reveal(plot)
+    page.wait_for_timeout(1000)
+    assert plot.locator("canvas").count() >= 1
+    drawn = shot(page, plot.locator(".jp-OutputArea"), str(SHOTS / "bytes_against_batch.png"))
+    assert ink(drawn) > 5_000, "the bytes-per-step figure drew nothing"
+    layouts = cell_containing(page, "for layout in costs.LAYOUTS:\n    run = dtflab.run")
+    reveal(layouts)
+    table = layouts.locator(".jp-OutputArea")
+    assert wait_until(lambda: "both" in table.inner_text(), timeout=30), table.inner_text()
+    assert page.console_errors == []
+
+
 KERNEL_PRINT = """async (code) => {
     const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
     const future = kernel.requestExecute({code, store_history: false});

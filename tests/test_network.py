@@ -249,3 +249,19 @@ def test_a_gate_port_taken_meanwhile_is_chosen_again(start_cluster, monkeypatch)
     finally:
         for sock in taken:
             sock.close()
+
+
+def test_a_process_counts_the_bytes_it_sends_on_its_own_connections():
+    import dtflab
+
+    server = socket.create_server(("127.0.0.1", 0))
+    with server, socket.create_connection(server.getsockname()) as ours:
+        theirs, _ = server.accept()
+        with theirs:
+            before = dtflab.bytes_sent()
+            ours.sendall(b"x" * 300_000)
+            theirs.sendall(b"y" * 1_000)  # sent by this process too: both ends are ours
+            received = 0
+            while received < 300_000:
+                received += len(theirs.recv(1 << 16))
+            assert dtflab.bytes_sent() - before == 301_000

@@ -90,3 +90,36 @@ def test_the_pipeline_picture_counts_the_bytes_a_traced_pipeline_step_moves(star
     # step counters (Adam's beta powers live beside the first variable).
     assert 4 * activations <= moved[("worker:0", "worker:1")] <= 4 * activations + 64
     assert f"their gradients {activations:,} B" in texts
+
+
+def held_bytes(texts) -> list[int]:
+    """What the slices picture says each worker holds, worker:0 first."""
+    return [int(t.split(" holds ")[1].split(" B")[0].replace(",", "")) for t in texts
+            if t.startswith("worker:")]
+
+
+@pytest.mark.parametrize("ways", [2, 4])
+def test_the_slices_picture_gives_each_worker_the_variables_tensor_parallel_puts_there(ways):
+    from dtflab.train.tensor_parallel import Split, split_layers, tensor_parallel_graph
+
+    problem = train.classification(width=64, batch_size=32, hidden_layers=3)
+    devices = tuple(f"/job:worker/replica:0/task:{j}" for j in range(ways))
+    built = tensor_parallel_graph(problem, Split(devices, *split_layers(problem, ways, ways)), 0)
+    placed = [sum(v.shape.num_elements() * 4 for v in built.variables if v.device.endswith(f"task:{j}"))
+              for j in range(ways)]
+    assert held_bytes(dtflab.slices_picture(problem, "tensor_parallel", ways).texts()) == placed
+    assert sum(placed) == problem.parameter_bytes
+
+
+@pytest.mark.parametrize("ways", [2, 3])
+def test_the_slices_picture_gives_each_worker_the_shards_the_sharded_program_holds(ways):
+    from dtflab.train.sharded_worker import Unit
+
+    problem = train.classification(width=50, batch_size=30, hidden_layers=2)  # shards pad
+    units = [Unit(w, b, ways) for (_, w), (_, b) in zip(*[iter(problem.initial_values(0))] * 2)]
+    held = [sum(unit.shard(j).nbytes for unit in units) for j in range(ways)]
+    texts = dtflab.slices_picture(problem, "sharded", ways).texts()
+    assert held_bytes(texts) == held
+    assert (sum(held) > problem.parameter_bytes) == (ways == 3)  # 3 ways pad, 2 do not
+    assert [t for t in texts if t.startswith("w") and " holds " not in t] == [
+        "w1 64x50", "w2 50x50", "w3 50x10"]

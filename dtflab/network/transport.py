@@ -147,3 +147,10 @@ def cluster_snapshot(cluster) -> WireSnapshot:
         raise NotSupportedError(f"counting bytes on the wire needs task processes; the "
                                 f"{cluster.backend} backend has none here: use --backend local")
     return snapshot(pids)
+
+
+def bytes_sent(pid: int | None = None) -> int:
+    """Bytes this process (or process ``pid``, one of its descendants) has sent so far on its
+    open TCP connections, counted by the kernel: for a program to count its own traffic, e.g.
+    a DTensor client around its steps. Connections already closed are not counted."""
+    return sum(flow.sent for flow in task_flows("this process", pid or os.getpid()))

@@ -203,3 +203,45 @@ def sharded_state_bytes(parameter_bytes: float, workers: int, slots: int = 2) ->
     ``(1 + slots) x M / N`` (Adam: m and v, two slots), against ``(1 + slots) x M`` for every
     worker of plain data parallelism. It leaves out the padding and Adam's two scalars."""
     return (1 + slots) * parameter_bytes / workers
+
+
+def shard_size(values: int, workers: int) -> int:
+    """Values in each of ``workers`` equal shards of a flat vector of ``values``, padded with
+    zeros to a multiple of ``workers`` (how ``train.sharded_data_parallel`` cuts a layer)."""
+    return -(-values // workers)
+
+
+# -- DTensor: one layer pair under a layout ------------------------------------------------------
+
+LAYOUTS = ("data", "model", "both")
+
+
+def ring_all_reduce_bytes(values_bytes: float, group: int) -> float:
+    """Bytes each of ``group`` members sends in a ring all-reduce of ``values_bytes``:
+    ``2 x (g - 1) / g`` of them (a reduce-scatter, then an all-gather)."""
+    return 2 * (group - 1) / group * values_bytes
+
+
+def layout_bytes(layout: str, mesh: dict, batch: int, layers, dtype_bytes: int = 4) -> dict:
+    """Bytes each device sends per step training ``tanh(x @ w1) @ w2`` (widths ``layers``:
+    inputs, hidden, outputs) on a DTensor mesh ``{"batch": b, "model": m}`` under ``layout``:
+
+    - ``"data"``: the batch sharded on ``batch``, both matrices replicated: each step the
+      gradients (all of M) are all-reduced over the b devices that share a model shard;
+    - ``"model"``: ``w1`` sharded by columns and ``w2`` by rows on ``model`` (Megatron), the
+      batch replicated: the partial outputs (B x outputs) are all-reduced over the m devices;
+      nothing else crosses (the backward needs no sum: the output's gradient is replicated);
+    - ``"both"``: both at once, each with its share: B / b rows of partial outputs, M / m of
+      gradients.
+
+    ``{"activations": ..., "gradients": ...}``, each a ring all-reduce
+    (:func:`ring_all_reduce_bytes`). It leaves out the loss's scalar all-reduce and gRPC's
+    framing."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r}: choose one of {', '.join(map(repr, LAYOUTS))}")
+    inputs, hidden, outputs = layers
+    b = mesh["batch"] if layout in ("data", "both") else 1
+    m = mesh["model"] if layout in ("model", "both") else 1
+    parameters = dtype_bytes * hidden * (inputs + outputs)
+    return {"activations": ring_all_reduce_bytes(dtype_bytes * batch / b * outputs, m),
+            "gradients": ring_all_reduce_bytes(parameters / m, b)}

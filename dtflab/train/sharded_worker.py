@@ -35,6 +35,7 @@ import sys
 
 import numpy as np
 
+from dtflab.train import costs
 from dtflab.train.worker_loop import HEARTBEAT_S, Report, parser, problem_of, run_steps, variable_bytes
 
 #: Group keys of this program's collectives: far above MultiWorkerMirroredStrategy's own, which
@@ -103,7 +104,7 @@ class Unit:
 
     def __init__(self, w: np.ndarray, b: np.ndarray, workers: int):
         self.w_shape, self.w_size, self.b_size = w.shape, w.size, b.size
-        self.shard_size = -(-(w.size + b.size) // workers)
+        self.shard_size = costs.shard_size(w.size + b.size, workers)
         self.padded = np.zeros(self.shard_size * workers, np.float32)
         self.padded[:w.size + b.size] = np.concatenate([w.ravel(), b])
 
