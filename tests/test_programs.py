@@ -464,6 +464,39 @@ def test_a_dtensor_program_runs_on_two_clients_that_agree_on_the_loss(run_progra
     assert None not in pids and all_gone(pids)  # nothing outlives the run
 
 
+@pytest.mark.parametrize("meshes, shapes", [
+    (["data"], ["[8]"]),
+    (["model"], ["[4, 2]"]),
+    ([], ["[8]", "[4, 2]", "[2, 2, 2]"]),  # the program's default: all three, as the tutorial
+], ids=["data-parallel", "model-parallel", "the-tutorials-three-sections"])
+def test_tensorflows_dtensor_tutorial_trains_on_two_clients_that_agree_on_every_loss(
+        run_programs, tmp_path, meshes, shapes):
+    # A copy of TensorFlow's "Distributed training with DTensors" (changes marked), synthetic
+    # reviews; its 8-device meshes over two clients of 4 CPU devices each. A section trains 2
+    # epochs of 4 batches; each after the first restores the checkpoint of the one before.
+    mesh_flag = ["--mesh", *meshes] if meshes else []
+    cluster = run_programs(PROGRAMS / "tf_tutorials" / "dtensor_ml_tutorial.py", *mesh_flag,
+                           f"--checkpoint_dir={tmp_path}", workers=2, timeout=120)
+    pids = [task.pid for task in cluster.tasks]  # while they run: seconds to import TensorFlow
+    assert cluster.wait(timeout=240) == {"worker:0": 0, "worker:1": 0}
+    logs = [cluster.logs(f"worker:{index}") for index in (0, 1)]
+    ends = [re.findall(r"^client (\d+) mesh (\[[\d, ]+\]) loss (\S+)$", log, re.M) for log in logs]
+    # each worker is its own DTensor client, and each section ran on its mesh
+    assert [[end[:2] for end in client] for client in ends] == [
+        [(str(index), shape) for shape in shapes] for index in (0, 1)], logs
+    steps = [re.findall(r"^epoch (\d) step (\d) loss (\S+)$", log, re.M) for log in logs]
+    assert len(steps[0]) == 8 * len(shapes) and steps[0] == steps[1]  # one loss on both clients
+    for section, end in enumerate(ends[0]):
+        losses = [float(loss) for _, _, loss in steps[0][8 * section:8 * section + 8]]
+        assert end[2] == steps[0][8 * section + 7][2]
+        assert losses[-1] < losses[0] and sum(losses[4:]) < sum(losses[:4]), losses  # it learns
+    for log in logs:
+        assert log.count("New training") == 1
+        assert log.count("Restoring a checkpoint") == len(shapes) - 1
+    cluster.stop()
+    assert None not in pids and all_gone(pids)  # nothing outlives the run
+
+
 def test_client_host_stands_for_where_the_task_reaches_this_machine(tmp_path):
     from dtflab.cluster.programs import Program
 
