@@ -10,6 +10,13 @@ task), the heavy classifier (width 1024, two hidden layers), global batch 4096 (
 - allreduce_over_sync_ps_2_workers: all-reduce steps/s over sync data parallel through one
   ps, 2 workers, strong scaling.
 - cores: the machine's.
+- ps_model: the bottleneck model of a synchronous ps step (``train.scaling_model``), its parts
+  measured from one- and two-worker runs; ``ps_model_steps_per_s`` its prediction and
+  ``ps_model_measured_steps_per_s`` the sync loop measured at N = 1, 2, 3, 4 (past this
+  machine's cores too: where the model says the cores set the step), and
+  ``ps_model_max_rel_error`` the worst N.
+- ps_model_16_cores_max_rel_error: the same model's worker path fitted to the 16-core table's
+  rates at 1 and 2 workers (``ScalingModel.from_rates``), against the table at 4, 8 and 12.
 
     python benchmarks/scaling.py [--quick] [--rounds 3] [--figure build/scaling.html]
 
@@ -36,6 +43,31 @@ def worker_counts(cores: int) -> list[int]:
     return counts
 
 
+def ps_model_figures(problem, cores: int, rounds: int, steps: int) -> dict:
+    """The bottleneck model against the measured sync curve, here and on the 16-core table."""
+    from dtflab.train import scaling_model
+
+    model = scaling_model.fit(problem, rounds=rounds, steps=steps + 2)
+    counts = sorted(set(worker_counts(cores)) | {1, 2, 3, 4})
+    sync = scaling.measure(problem, counts=counts, loops=("sync_data_parallel",),
+                           modes=("strong",), steps=steps, rounds=rounds)
+    measured = sync.rates["strong"]["sync_data_parallel"]
+    xeon = scaling.XEON_16["sync_data_parallel"]
+    quoted = scaling_model.ScalingModel.from_rates({n: xeon[n] for n in (1, 2)})
+    return {
+        "ps_model": {k: round(v, 5) if isinstance(v, float) else v
+                     for k, v in vars(model).items()},
+        "ps_model_steps_per_s": {str(n): round(model.steps_per_s(n), 3) for n in counts},
+        "ps_model_limit": {str(n): model.limit(n) for n in counts},
+        "ps_model_measured_steps_per_s": {str(n): round(r, 3) for n, r in measured.items()},
+        "ps_model_max_rel_error": round(max(abs(model.steps_per_s(n) / r - 1)
+                                            for n, r in measured.items()), 3),
+        "ps_model_16_cores_steps_per_s": {str(n): round(quoted.steps_per_s(n), 2) for n in xeon},
+        "ps_model_16_cores_max_rel_error": round(max(abs(quoted.steps_per_s(n) / xeon[n] - 1)
+                                                     for n in (4, 8, 12)), 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="strong scaling only")
@@ -55,6 +87,7 @@ def main() -> None:
             strong["all_reduce"][2] / strong["all_reduce"][1], 3)
         result["allreduce_over_sync_ps_2_workers"] = round(
             strong["all_reduce"][2] / strong["sync_data_parallel"][2], 3)
+    result.update(ps_model_figures(problem, cores, args.rounds, args.steps))
     result["runs_steps_per_s"] = {mode: {loop: {str(n): [round(r, 3) for r in rs]
                                                 for n, rs in by_n.items()}
                                          for loop, by_n in loops.items()}

@@ -128,37 +128,44 @@ def test_standalone_html_works_offline(model_parallel, tmp_path):
     assert "Partitioned graph" in html and "Bytes on the wire" in html
 
 
-def test_the_scaling_models_follow_their_formulas():
-    from dtflab.viz.scaling import ScalingModel
+def test_the_scaling_model_is_the_slower_of_the_workers_path_and_the_machines_cores():
+    from dtflab.train.scaling_model import ScalingModel
 
-    model = ScalingModel(step_s=1.0, compute_s=0.8, wire_s=0.1)  # rest 0.1 s
-    assert model.amdahl(1) == model.communication(1) == 1.0
-    assert model.amdahl(4) == pytest.approx(1 / (0.2 + 0.8 / 4))  # 2.5x
-    assert model.communication(4) == pytest.approx(1 / (0.8 / 4 + 0.1 + 4 * 0.1))  # 1.43x
-    assert model.best_workers == pytest.approx(8 ** 0.5)
-    assert model.communication(model.best_workers) > max(model.communication(2), model.communication(4))
+    model = ScalingModel(compute_s=0.8, exchange_s=0.2, worker_extra_s=0.01, ps_fixed_s=0.02,
+                         ps_per_worker_s=0.03, client_s=0.05, cores=2)
+    assert model.step_s(1) == pytest.approx(1.01) and model.limit(1) == "workers"
+    assert model.cpu_s(8) == pytest.approx(0.8 + 8 * 0.04 + 0.02 + 0.05)
+    assert model.step_s(2) == pytest.approx(0.8 / 2 + 0.01 + 0.2)  # the workers' path
+    assert model.step_s(8) == pytest.approx(model.cpu_s(8) / 2) and model.limit(8) == "cores"
+    assert model.speedup(64) < model.speedup(8)  # past the cores, the ps's growing share costs
+    assert model.parallel_fraction == pytest.approx(0.8 / 1.01)
+    unbounded = ScalingModel(compute_s=0.8, exchange_s=0.2)  # cores enough: Amdahl's shape
+    assert unbounded.speedup(4) == pytest.approx(1 / (0.2 + 0.8 / 4))
+    table = {1: 1 / (0.3 + 0.05), 2: 1 / (0.15 + 0.05), 8: 99.0}  # only the first two count
+    fitted = ScalingModel.from_rates(table)
+    assert (fitted.compute_s, fitted.exchange_s) == pytest.approx((0.3, 0.05))
 
 
-def test_the_scaling_picture_starts_from_a_traced_one_worker_step(cluster):
+def test_the_scaling_model_is_measured_from_one_and_two_worker_runs_and_drawn():
     from dtflab import train
-    from dtflab.viz.scaling import GOOGLE_2016, ScalingModel, scaling_figure, speedups
+    from dtflab.train import scaling_model
+    from dtflab.viz.scaling import GOOGLE_2016, scaling_figure, speedups
 
-    history = train.sync_data_parallel(train.classification(width=64, batch_size=256), cluster,
-                                       steps=3, workers=1, trace_step=1)
-    model = ScalingModel.from_trace(history.trace)
-    worker = next(t for d, t in history.trace.device_totals().items() if "/job:worker" in d)
-    assert model.compute_s == pytest.approx(worker["compute_us"] / 1e6)
-    assert 0 < model.parallel_fraction < 1 and model.compute_s + model.wire_s <= model.step_s
-    assert model.amdahl(64) < 1 / (1 - model.parallel_fraction)
+    problem = train.classification(width=256, batch_size=2048)
+    parts = scaling_model.measure_parts(problem, 2, steps=8)
+    assert 0 < parts["worker_s"] and 0 < parts["ps_s"] < parts["worker_s"] < 2 * parts["step_s"]
+    model = scaling_model.fit(problem, rounds=1, steps=8, cores=2)
+    assert model.compute_s > model.worker_extra_s and model.cores == 2
+    assert model.ps_fixed_s + model.ps_per_worker_s > 0  # the ps works every step
+    assert model.step_s(1) == pytest.approx(model.compute_s + model.worker_extra_s + model.exchange_s)
+    assert model.limit(16) == "cores"  # 17 one-thread tasks on 2 cores
     rates = {1: 10.0, 2: 15.0}
     fig = scaling_figure(rates, model)
     assert renderer(fig, "measured")["y"] == [1.0, 1.5]
+    assert renderer(fig, "bottleneck")["y"][0] == pytest.approx(1.0)
     quoted = renderer(fig, "quoted")
     assert list(zip(quoted["x"], quoted["y"])) == [(50, 40.0), (500, 300.0)]
     assert all(q.source.startswith("Google") for q in GOOGLE_2016)
     assert any("their figures" in item.label["value"] for item in fig.legend[0].items)
     with pytest.raises(ValueError, match=r"rates has no one-worker run \(keys \[2, 4\]\)"):
         speedups({2: 1.0, 4: 2.0})
-    two = train.sync_data_parallel(train.exp_regression(), cluster, steps=3, workers=2, trace_step=1)
-    with pytest.raises(ValueError, match="the trace has 2 worker devices"):
-        ScalingModel.from_trace(two.trace)

@@ -17,16 +17,21 @@ def amdahl(parallel_fraction: float, workers: float) -> float:
     return 1.0 / ((1.0 - p) + p / workers)
 
 
-def ps_link_step(compute_s: float, rest_s: float, wire_s: float, workers: float) -> float:
-    """A synchronous step through one ps whose link moves each worker's parameters and
-    gradients one worker after another: ``compute / N + rest + N x wire`` seconds. It leaves out
-    that transfers to different workers overlap each other and the workers' compute."""
-    return compute_s / workers + rest_s + workers * wire_s
+def ps_step_s(workers: float, compute_s: float, exchange_s: float, *, cpu_s: float = 0.0,
+              cores: float | None = None) -> float:
+    """A synchronous step through one ps, as a bottleneck rather than a sum: the longer of
 
+    - a worker's own path, ``compute / N + exchange``: its share of the compute, then its
+      exchange with the ps (reading the parameters, sending its gradients, waiting for the
+      update). The ps serves the workers' exchanges at the same time (gRPC threads), so the
+      exchange does not grow with N while the ps has cores to spare;
+    - the machine's cores: ``cpu / cores``, where ``cpu`` is every process's CPU seconds per
+      step (the workers', the ps's, which grows with N, and the client's).
 
-def ps_link_best_workers(compute_s: float, wire_s: float) -> float:
-    """Where :func:`ps_link_step` is shortest: ``sqrt(compute / wire)`` workers."""
-    return math.sqrt(compute_s / wire_s) if wire_s else math.inf
+    It leaves out stragglers, a network slower per byte than the loopback, and the ps's own
+    limit when it has no spare core for its gRPC threads (then ``cores`` is the ps's)."""
+    worker_path = compute_s / workers + exchange_s
+    return max(worker_path, cpu_s / cores) if cores else worker_path
 
 
 # -- pipelines --------------------------------------------------------------------------------

@@ -21,6 +21,13 @@ from dtflab import checks
 #: The loops measured, in the order they are drawn.
 LOOPS = ("sync_data_parallel", "async_parameter_server", "all_reduce")
 
+#: Measured by the team on a 16-core Intel Xeon (TensorFlow 2.21, one thread per task, the
+#: heavy classifier, width 1024, global batch 4096, medians of 3): steps/s (updates/s for
+#: async) by worker count, before all-reduce's step was made cheaper (issue 24).
+XEON_16 = {"sync_data_parallel": {1: 3.72, 2: 6.60, 4: 10.70, 8: 15.24, 12: 17.38},
+           "async_parameter_server": {1: 3.57, 2: 7.02, 4: 14.10, 8: 28.22, 12: 38.74},
+           "all_reduce": {1: 3.75, 2: 6.37, 4: 9.42, 8: 11.95, 12: 12.82}}
+
 
 @dataclass
 class Curves:

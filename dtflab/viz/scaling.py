@@ -1,18 +1,18 @@
-"""The scaling picture: a measured speed-up beside what Amdahl's law and a communication model
-predict for more workers, and the speed-ups Google quoted in 2016, labelled as theirs.
+"""The scaling picture: a measured speed-up beside what Amdahl's law and the bottleneck model
+of a ps step predict for more workers, and the speed-ups Google quoted in 2016, labelled as
+theirs.
 
-Both models (their formulas in ``dtflab.train.costs``) start from one traced step of synchronous data parallelism with one worker:
+Both models come from :class:`dtflab.train.scaling_model.ScalingModel` (measured parts of one-
+and two-worker steps; its formula is ``costs.ps_step_s``):
 
 - **Amdahl:** the worker's compute is the part that splits across workers (a fraction p of the
-  step); the rest stays. ``S(N) = 1 / ((1 - p) + p / N)``.
-- **Communication:** the same, plus the ps's link. Each worker receives the parameters and sends
-  its gradients; the ps moves N times that, one worker after another, at the rate the traced
-  step did. ``step(N) = compute / N + rest + N x wire``, so adding workers stops paying at
-  ``N = sqrt(compute / wire)``.
+  one-worker step); the rest stays. ``S(N) = 1 / ((1 - p) + p / N)``.
+- **Bottleneck:** a step lasts as long as the slower of a worker's own path (its share of the
+  compute, then its exchange with the ps, which the ps serves for every worker at once) and the
+  machine's cores (every process's CPU time per step, the ps's growing with N, over the cores).
 
-What they cannot know: the trace is one step on one machine, where the "wire" is memory and
-gRPC; a real network is slower per byte and a bigger cluster adds stragglers. The models say
-what shape to expect, not a figure to promise.
+What they cannot know: a real network is slower per byte than the loopback and a bigger cluster
+adds stragglers. The models say what shape to expect, not a figure to promise.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dtflab.train import costs
+from dtflab.train.scaling_model import ScalingModel
 
 
 @dataclass(frozen=True)
@@ -42,50 +42,6 @@ GOOGLE_2016 = (
 )
 
 
-@dataclass(frozen=True)
-class ScalingModel:
-    """One worker's step, split into what more workers share and what they do not."""
-
-    step_s: float  # the whole step
-    compute_s: float  # the worker's ops: this part splits across N workers
-    wire_s: float  # waiting on transfers to and from the ps: the ps moves N times this
-
-    @classmethod
-    def from_trace(cls, step) -> "ScalingModel":
-        """From a StepTrace of a one-worker synchronous step."""
-        totals = step.device_totals()
-        workers = [d for d in totals if "/job:worker" in d]
-        if len(workers) != 1:
-            raise ValueError(f"the trace has {len(workers)} worker devices; the scaling models "
-                             f"start from a one-worker step, e.g. "
-                             f"train.sync_data_parallel(problem, cluster, workers=1, trace_step=1)")
-        compute = totals[workers[0]]["compute_us"] / 1e6
-        wire = sum(total["transfer_us"] for device, total in totals.items()
-                   if "/job:worker" in device or "/job:ps" in device) / 1e6
-        step_s = max(step.step_us / 1e6, compute + wire)
-        return cls(step_s, compute, wire)
-
-    @property
-    def rest_s(self) -> float:
-        """The part no worker takes over: the ps's update, the client, the runtime."""
-        return max(self.step_s - self.compute_s - self.wire_s, 0.0)
-
-    @property
-    def parallel_fraction(self) -> float:
-        return self.compute_s / self.step_s
-
-    def amdahl(self, workers: float) -> float:
-        return costs.amdahl(self.parallel_fraction, workers)
-
-    def communication(self, workers: float) -> float:
-        return self.step_s / costs.ps_link_step(self.compute_s, self.rest_s, self.wire_s, workers)
-
-    @property
-    def best_workers(self) -> float:
-        """Where the communication model's speed-up peaks."""
-        return costs.ps_link_best_workers(self.compute_s, self.wire_s)
-
-
 def speedups(rates: dict[int, float]) -> dict[int, float]:
     """Steps per second by worker count -> speed-up over one worker."""
     if 1 not in rates:
@@ -97,7 +53,7 @@ def speedups(rates: dict[int, float]) -> dict[int, float]:
 def scaling_figure(rates: dict[int, float], model: ScalingModel, *, up_to: int = 512,
                    quoted=GOOGLE_2016, width: int = 620, height: int = 400):
     """Bokeh figure, log-log: speed-up against workers. Renderers are named ``ideal``,
-    ``measured``, ``amdahl``, ``communication`` and ``quoted``."""
+    ``measured``, ``amdahl``, ``bottleneck`` and ``quoted``."""
     from bokeh.models import ColumnDataSource, HoverTool, LabelSet
     from bokeh.plotting import figure
 
@@ -110,9 +66,10 @@ def scaling_figure(rates: dict[int, float], model: ScalingModel, *, up_to: int =
     fig.line(counts, counts, color="gray", line_dash="dashed", legend_label="ideal (N x)", name="ideal")
     fig.line(counts, [model.amdahl(n) for n in counts], color="#1f77b4", line_width=2,
              legend_label=f"Amdahl, p = {model.parallel_fraction:.2f}", name="amdahl")
-    fig.line(counts, [model.communication(n) for n in counts], color="#ff7f0e", line_width=2,
-             legend_label=f"Amdahl + the ps's link (peaks at N = {model.best_workers:.0f})",
-             name="communication")
+    cores = f"{model.cores} cores" if model.cores else "cores enough"
+    fig.line(counts, [model.speedup(n) for n in counts], color="#ff7f0e", line_width=2,
+             legend_label=f"bottleneck: workers' path or the machine ({cores})",
+             name="bottleneck")
     fig.line(list(measured), list(measured.values()), color="black", line_width=2)
     fig.scatter(list(measured), list(measured.values()), color="black", size=8,
                 legend_label="measured here", name="measured")
