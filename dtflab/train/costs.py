@@ -250,3 +250,15 @@ def layout_bytes(layout: str, mesh: dict, batch: int, layers, dtype_bytes: int =
     parameters = dtype_bytes * hidden * (inputs + outputs)
     return {"activations": ring_all_reduce_bytes(dtype_bytes * batch / b * outputs, m),
             "gradients": ring_all_reduce_bytes(parameters / m, b)}
+
+
+def client_wire_bytes(layout: str, mesh: dict, batch: int, layers, *, local_axis: str,
+                      local_devices: int, dtype_bytes: int = 4) -> float:
+    """Bytes one DTensor client sends over the network per step under :func:`layout_bytes`'s
+    ``layout``, when each client holds ``local_devices`` devices that together span the mesh
+    axis ``local_axis`` (``create_distributed_mesh`` gives each client a run of the last axis):
+    its devices' collectives over the other axis cross to other clients, those over
+    ``local_axis`` stay inside the process."""
+    axis_of = {"activations": "model", "gradients": "batch"}
+    parts = layout_bytes(layout, mesh, batch, layers, dtype_bytes)
+    return local_devices * sum(sent for part, sent in parts.items() if axis_of[part] != local_axis)
