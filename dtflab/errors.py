@@ -30,14 +30,18 @@ class TaskError(DtflabError):
 
 class WaitForEndedTaskError(TaskError):
     """A program waited for a task that had ended, so it could never go on, and was stopped
-    (``dtflab.cluster.waits``). ``ended`` names that task, ``fix`` what to change."""
+    (``dtflab.cluster.waits``). ``ended`` names that task (``ended_as``: what it is to
+    TensorFlow, e.g. ``DTensor client 1, /job:worker/replica:0/task:1``), ``fix`` what to
+    change; ``also``: other programs stopped with it, which could not go on either."""
 
     def __init__(self, job: str, index: int, ended: str, how: str, *, fix: str,
-                 log_tail: str = ""):
+                 log_tail: str = "", ended_as: str = "", also: tuple[str, ...] = ()):
         self.job, self.index, self.exit_code, self.log_tail = job, index, None, log_tail
-        self.ended, self.fix = ended, fix
-        DtflabError.__init__(self, f"{job}:{index} waits for {ended}, which {how}: it would wait "
-                                   f"for ever, so it was stopped; {fix}")
+        self.ended, self.fix, self.also = ended, fix, tuple(also)
+        who = f"{ended} ({ended_as})" if ended_as else ended
+        stopped = f"it and {', '.join(also)} were" if also else "it was"
+        DtflabError.__init__(self, f"{job}:{index} waits for {who}, which {how}: it would wait "
+                                   f"for ever, so {stopped} stopped; {fix}")
 
 
 class StallError(DtflabError):
