@@ -50,11 +50,19 @@ def names_notebooks_use() -> dict[str, object]:
             found[f"{space}.{attribute}"] = getattr(spaces[space], attribute)
         for space, names in IMPORTED.findall(code):
             for attribute in filter(None, (n.strip() for n in names.split(","))):
-                found[f"{space}.{attribute}"] = getattr(spaces[space], attribute)
+                found[f"{space}.{attribute}"] = _imported(spaces[space], attribute)
         for magic in MAGIC.findall(code):
             module, owner = MAGIC_CLASSES[magic]
             found[f"%{magic}"] = getattr(getattr(importlib.import_module(module), owner), magic)
     return found
+
+
+def _imported(space, attribute):
+    """What ``from space import attribute`` gives: a name of the module, or its submodule."""
+    try:
+        return getattr(space, attribute)
+    except AttributeError:
+        return importlib.import_module(f"{space.__name__}.{attribute}")
 
 
 def _cells(path):
