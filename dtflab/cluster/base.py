@@ -144,9 +144,9 @@ class Cluster:
         With ``check`` (the default), a program that exited with a code other than 0, or was
         killed, raises ``TaskError`` (``worker:1 exited with code 1`` and its last lines).
         ``timeout`` (seconds) raises ``TimeoutError`` naming the programs still running.
-        A program that waits for a task that has ended (a TF1 worker whose session has no
-        ``device_filters``, after the chief finished) is stopped, and ``WaitForEndedTaskError``
-        names both tasks and the fix, whatever ``check`` says (``dtflab.cluster.waits``).
+        A program that waits for a task that has ended (a TF1 session without ``device_filters``
+        after the chief finished; a DTensor client whose peer failed at start) is stopped, and
+        ``WaitForEndedTaskError`` names both and the fix, whatever ``check`` says (``waits``).
         """
         import time
 
