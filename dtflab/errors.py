@@ -17,7 +17,7 @@ class TaskError(DtflabError):
                  log_tail: str = ""):
         self.job, self.index, self.exit_code, self.log_tail = job, index, exit_code, log_tail
         code = "" if exit_code is None else f" (exit code {exit_code})"
-        last = _last_meaningful_line(log_tail)
+        last = last_meaningful_line(log_tail)
         super().__init__(f"{job}:{index} {what}{code}" + (f": {last}" if last else ""))
 
     def _render_traceback_(self) -> list[str]:
@@ -74,14 +74,14 @@ def did_you_mean(word, choices) -> str:
 CRASH_MARK = "Fatal Python error:"
 
 
-def _last_meaningful_line(text: str) -> str:
+def last_meaningful_line(text: str) -> str:
     """The line that says what went wrong: the last one, or, after a crash that faulthandler
     followed with every thread's stack, the crash's own line (``free(): invalid size; Fatal
     Python error: Aborted``)."""
     lines = [line.strip() for line in text.strip().splitlines()]
     fatal = [i for i, line in enumerate(lines) if line.startswith(CRASH_MARK)]
     if fatal:
-        before = _last_meaningful_line("\n".join(lines[:fatal[-1]]))
+        before = last_meaningful_line("\n".join(lines[:fatal[-1]]))
         return "; ".join(part for part in (before, lines[fatal[-1]]) if part)[:300]
     for line in reversed(lines):
         if line and not line.startswith(("WARNING: All log messages", "I0000", "W0000")):

@@ -252,6 +252,88 @@ def test_stopping_leaves_the_external_dask_cluster_running(report):
     assert report["dask_workers_after"] == report["dask_workers"]
 
 
+# TF2 from h1 over tasks on h2 and h3: ParameterServerStrategy (h1 the coordinator, the spec's
+# chief) and cluster.connect() (h1 a client). A task that needs a tensor h1 holds calls h1 back,
+# at the address the spec gives h1: h1's own, not 127.0.0.1 (the task's own host).
+TF2_DRIVER = r"""
+import json, sys, threading
+from dask.distributed import Client
+
+import dtflab
+from dtflab import train
+from dtflab._quiet import import_tf
+
+scheduler, how = sys.argv[1], sys.argv[2]
+tf = import_tf()
+with Client(scheduler, timeout="30s") as client:
+    client.wait_for_workers(2, timeout=90)
+cluster = dtflab.start_cluster(jobs="ps=1,worker=1", scheduler=scheduler)
+out = {"addresses": cluster.addresses}
+if how == "ps_strategy":
+    strategy = train.strategy_for(cluster)
+    history = train.ps_strategy(train.exp_regression(), cluster, steps=40, seed=0,
+                                strategy=strategy, watchdog=False)
+    out.update(steps=history.steps, first_loss=history.losses[0], last_loss=history.losses[-1])
+    here = "chief"
+else:
+    cluster.connect()
+    here = "client"
+# The cluster as TensorFlow's runtime in this process was given it.
+from tensorflow.python.eager import context
+out["here"] = tf.train.ClusterSpec(context.context().get_server_def().cluster).as_dict()[here]
+with tf.device(f"/job:{here}/replica:0/task:0/device:CPU:0"):
+    held_here = tf.Variable([1.0, 2.0])
+
+
+@tf.function
+def doubled_on_the_worker():  # the worker on h3 receives held_here from h1
+    with tf.device("/job:worker/replica:0/task:0/device:CPU:0"):
+        return held_here * 2.0
+
+
+def call():
+    try:
+        out["worker_read_from_here"] = doubled_on_the_worker().numpy().tolist()
+    except Exception as exc:
+        out["worker_read_from_here"] = type(exc).__name__
+
+
+thread = threading.Thread(target=call, daemon=True)
+thread.start()
+thread.join(60)
+out.setdefault("worker_read_from_here", "no answer in 60 s")
+cluster.stop()
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def tf2_report(hosts, tmp_path_factory):
+    """What ParameterServerStrategy and ``cluster.connect()`` did from h1 (one process each) on
+    a Dask cluster of one worker on h2 and one on h3."""
+    folder = tmp_path_factory.mktemp("multihost-tf2")
+    scheduler = start_dask(hosts, folder, workers_per_host=1)
+    return {"hosts": hosts.addresses,
+            **{how: drive(hosts, folder, TF2_DRIVER, scheduler, how)
+               for how in ("ps_strategy", "connect")}}
+
+
+@pytest.mark.parametrize("how", ["ps_strategy", "connect"])
+def test_tf2_tasks_on_other_hosts_reach_this_process_back(tf2_report, how):
+    h1, h2, h3 = tf2_report["hosts"]
+    report = tf2_report[how]
+    assert {job: [host_of(a) for a in found] for job, found in report["addresses"].items()} == {
+        "ps": [h2], "worker": [h3]}
+    assert [host_of(a) for a in report["here"]] == [h1]
+    assert report["worker_read_from_here"] == [2.0, 4.0]  # 127.0.0.1: UnavailableError
+
+
+def test_parameter_server_strategy_trains_with_tasks_on_other_hosts(tf2_report):
+    report = tf2_report["ps_strategy"]
+    assert report["steps"] == 40
+    assert report["last_loss"] < report["first_loss"]
+
+
 # train.all_reduce from h1 with its two worker programs on h2 and h3 (one Dask worker each).
 ALL_REDUCE_DRIVER = r'''
 import json, sys, time

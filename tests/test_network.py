@@ -107,6 +107,19 @@ def test_no_route_to_a_host_is_an_error_naming_it():
         address_toward("no-such-host.invalid")
 
 
+def test_one_address_for_this_machine_in_a_cluster_spec_or_an_error_naming_both():
+    from dtflab.errors import DtflabError
+    from dtflab.network.networks import one_address
+
+    assert one_address(["127.0.0.1", "127.0.0.1"]) == "127.0.0.1"
+    # A task on this machine reaches the outside address too (TensorFlow binds 0.0.0.0).
+    assert one_address(["127.0.0.1", "10.1.2.3", "10.1.2.3"]) == "10.1.2.3"
+    with pytest.raises(DtflabError, match=r"^the tasks reach this machine at 10\.1\.2\.3 and "
+                                          r"192\.168\.0\.7, but a cluster spec names one address "
+                                          r"for it; run the tasks on hosts of one network$"):
+        one_address(["192.168.0.7", "10.1.2.3"])
+
+
 def test_a_local_cluster_is_out_of_reach_of_other_hosts_and_works_here(other_host, start_cluster):
     cluster = start_cluster(3)
     assert cluster.exposed == []

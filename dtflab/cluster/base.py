@@ -8,7 +8,8 @@ from dtflab.cluster import running
 from dtflab.cluster.ports import choose_ports
 from dtflab.cluster.programs import LOOPBACK
 from dtflab.cluster.task import TaskInfo, TaskState, log_tail
-from dtflab.errors import NotSupportedError, PortInUseError, TaskError
+from dtflab.errors import NotSupportedError, PortInUseError
+from dtflab.network.networks import one_address
 from dtflab.spec import Layout, layout_to_legacy_spec, parse_address, parse_task
 
 PORT_ATTEMPTS = 3
@@ -30,8 +31,8 @@ class Cluster:
     - ``_stop_all()``;
     - ``_task_state(job, index) -> (TaskState, pid or None)`` and ``_task_logs(job, index)``;
     - optionally ``_kill_task`` / ``_start_task`` (default: refuse with ``NotSupportedError``),
-      ``_task_host`` and ``_client_host`` for tasks that run elsewhere, ``_task_details`` (exit code, how it
-      started) and ``_server_args`` (extra flags for a task server).
+      ``_task_host`` and ``_client_host`` for tasks that run elsewhere, ``_task_details`` (exit
+      code, how it started) and ``_server_args`` (extra flags for a task server).
 
     It gets for free: ``spec``, ``target()``, ``tasks``, what each task runs
     (``_task_command``), free ports chosen at start and chosen again when one is taken
@@ -148,29 +149,9 @@ class Cluster:
         after the chief finished; a DTensor client whose peer failed at start) is stopped, and
         ``WaitForEndedTaskError`` names both and the fix, whatever ``check`` says (``waits``).
         """
-        import time
+        from dtflab.cluster.waits import wait_for_programs
 
-        from dtflab.cluster.waits import WaitWatch
-
-        if not self.programs:
-            raise NotSupportedError("this cluster runs no programs, so there is nothing to wait "
-                                    "for; start one with dtflab.run(...) or %dtf_cluster run")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        watch = WaitWatch(self)
-        while running := [name for name, state in self.states(programs_only=True).items()
-                          if state in (TaskState.RUNNING, TaskState.STARTING)]:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"{', '.join(running)} still running after {timeout:g} s")
-            watch.raise_if_stuck()
-            time.sleep(0.1)
-        infos = [t for t in self.tasks if t.job in self.programs]
-        if check:
-            for info in infos:
-                if info.state is TaskState.KILLED or info.exit_code not in (0, None):
-                    what = "was killed" if info.state is TaskState.KILLED else info.status
-                    raise TaskError(info.job, info.index, what,
-                                    log_tail=self._task_log_tail(info.job, info.index))
-        return {info.name: info.exit_code for info in infos}
+        return wait_for_programs(self, timeout, check)
 
     # -- what the user reads -----------------------------------------------------------------
 
@@ -265,6 +246,13 @@ class Cluster:
     def stop_letting_tasks_reach(self, port: int) -> None:
         """Undo ``let_tasks_reach(port)`` once nothing listens there any more."""
 
+    def callback_address(self, port: int) -> str:
+        """``host:port`` at which every task reaches ``port`` of this process, one address for
+        all (a cluster spec names one): 127.0.0.1 where they all share this machine, else this
+        machine's address on the interface that routes to the other hosts."""
+        hosts = [self._client_host(job, index) for job, index in self.endpoints]
+        return f"{one_address(hosts)}:{port}"
+
     def connect(self, job_name: str = "client") -> list[str]:
         """Make this cluster's devices usable from eager TF2 code in this process.
 
@@ -279,7 +267,7 @@ class Cluster:
         (port,) = free_ports(1)
         self.let_tasks_reach(port)
         running.connected.append(repr(self))
-        spec = tf.train.ClusterSpec(dict(self.addresses, **{job_name: [f"127.0.0.1:{port}"]}))
+        spec = tf.train.ClusterSpec(dict(self.addresses, **{job_name: [self.callback_address(port)]}))
         with quiet_fds():
             tf.config.experimental_connect_to_cluster(spec, job_name=job_name)
         return [device.name for device in tf.config.list_logical_devices()

@@ -1,4 +1,5 @@
-"""Notice a program that waits for a task that has ended, which it would do for ever.
+"""Waiting for a cluster's programs (``Cluster.wait()``), and noticing a program that waits for
+a task that has ended, which it would do for ever.
 
 ``WaitWatch`` reads the program tasks' logs (programs log TensorFlow's INFO lines:
 ``dtflab.cluster.programs``) together with the tasks' states. ``Cluster.wait()`` and
@@ -56,7 +57,8 @@ from dataclasses import dataclass
 from dtflab import names
 from dtflab.cluster.programs import dtensor_clients
 from dtflab.cluster.task import TaskState
-from dtflab.errors import NotSupportedError, WaitForEndedTaskError, _last_meaningful_line
+from dtflab.errors import (NotSupportedError, TaskError, WaitForEndedTaskError,
+                           last_meaningful_line)
 
 #: What TensorFlow logs while a session waits for a task: the task is the match's job and task.
 WAITING = (re.compile(r"CreateSession still waiting for response from worker: "
@@ -91,6 +93,30 @@ class Stuck:
     fix: str
     ended_as: str = ""
     also: tuple[str, ...] = ()
+
+
+def wait_for_programs(cluster, timeout: float | None, check: bool) -> dict[str, int | None]:
+    """``Cluster.wait()``: poll the program tasks until each has ended, raising on a stuck wait
+    (``WaitWatch``), past ``timeout`` and, with ``check``, on a program that failed."""
+    if not cluster.programs:
+        raise NotSupportedError("this cluster runs no programs, so there is nothing to wait "
+                                "for; start one with dtflab.run(...) or %dtf_cluster run")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    watch = WaitWatch(cluster)
+    while running := [name for name, state in cluster.states(programs_only=True).items()
+                      if state in (TaskState.RUNNING, TaskState.STARTING)]:
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"{', '.join(running)} still running after {timeout:g} s")
+        watch.raise_if_stuck()
+        time.sleep(0.1)
+    infos = [t for t in cluster.tasks if t.job in cluster.programs]
+    if check:
+        for info in infos:
+            if info.state is TaskState.KILLED or info.exit_code not in (0, None):
+                what = "was killed" if info.state is TaskState.KILLED else info.status
+                raise TaskError(info.job, info.index, what,
+                                log_tail=cluster._task_log_tail(info.job, info.index))
+    return {info.name: info.exit_code for info in infos}
 
 
 class WaitWatch:
@@ -226,7 +252,7 @@ def _how_it_ended(cluster, name: str, when: str = "", quote: bool = True) -> str
     info = _info(cluster, name)
     if info.state is TaskState.KILLED or not quote:
         return ("was killed" if info.state is TaskState.KILLED else info.status) + when
-    last = _last_meaningful_line(cluster._task_log_tail(info.job, info.index))
+    last = last_meaningful_line(cluster._task_log_tail(info.job, info.index))
     quoted = f" (its last line: {last})" if last and len(last) <= SHORT_LINE else ""
     return info.status + when + quoted
 

@@ -58,6 +58,16 @@ def address_toward(host: str) -> str:
                           f"resolves and that this machine reaches it") from None
 
 
+def one_address(hosts) -> str:
+    """The one address (of ``address_toward`` each task's host) at which every task reaches this
+    machine: 127.0.0.1 where all are on it; a task on this machine reaches the outside one too."""
+    outside = sorted({host for host in hosts if host not in LOOPBACK_HOSTS})
+    if len(outside) > 1:
+        raise DtflabError(f"the tasks reach this machine at {' and '.join(outside)}, but a cluster "
+                          f"spec names one address for it; run the tasks on hosts of one network")
+    return outside[0] if outside else LOOPBACK_HOSTS[0]
+
+
 def check_network(network) -> str:
     if network not in NETWORKS:
         raise ValueError(f"unknown network {network!r}; choose 'private' (task servers reachable "

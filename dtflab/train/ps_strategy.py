@@ -37,7 +37,7 @@ def strategy_for(cluster, **options):
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")  # what TF recommends for it
     (port,) = free_ports(1)
     cluster.let_tasks_reach(port)
-    spec = dict(cluster.addresses, chief=[f"127.0.0.1:{port}"])
+    spec = dict(cluster.addresses, chief=[cluster.callback_address(port)])
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
     with quiet_fds():
