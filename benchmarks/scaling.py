@@ -5,7 +5,10 @@ task), the heavy classifier (width 1024, two hidden layers), global batch 4096 (
 4096 per worker (weak), medians of --rounds runs with the worker counts interleaved:
 
 - strong / weak: loop -> N -> steps/s (updates/s, summed over workers, for async) and
-  examples/s (``dtflab.train.scaling``).
+  examples/s (``dtflab.train.scaling``). ``pipeline``: N workers as N stages, 8 micro-batches,
+  on ``pipeline_problem`` (the classifier with as many full-width layers as the largest N, so
+  each stage count cuts it evenly; the plain classifier's work sits in one layer).
+- pipeline_speedup_2_workers: the pipeline's steps/s at 2 stages over 1.
 - allreduce_speedup_2_workers: all-reduce steps/s at 2 workers over 1, strong scaling.
 - allreduce_over_sync_ps_2_workers: all-reduce steps/s over sync data parallel through one
   ps, 2 workers, strong scaling.
@@ -77,8 +80,10 @@ def main() -> None:
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     problem = train.classification(width=1024, batch_size=4096)
-    curves = scaling.measure(problem, counts=worker_counts(cores), steps=args.steps,
-                             rounds=args.rounds, modes=("strong",) if args.quick else ("strong", "weak"))
+    counts = worker_counts(cores)
+    curves = scaling.measure(problem, counts=counts, steps=args.steps, rounds=args.rounds,
+                             loops=(*scaling.LOOPS, scaling.PIPELINE),
+                             modes=("strong",) if args.quick else ("strong", "weak"))
     strong = curves.rates["strong"]
     result = {"benchmark": "scaling", "cores": cores, "batch": problem.batch_size,
               "rounds": args.rounds, **curves.as_json()}
@@ -87,6 +92,10 @@ def main() -> None:
             strong["all_reduce"][2] / strong["all_reduce"][1], 3)
         result["allreduce_over_sync_ps_2_workers"] = round(
             strong["all_reduce"][2] / strong["sync_data_parallel"][2], 3)
+    result["pipeline_problem"] = scaling.pipeline_problem(problem, max(counts)).name
+    if 2 in strong[scaling.PIPELINE]:
+        result["pipeline_speedup_2_workers"] = round(
+            strong[scaling.PIPELINE][2] / strong[scaling.PIPELINE][1], 3)
     result.update(ps_model_figures(problem, cores, args.rounds, args.steps))
     result["runs_steps_per_s"] = {mode: {loop: {str(n): [round(r, 3) for r in rs]
                                                 for n, rs in by_n.items()}

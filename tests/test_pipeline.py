@@ -181,3 +181,23 @@ def test_the_step_model_takes_off_what_the_stage_before_need_not_wait_for():
     # m = 1, p = 2: forward and backward on both stages, less stage 1's weight gradients.
     assert costs.pipeline_step_s(2, 1, 3.0, 0.1, 0.5, overlap_s=1.0) == pytest.approx(2 * 3.1 - 1.0 + 0.5)
     assert costs.pipeline_step_s(2, 8, 3.0, 0.0, overlap_s=1.0) == pytest.approx(9 * 3 / 8 - 1 / 8)
+
+
+def test_scaling_measures_a_pipeline_of_as_many_stages_as_workers_on_a_model_that_cuts_evenly():
+    from dtflab.train import scaling
+
+    problem = train.classification(width=64, batch_size=256, features=8)
+    deep = scaling.pipeline_problem(problem, 4)
+    assert deep.layers == (8, 64, 64, 64, 64, 64, 10) and deep.batch_size == 256
+    for stages in (2, 4):  # each stage gets the same number of full-width layers
+        ranges = layer_ranges(deep, stages)
+        full = [sum(1 for layer in range(a, b + 1) if 1 < layer < deep.depth) for a, b in ranges]
+        assert full == [4 // stages] * stages
+    curves = scaling.measure(problem, counts=(1, 2), loops=(scaling.PIPELINE,), modes=("strong",),
+                             steps=4, rounds=1)
+    rates = curves.rates["strong"][scaling.PIPELINE]
+    assert sorted(rates) == [1, 2] and all(rate > 0 for rate in rates.values())
+    assert curves.examples["strong"][scaling.PIPELINE][2] == pytest.approx(rates[2] * 256)
+    with pytest.raises(ValueError, match=r"'tensor' is not measured here; choose from "
+                                         r"sync_data_parallel, .*, all_reduce, pipeline$"):
+        scaling.measure(problem, loops=("tensor",))

@@ -1,5 +1,6 @@
-"""Scaling measured: steps/s and examples/s of the data-parallel loops as workers are added,
-for a fixed global batch (strong scaling) or a fixed batch per worker (weak scaling).
+"""Scaling measured: steps/s and examples/s of the data-parallel loops (and, on request, of a
+pipeline of as many stages as workers) as workers are added, for a fixed global batch (strong
+scaling) or a fixed batch per worker (weak scaling).
 
 Every task gets one intra-op and one inter-op thread (one core each), so N workers ask for N
 cores; past the machine's cores the figures measure the machine, not the loop. Rates are taken
@@ -18,8 +19,12 @@ from dataclasses import dataclass, field, replace
 
 from dtflab import checks
 
-#: The loops measured, in the order they are drawn.
+#: The loops measured by default, in the order they are drawn.
 LOOPS = ("sync_data_parallel", "async_parameter_server", "all_reduce")
+#: Measured when asked (``loops=(..., "pipeline")``): N workers are N pipeline stages, each
+#: batch in ``PIPELINE_MICRO_BATCHES`` micro-batches (GPipe), on ``pipeline_problem``'s model.
+PIPELINE = "pipeline"
+PIPELINE_MICRO_BATCHES = 8
 
 #: Measured by the team on a 16-core Intel Xeon (TensorFlow 2.21, one thread per task, the
 #: heavy classifier, width 1024, global batch 4096, medians of 3): steps/s (updates/s for
@@ -58,10 +63,11 @@ def measure(problem, *, counts=(1, 2), loops=LOOPS, modes=("strong", "weak"), st
     """Run each loop at each worker count in ``counts``, ``rounds`` times; see the module."""
     checks.whole(steps, "steps", minimum=skip + 2, example=8)
     checks.whole(rounds, "rounds", example=3)
-    unknown = [loop for loop in loops if loop not in LOOPS]
+    unknown = [loop for loop in loops if loop not in (*LOOPS, PIPELINE)]
     if unknown:
         raise ValueError(f"loops={list(loops)!r}: {unknown[0]!r} is not measured here; choose "
-                         f"from {', '.join(LOOPS)}")
+                         f"from {', '.join((*LOOPS, PIPELINE))}")
+    deepest = max(counts)
     curves = Curves(problem.batch_size)
     samples: dict = {}
     for _ in range(rounds):
@@ -69,7 +75,8 @@ def measure(problem, *, counts=(1, 2), loops=LOOPS, modes=("strong", "weak"), st
             for mode in modes:
                 sized = problem if mode == "strong" else replace(
                     problem, batch_size=problem.batch_size * workers)
-                for loop, rate, examples in _one_count(sized, workers, loops, steps, skip):
+                for loop, rate, examples in _one_count(sized, workers, loops, steps, skip,
+                                                       deepest):
                     samples.setdefault((mode, loop, workers), []).append((rate, examples))
     for (mode, loop, workers), found in samples.items():
         curves.rates.setdefault(mode, {}).setdefault(loop, {})[workers] = statistics.median(
@@ -80,14 +87,25 @@ def measure(problem, *, counts=(1, 2), loops=LOOPS, modes=("strong", "weak"), st
     return curves
 
 
-def _one_count(problem, workers: int, loops, steps: int, skip: int):
+def pipeline_problem(problem, deepest: int):
+    """The model a pipeline of up to ``deepest`` stages is measured on: ``problem`` (its width,
+    features, classes and batch) with ``deepest`` full-width layers between its first and last,
+    so that every stage count that divides ``deepest`` cuts it into stages of equal work. (The
+    heavy classifier itself has one: cut in two, one stage would hold nearly all its work.)"""
+    features, width, classes = problem.layers[0], problem.layers[1], problem.layers[-1]
+    return replace(problem, name=f"{problem.name}_pipeline{deepest}",
+                   layers=(features, *[width] * (deepest + 1), classes))
+
+
+def _one_count(problem, workers: int, loops, steps: int, skip: int, deepest: int):
     """(loop, steps/s, examples/s) for each loop with ``workers`` workers."""
     from dtflab.cluster import start_cluster
     from dtflab.train.all_reduce import all_reduce
     from dtflab.train.downpour import async_parameter_server
+    from dtflab.train.pipeline import pipeline
     from dtflab.train.sync import sync_data_parallel
 
-    ps_loops = [loop for loop in loops if loop != "all_reduce"]
+    ps_loops = [loop for loop in loops if loop in ("sync_data_parallel", "async_parameter_server")]
     if ps_loops:
         with start_cluster(jobs=f"ps=1,worker={workers}", intra_op_threads=1,
                                   inter_op_threads=1) as cluster:
@@ -107,6 +125,13 @@ def _one_count(problem, workers: int, loops, steps: int, skip: int):
         own = [r for r in history.records if r.worker == "worker:0"]
         steps_per_s, _ = _rates(own, skip)
         yield ("all_reduce", steps_per_s, steps_per_s * problem.batch_size)
+    if PIPELINE in loops:
+        # Two inter-op threads a stage: the pipeline orders a stage's multiplies one at a time
+        # (one core of arithmetic), and the second thread answers the other stages' transfers.
+        with start_cluster(workers=workers, intra_op_threads=1, inter_op_threads=2) as cluster:
+            history = pipeline(pipeline_problem(problem, deepest), cluster, stages=workers,
+                               micro_batches=PIPELINE_MICRO_BATCHES, steps=steps, watchdog=False)
+        yield (PIPELINE, *_rates(history.records, skip))
 
 
 def _rates(records, skip: int) -> tuple[float, float]:

@@ -90,7 +90,7 @@ def scaling_figure(rates: dict[int, float], model: ScalingModel, *, up_to: int =
 
 #: How each loop is drawn in :func:`curves_figure`.
 LOOP_COLORS = {"sync_data_parallel": "#1f77b4", "async_parameter_server": "#2ca02c",
-               "all_reduce": "#d62728"}
+               "all_reduce": "#d62728", "pipeline": "#9467bd"}
 
 
 def curves_figure(curves, *, quoted: dict | None = None, width: int = 620, height: int = 380):
