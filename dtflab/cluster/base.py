@@ -267,7 +267,8 @@ class Cluster:
         (port,) = free_ports(1)
         self.let_tasks_reach(port)
         running.connected.append(repr(self))
-        spec = tf.train.ClusterSpec(dict(self.addresses, **{job_name: [self.callback_address(port)]}))
+        here = self.callback_address(port)
+        spec = tf.train.ClusterSpec(dict(self.addresses, **{job_name: [here]}))
         with quiet_fds():
             tf.config.experimental_connect_to_cluster(spec, job_name=job_name)
         return [device.name for device in tf.config.list_logical_devices()
