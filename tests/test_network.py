@@ -139,6 +139,37 @@ def test_a_local_cluster_is_out_of_reach_of_other_hosts_and_works_here(other_hos
     assert "Reachable from other hosts" not in render_html(cluster)
 
 
+def test_inside_the_private_network_tasks_connect_from_ports_this_machine_never_hands_out(
+        start_cluster):
+    # dtflab asks this machine for the free ports its task servers listen on; the tasks' own
+    # connections to each other take theirs from the private namespace's range, kept apart, so
+    # a task never finds its port held by another task's connection.
+    from dtflab.network.netns import PORT_RANGE, private_port_range
+
+    with open(PORT_RANGE) as f:
+        low, high = map(int, f.read().split())
+    first, last = private_port_range((low, high))
+    cluster = start_cluster(3)
+    assert run_across_tasks(cluster) == 256 * 256
+    # Every TCP connection of the namespace (/proc/PID/net/tcp and tcp6 are the process's
+    # namespace's tables; gRPC's are IPv6 sockets): the end that is not a task's listening port
+    # is one a process there connected from.
+    rows = []
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{cluster.tasks[0].pid}/net/{table}") as lines:
+            rows += [line.split() for line in lines.read().splitlines()[1:]]
+    established = [(int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16))
+                   for _, local, remote, state, *_ in rows if state == "01"]
+    outgoing = [local for local, _ in established if local not in cluster.ports]
+    assert outgoing, f"no connections between the tasks: {established}"
+    assert all(first <= port <= last for port in outgoing), (outgoing, first, last)
+    assert not any(low <= port <= high for port in outgoing)
+    # Above this machine's range where there is room, else below it, else the kernel's default.
+    assert private_port_range((32768, 60999)) == (61000, 65535)
+    assert private_port_range((32768, 65000)) == (1024, 32767)
+    assert private_port_range((1500, 65000)) is None
+
+
 def test_a_host_network_cluster_is_reachable_and_names_the_addresses(other_host, start_cluster):
     _, host_ip = other_host
     cluster = start_cluster(ps=1, workers=1, network="host")
