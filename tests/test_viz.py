@@ -35,9 +35,21 @@ def model_parallel(cluster):
     return traced(cluster, exp_regression(), fetch="loss")
 
 
+def recorded_transfers(step) -> set[str]:
+    """The transfers whose RecvTensor RPC the trace recorded."""
+    return {t.key for t in step.transfers if t.start_us is not None}
+
+
 @pytest.fixture(scope="module")
 def sync_towers(cluster):
-    return traced(cluster, towers(2))
+    # TF records a RecvTensor RPC for most transfers of a step, not always all (measured: 2 of
+    # 12 traces on idle cores missed 1 and 5 of 28; one on a loaded CI machine missed 16):
+    # traced again, up to three times, until it holds at least half.
+    for _ in range(3):
+        step = traced(cluster, towers(2))
+        if len(recorded_transfers(step)) >= len(step.transfers) // 2:
+            break
+    return step
 
 
 def test_partition_graph_draws_every_op_and_every_transfer(model_parallel):
@@ -109,9 +121,8 @@ def test_a_click_on_a_transfer_selects_its_records_on_the_timeline(sync_towers):
     edges = partition.select(name="transfers")[0].data_source
     (callback,) = edges.selected.js_property_callbacks["change:indices"]
     records = set(callback.args["records"].data["name"])
-    # TF records a RecvTensor RPC for most transfers of a step, not always all (measured: 3 of
-    # 25 traces missed some); every key the trace recorded must light up from its edge.
-    recorded = {t.key for t in sync_towers.transfers if t.start_us is not None}
+    # Every key the trace recorded (see sync_towers) must light up from its edge.
+    recorded = recorded_transfers(sync_towers)
     assert len(recorded) >= len(sync_towers.transfers) // 2
     lit = set()
     for names in edges.data["highlight"]:
