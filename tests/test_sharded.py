@@ -113,14 +113,13 @@ def test_bad_input_is_refused_before_anything_starts(kwargs, message):
 
 
 def test_a_traced_step_shows_each_worker_gathering_twice_per_layer():
-    def gathers(history):
+    def gathers_per_worker(history):
         return [[t for t in timings if t.name.endswith(":CollectiveGatherV2")]
                 for timings in history.trace.timings.values()]
 
     history = train.sharded_data_parallel(PROBLEM, workers=2, steps=5, trace_step=3)
-    if not all(gathers(history)):  # TensorFlow's profiler lost a worker's collective events
+    if not all(gathers_per_worker(history)):  # TensorFlow's profiler lost a worker's events
         history = train.sharded_data_parallel(PROBLEM, workers=2, steps=5, trace_step=3)
     assert len(history.trace.timings) == 2
-    for timings in history.trace.timings.values():
-        gathers = [t for t in timings if t.name.endswith(":CollectiveGatherV2")]
+    for gathers in gathers_per_worker(history):
         assert len(gathers) == 2 * PROBLEM.depth  # before each layer's forward and its backward
