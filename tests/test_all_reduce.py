@@ -11,6 +11,7 @@ import pytest
 import dtflab
 from dtflab import train
 from dtflab.errors import TaskError
+from dtflab.train.reports import Reports, WorkerDied
 from dtflab.tracing.step import short_device
 from dtflab.viz.dashboard import Dashboard
 
@@ -20,7 +21,8 @@ pytestmark = pytest.mark.slow
 
 PROBLEM = train.exp_regression()
 #: A program that binds 127.0.0.1:PORT (its argument) inside the tasks' network.
-_BINDS = str(__import__("pathlib").Path(__file__).with_name("programs") / "binds_port.py")
+_PROGRAMS = __import__("pathlib").Path(__file__).with_name("programs")
+_BINDS = str(_PROGRAMS / "binds_port.py")
 #: Same seed and global batch as one process: float rounding of the gradient sums only.
 TOLERANCE = 1e-5
 #: Big enough that tensors dominate gRPC's framing: 85,002 parameters, 340,008 bytes.
@@ -210,6 +212,19 @@ def test_a_worker_that_dies_before_its_hello_ends_the_run_instead_of_hanging_it(
     with pytest.raises(TaskError, match=r"^worker:2 was killed before its first step"):
         run.wait(timeout=60)
     assert all(str(t.state) != "running" for t in run.history.cluster.tasks)
+
+
+def test_a_worker_that_crashes_after_its_hello_ends_the_wait_for_the_others_at_once(run_programs):
+    # worker:0 greets and crashes while worker:1 has not greeted yet: worker:1 would wait in its
+    # start-up's collective for ever, so the notebook must not wait out its whole timeout.
+    reports = Reports(2)
+    try:
+        cluster = run_programs(str(_PROGRAMS / "greets_then_crashes.py"), str(reports.port), workers=2)
+        cluster.let_tasks_reach(reports.port)
+        with pytest.raises(WorkerDied, match=r"^worker:0 exited with code 3"):
+            reports.accept(cluster, timeout=120)  # not TimeoutError: noticed at a look
+    finally:
+        reports.close()
 
 
 def test_a_run_closes_the_way_back_it_opened_for_its_workers():

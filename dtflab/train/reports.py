@@ -69,7 +69,7 @@ class Reports:
                 connection, lines, hello = greeted.get(timeout=0.05)
             except queue.Empty:
                 if time.monotonic() >= next_look:
-                    self._check_alive(cluster, waiting_for=set(hellos))
+                    self._check_alive(cluster, greeted=set(hellos))
                     next_look = time.monotonic() + POLL_S
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"only {len(hellos)} of {self.workers} workers reported "
@@ -128,20 +128,24 @@ class Reports:
                     self._check_alive(cluster, wait_s=5)
         return messages or None
 
-    def _check_alive(self, cluster, waiting_for=(), wait_s: float = 0.0) -> None:
-        """Raise WorkerDied for a worker program that ended without saying it was done."""
+    def _check_alive(self, cluster, greeted=(), wait_s: float = 0.0) -> None:
+        """Raise WorkerDied for a worker program that ended without saying it was done. While
+        the hellos come in, a worker that said hello and then ended with code 0 is not dead
+        (its ``done`` is still unread); one that crashed or was killed is: the others wait for
+        it in their start-up's collective."""
         deadline = time.monotonic() + wait_s
         while True:
             # states(): a cheap read; tasks (with its memory figures) only for the dead ones
-            dead = [name for name, state in cluster.states(programs_only=True).items()
-                    if name not in self.done and name not in waiting_for
-                    and state in (TaskState.KILLED, TaskState.EXITED)]
+            ended = [name for name, state in cluster.states(programs_only=True).items()
+                     if name not in self.done and state in (TaskState.KILLED, TaskState.EXITED)]
+            # The cause first: a survivor's collective fails once its peer is gone, and it
+            # may exit (code 1) before this look.
+            dead = sorted((t for t in (cluster.tasks if ended else ()) if t.name in ended
+                           and not (t.name in greeted and t.state is TaskState.EXITED
+                                    and t.exit_code == 0)),
+                          key=lambda t: (t.state is not TaskState.KILLED, (t.exit_code or 0) >= 0))
             if dead:
-                # The cause first: a survivor's collective fails once its peer is gone, and it
-                # may exit (code 1) before this look.
-                infos = sorted((t for t in cluster.tasks if t.name in dead),
-                               key=lambda t: (t.state is not TaskState.KILLED, (t.exit_code or 0) >= 0))
-                first = infos[0]
+                first = dead[0]
                 raise WorkerDied(first.name, "was killed" if first.state is TaskState.KILLED
                                  else first.status)
             if time.monotonic() >= deadline:

@@ -103,16 +103,19 @@ def train_in_programs(loop: Loop, problem, *, workers, steps, seed, slow, checkp
             f"--timeout={collective_timeout_s or 0}", f"--slow={_escaped(json.dumps(slow or {}))}",
             f"--threads={threads or 0}", f"--check-every={check_every}", *extra_args] + (
                 ["--lockstep"] if lockstep else [])
+    cluster = None
     try:
         cluster = run_programs(loop.program, *args, workers=workers, timeout=timeout,
                                start_method=start_method, backend=backend, scheduler=scheduler,
                                client=client)
+        cluster.let_tasks_reach(reports.port)
     except BaseException:
         reports.close()
+        if cluster is not None:
+            cluster.stop()
         if folder and not checkpoint_dir:
             shutil.rmtree(folder, ignore_errors=True)
         raise
-    cluster.let_tasks_reach(reports.port)
     history = RunHistory(name or f"{loop.title} ({workers} workers)", loop.kind,
                          workers=[f"worker:{i}" for i in range(workers)], cluster=cluster)
     history.details["fingerprints"] = {worker: [] for worker in history.workers}
