@@ -112,6 +112,31 @@ def no_leaks(request):
     assert not leaked_threads(), f"test left threads running: {leaked_threads()}"
 
 
+@pytest.fixture(autouse=True)
+def background_runs_stopped(no_leaks, monkeypatch):
+    """Every ``background=True`` run a test started is ended after it, before the leak check:
+    a test that fails while its run goes on then fails for its own reason, not for the leak.
+    A run that does not end within 30 s of its Stop (one stuck in its start-up) has its
+    cluster stopped under it."""
+    from dtflab.train.runner import BackgroundRun
+
+    runs, start = [], BackgroundRun.__init__
+
+    def recorded(self, *args, **kwargs):
+        start(self, *args, **kwargs)
+        runs.append(self)
+
+    monkeypatch.setattr(BackgroundRun, "__init__", recorded)
+    yield
+    for run in runs:
+        run.stop(wait=False)
+    for run in runs:
+        run.thread.join(30)
+        if not run.done and getattr(run.history, "cluster", None) is not None:
+            run.history.cluster.stop()
+            run.thread.join(30)
+
+
 def _stopped_after(factory):
     """``factory`` (``dtflab.start_cluster`` or ``dtflab.run``), every cluster it started
     stopped after the test."""
