@@ -122,15 +122,15 @@ def test_bytes_on_the_wire_all_reduce_against_a_parameter_server():
     sent = all_reduce_wire.per_step.sent
     for source, destination in (("worker:0", "worker:1"), ("worker:1", "worker:0")):
         # ring all-reduce: 2(N-1)/N x model bytes from each worker, here 1x, plus framing
-        assert 1.0 * model <= sent[source, destination] <= 1.05 * model
+        assert 1.0 * model <= sent[source, destination] <= 1.05 * model, sent
 
     ps_wire = train.WireBytes(after_step=2, steps=8)
     with dtflab.start_cluster(jobs="ps=1,worker=2") as cluster:
         train.sync_data_parallel(WIRE_PROBLEM, cluster, steps=12, callbacks=[ps_wire])
     sent = ps_wire.per_step.sent
     for worker in ("worker:0", "worker:1"):
-        assert 1.0 * model <= sent["ps:0", worker] <= 1.15 * model  # the parameters out
-        assert 1.0 * model <= sent[worker, "ps:0"] <= 1.15 * model  # the gradients in
+        assert 1.0 * model <= sent["ps:0", worker] <= 1.15 * model, sent  # the parameters out
+        assert 1.0 * model <= sent[worker, "ps:0"] <= 1.15 * model, sent  # the gradients in
 
 
 def collectives_in(trace) -> dict[str, list]:
