@@ -309,3 +309,39 @@ def test_a_process_counts_the_bytes_it_sends_on_its_own_connections():
             while received < 300_000:
                 received += len(theirs.recv(1 << 16))
             assert dtflab.bytes_sent() - before == 301_000
+
+
+#: Two processes in a network namespace of their own whose one ephemeral port makes Linux give
+#: both outgoing connections the same local address (it shares a local port among connections
+#: to different places). Each connects to the other's listener; a sends 30,000 bytes on the
+#: connection b opened, b 20,000 on the one a opened. Prints both pids, then waits for stdin.
+SHARED_LOCAL_PORT = """import os, socket, subprocess, sys
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+listeners = [socket.create_server(("127.0.0.1", port)) for port in (40001, 40002)]
+with open("/proc/sys/net/ipv4/ip_local_port_range", "w") as f:
+    f.write("61000 61000")
+mine, theirs = (listeners[0], 40002) if os.fork() else (listeners[1], 40001)
+out = socket.create_connection(("127.0.0.1", theirs))
+accepted, _ = mine.accept()
+accepted.sendall(b"x" * (30_000 if theirs == 40002 else 20_000))
+os.write(1, f"{os.getpid()} {out.getsockname()[1]}\\n".encode())  # one write: lines never mix
+sys.stdin.read()
+"""
+
+
+def test_bytes_between_tasks_go_to_the_right_pair_when_two_connections_share_a_local_port():
+    from dtflab.network.transport import snapshot
+
+    if os.geteuid() != 0:
+        pytest.skip("SHARED-PORT TEST NOT RUN: a network namespace of its own needs root")
+    both = subprocess.Popen(["unshare", "-n", sys.executable, "-c", SHARED_LOCAL_PORT],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        lines = [both.stdout.readline().split() for _ in range(2)]
+        assert {port for _, port in lines} == {"61000"}  # the one local address of both
+        a, b = sorted(lines, key=lambda line: line[0] != str(both.pid))  # a: the parent
+        sent = snapshot({"a": int(a[0]), "b": int(b[0])}).sent
+        assert sent["a", "b"] == 30_000 and sent["b", "a"] == 20_000, sent
+    finally:
+        both.stdin.close()
+        both.wait(timeout=10)

@@ -119,12 +119,19 @@ class WireSnapshot:
 
 def snapshot(pids: dict[str, int]) -> WireSnapshot:
     """Bytes sent so far between the processes ``{task: pid}`` (one call reads every socket)."""
-    flows = [flow for task, pid in pids.items() for flow in task_flows(task, pid)]
-    owner = {flow.local: flow.task for flow in flows}
+    return sent_between([flow for task, pid in pids.items() for flow in task_flows(task, pid)])
+
+
+def sent_between(flows: list[Flow]) -> WireSnapshot:
+    """What ``flows`` sent, by (task, the task at the other end or ``"other"``). The other end
+    of a connection is the flow with the same two addresses the other way round: a local
+    address alone is not enough, since Linux gives one local port to several outgoing
+    connections when they go to different places."""
+    ends = {(flow.local, flow.peer): flow.task for flow in flows}
     sent = collections.Counter()
     received_from_other = collections.Counter()
     for flow in flows:
-        peer = owner.get(flow.peer, "other")
+        peer = ends.get((flow.peer, flow.local), "other")
         sent[flow.task, peer] += flow.sent
         if peer == "other":  # what the outside sent this task: counted at this end
             received_from_other["other", flow.task] += flow.received
