@@ -38,6 +38,17 @@ def wait_until(condition, timeout: float = 5.0, interval: float = 0.05) -> bool:
     return bool(condition())
 
 
+
+def wait_for_records(run, records: int, timeout: float = 60.0) -> None:
+    """Wait until the background ``run`` holds ``records`` step records; fail with its
+    failures and each worker's log if it does not within ``timeout`` s, or with its error if
+    it ended first."""
+    assert wait_until(lambda: run.history.steps >= records or run.done, timeout=timeout), (
+        f"{run.history.steps} records in {timeout:g} s; failures: {run.history.failures}; logs: "
+        + "; ".join(f"{worker}: {run.history.cluster.logs(worker)[-1000:]}"
+                    for worker in run.history.workers))
+    assert not run.done, run.wait()  # raises the run's error, if it ended with one
+
 #: Python's multiprocessing starts one resource tracker per process (here for Dask's spawned
 #: workers) and keeps it until that process exits, by design: not something a test left.
 PROCESS_SINGLETONS = ("multiprocessing.resource_tracker",)
@@ -132,7 +143,7 @@ def background_runs_stopped(no_leaks, monkeypatch):
         run.stop(wait=False)
     for run in runs:
         run.thread.join(30)
-        if not run.done and getattr(run.history, "cluster", None) is not None:
+        if not run.done and run.history.cluster is not None:
             run.history.cluster.stop()
             run.thread.join(30)
 

@@ -8,7 +8,7 @@ from dtflab import train
 from dtflab.errors import TaskError
 from dtflab.train import costs
 
-from conftest import wait_until
+from conftest import wait_for_records, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -91,10 +91,7 @@ def test_with_checkpoints_every_worker_resumes_its_own_shards_and_the_curve_goes
     reference = train.sharded_data_parallel(PROBLEM, workers=2, steps=60, seed=2)
     run = train.sharded_data_parallel(PROBLEM, workers=2, steps=60, seed=2, slow={"worker:0": 0.02},
                                       checkpoint_every=10, background=True)
-    assert wait_until(lambda: run.history.steps >= 2 * 25 or run.done, timeout=60), (
-        f"{run.history.steps} records in 60 s; failures: {run.history.failures}; "
-        f"worker:1's log: {run.history.cluster.logs('worker', 1)[-2000:]}")
-    assert not run.done, run.wait()  # raises the run's error, if it ended with one
+    wait_for_records(run, 2 * 25)
     run.history.cluster.kill("worker", 1)
     history = run.wait(timeout=120)
     (recovery,) = history.recoveries
