@@ -55,7 +55,11 @@ class ForkServer:
         self.log_path = os.path.join(log_dir, f"forkserver-{netns_pid or 'host'}.log")
         self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._lock = threading.RLock()
-        self._exits: dict[int, int] = {}
+        # Each running child's handle by pid. Linux reuses pids (32,768 of them by default,
+        # shared with every thread on the machine): an exit is handed to the handle of the
+        # child that had the pid then, never looked up by pid later (a long test run handed a
+        # new task an older task's exit and read it as ended: '/proc/None/task').
+        self._children: dict[int, ForkedProcess] = {}
         self._ready = False
         self.pid = None
         try:
@@ -111,25 +115,29 @@ class ForkServer:
             os.close(ready_read)
             why = reply["refused"] if reply else (self._why_dead() or "no answer")
             raise RuntimeError(why)
-        return ForkedProcess(self, reply["forked"], os.fdopen(stdin_write, "wb")), ready_read
+        child = ForkedProcess(self, reply["forked"], os.fdopen(stdin_write, "wb"))
+        with self._lock:  # no exit of this pid can have been read yet: it comes after "forked"
+            self._children[child.pid] = child
+        return child, ready_read
 
-    def exit_code(self, pid: int) -> int | None:
+    def exit_code(self, child: "ForkedProcess") -> int | None:
         """The exit code of a child, or None while it runs (reads what the server reported)."""
         with self._lock:
-            while pid not in self._exits and self._receive(0) is not None:
+            while child.code is None and self._receive(0) is not None:
                 pass
-            if pid not in self._exits and not self.alive and not _running(pid):
-                self._exits[pid] = -signal.SIGKILL  # ended with its server: unknown code
-            return self._exits.get(pid)
+            if child.code is None and not self.alive and not _running(child.pid):
+                self._children.pop(child.pid, None)
+                child.code = -signal.SIGKILL  # ended with its server: unknown code
+            return child.code
 
-    def wait_for_exit(self, pid: int, timeout: float | None) -> int | None:
+    def wait_for_exit(self, child: "ForkedProcess", timeout: float | None) -> int | None:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while (code := self.exit_code(pid)) is None:
+        while (code := self.exit_code(child)) is None:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
             with self._lock:
-                if pid not in self._exits:
+                if child.code is None:
                     self._receive(min(0.25, left) if left is not None else 0.25)
         return code
 
@@ -149,8 +157,8 @@ class ForkServer:
             if not data:
                 return None
             message = json.loads(data)
-            if "exited" in message:
-                self._exits[message["exited"]] = message["code"]
+            if "exited" in message and (child := self._children.pop(message["exited"], None)):
+                child.code = message["code"]
             if "ready" in message:
                 self._ready, self.pid = True, message["ready"]
             if any(key in message for key in until):
@@ -182,17 +190,20 @@ class ForkedProcess:
 
     def __init__(self, server: ForkServer, pid: int, stdin):
         self.server, self.pid, self.stdin = server, pid, stdin
+        self.code: int | None = None  # set once the server reports this child's exit
 
     def poll(self):
-        return self.server.exit_code(self.pid)
+        return self.server.exit_code(self)
 
     def wait(self, timeout=None):
-        code = self.server.wait_for_exit(self.pid, timeout)
+        code = self.server.wait_for_exit(self, timeout)
         if code is None:
             raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
         return code
 
     def kill(self) -> None:
+        if self.poll() is not None:  # its pid may be another process's by now
+            return
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
 
