@@ -71,6 +71,10 @@ def __getattr__(name):
         from dtflab.viz import scaling
 
         return getattr(scaling, name)
+    if name == "cpus":
+        from dtflab.machine import cpus
+
+        return cpus
     if name == "short_device":
         from dtflab.names import short
 
