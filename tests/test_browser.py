@@ -49,6 +49,16 @@ live = train.async_parameter_server(problem, dtflab.start_cluster(ps=1, workers=
 live_dashboard = Dashboard(live, interval_s=0.25)
 live_dashboard"""
 
+#: Rows in every ColumnDataSource of every Bokeh document on the page, by document (a view
+#: rendered again leaves its old document empty: not listed).
+PAGE_SOURCES = """() => { if (!window.Bokeh) return 'no BokehJS on the page';
+    const docs = new Set(Bokeh.documents || []);
+    try {  // after a view renders again, BokehJS's index lists a key twice and throws
+        for (const view of Object.values(Bokeh.index || {})) docs.add(view.model.document);
+    } catch (error) { if (docs.size === 0) throw error; }
+    return [...docs].map(d => [...d._all_models.values()]
+        .filter(m => typeof m.get_length === 'function').map(m => m.get_length()))
+        .filter(lengths => lengths.length > 0); }"""
 ALL_EXECUTED = """() => { const nb = window.jupyterapp.shell.currentWidget;
     const cells = nb.content.widgets.filter(c => c.model.type === 'code');
     return nb.sessionContext.session.kernel.status === 'idle'
@@ -130,8 +140,9 @@ def page():
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.console_errors = []
+        page.console_errors, page.console_all = [], []
         page.on("console", lambda m: m.type == "error" and page.console_errors.append(m.text))
+        page.on("console", lambda m: page.console_all.append(f"{m.type}: {m.text[:300]}"))
         page.on("pageerror", lambda e: page.console_errors.append(str(e)))
         yield page
         browser.close()
@@ -280,6 +291,8 @@ def test_data_parallel_views_render_and_the_live_plot_streams_until_stopped(lab,
             "print(live.history.steps_per_worker, repr(live.history.status), live.done, live.error)", 10_000])
         pytest.fail(f"the live loss plot did not change in 90 s; the run says {status.inner_text()!r}, "
                     f"the browser console {page.console_errors}; in the kernel: {kernel}\n"
+                    f"the page's plot sources: {page.evaluate(PAGE_SOURCES)}\n"
+                    f"all console lines: {page.console_all[-40:]}\n"
                     f"{kernel_stacks(url)}")
     shot(page, live, str(SHOTS / "live_dashboard.png"))
     live.get_by_role("button", name="Stop").dispatch_event("click")  # no wait for a still layout
@@ -292,6 +305,49 @@ def test_data_parallel_views_render_and_the_live_plot_streams_until_stopped(lab,
 
     assert wait_until(settled, timeout=15, interval=0.1), "the plot kept changing after Stop"
     shot(page, live, str(SHOTS / "live_dashboard_stopped.png"))
+    assert page.console_errors == []
+
+
+LIVE_MODEL_CELL = """from bokeh.models import ColumnDataSource
+from bokeh.plotting import figure
+from dtflab.viz.live_model import LiveBokehModel
+from dtflab.viz.output import load_bokehjs
+
+load_bokehjs()
+source = ColumnDataSource({"x": [], "y": []})
+plot = figure(height=200, width=400)
+plot.line("x", "y", source=source)
+live = LiveBokehModel(plot)
+live"""
+#: What a view that began in the middle of a patch has left to read of it: its last fragment(s).
+STRAY_THEN_STREAM = """live.send({"msg": "patch", "payload": "{}"})
+for i in range(10):
+    source.stream({"x": [len(source.data["x"])], "y": [i % 3]})
+print(len(source.data["x"]))"""
+
+
+def test_a_live_plot_whose_view_began_mid_message_draws_every_later_point(lab, page):
+    # The live dashboard's blank plot (issue 33): a view constructed between the fragments of a
+    # patch read every later patch out of step and dropped it, silently. Here the view is told
+    # one and then two fragments it cannot place, as such a view would be, before the points.
+    url, token, root = lab
+    notebook = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                           "source": LIVE_MODEL_CELL}],
+                "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                            "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}
+    (root / "notebooks" / "live_model.ipynb").write_text(json.dumps(notebook))
+    open_and_run_all(page, url, token, "live_model.ipynb")
+    cell_containing(page, "LiveBokehModel(plot)").locator("canvas").first.wait_for(timeout=60_000)
+    for stray, rows in ((1, 10), (2, 20)):  # one fragment out of step, then two in all
+        assert page.evaluate(KERNEL_PRINT_WITHIN, [STRAY_THEN_STREAM, 30_000]) == str(rows)
+        assert wait_until(lambda: page.evaluate(PAGE_SOURCES) == [[rows]], timeout=30), (
+            f"after {stray} stray fragment(s) the page holds {page.evaluate(PAGE_SOURCES)} rows, "
+            f"the kernel {rows}; console: {page.console_all[-10:]}")
+    # The page's echo of the patches and its autoscaled ranges stayed on the page: the whole
+    # document sent again is the kernel's 20 points, drawn over the range they span.
+    assert page.evaluate(KERNEL_PRINT_WITHIN, [
+        "live.refresh()\nprint(len(source.data['x']), plot.x_range.start)", 30_000]) == "20 nan"
+    assert wait_until(lambda: page.evaluate(PAGE_SOURCES) == [[20]], timeout=30), page.evaluate(PAGE_SOURCES)
     assert page.console_errors == []
 
 

@@ -2,7 +2,9 @@
 
 Follows Bokeh's streaming model: each line has a ColumnDataSource fed with ``stream(new,
 rollover)`` from a small updater thread, never a redraw. In JupyterLab the figures sit in a
-``jupyter_bokeh.BokehModel`` widget, which sends each change as it happens.
+``LiveBokehModel`` widget, which sends each change as it happens in a form a view that starts
+late still reads (``dtflab.viz.live_model``); when the runs end, the page is handed the whole
+document once, so a view that started after the first points shows them too.
 """
 
 from __future__ import annotations
@@ -96,13 +98,15 @@ class Dashboard:
     def _widget(self):
         try:
             import ipywidgets as w
-            from jupyter_bokeh import BokehModel
+
+            from dtflab.viz.live_model import LiveBokehModel
         except ImportError:
             return None
         self.stop_button = w.Button(description="Stop", icon="stop", button_style="danger")
         self.stop_button.on_click(lambda _: self.stop())
         self.status = w.HTML("running")
-        return w.VBox([BokehModel(self.figures), w.HBox([self.stop_button, self.status])])
+        self.plots = LiveBokehModel(self.figures)
+        return w.VBox([self.plots, w.HBox([self.stop_button, self.status])])
 
     def _loss_source(self, run_index: int, worker: str):
         from bokeh.models import ColumnDataSource
@@ -173,6 +177,7 @@ class Dashboard:
                 self.status.value = f"the dashboard stopped updating: {type(exc).__name__}: {exc}"
             raise
         if self.widget is not None:
+            self.plots.refresh()  # every point, also in a view that missed the first ones
             errors = [f"{run.history.name}: {run.error}" for run in self.runs if run.error]
             summaries = [run.history.summary() for run in self.runs]
             self.status.value = "<br>".join(html.escape(line) for line in errors or summaries)
