@@ -61,14 +61,27 @@ def _children(services: bool = False) -> dict[int, str]:
     """This process's live descendants, without the singletons and, unless ``services``,
     without dtflab's per-process services (forked tasks inherit the fork server's command
     line: a fork server is one whose parent is not one; what a fork server runs while it
-    warms up, ``uname -p`` say, is its own too)."""
-    commands = {}
+    warms up, ``uname -p`` say, is its own too). The notebook executor that ``notebook_runs``
+    runs beside the tests is not counted, nor its kernels and what they start: each notebook's
+    leftovers are checked in its own cgroup."""
+    commands, mine = {}, os.getpid()
     for child in psutil.Process().children(recursive=True):
         try:
             if child.status() != psutil.STATUS_ZOMBIE:
                 commands[child.pid] = (" ".join(child.cmdline()[:6]), child.ppid())
         except psutil.Error:
             pass
+    executors = {pid for pid, (command, parent) in commands.items()
+                 if parent == mine and "notebook_runs.py" in command}
+    def under_an_executor(pid):
+        chain, parent = {pid}, commands[pid][1]
+        while parent in commands and parent not in chain:
+            chain.add(parent)
+            parent = commands[parent][1]
+        return bool(chain & executors)
+
+    for pid in [pid for pid in commands if under_an_executor(pid)]:
+        del commands[pid]
 
     def service(pid):
         command, parent = commands[pid]
@@ -256,10 +269,61 @@ BUILD_DOCS = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html"
               os.path.join(ROOT, "build", "doctrees"), "docs", SITE]
 
 
+TIERS = ("browser", "docs", "binder", "notebook", "multihost", "slow")
+_tier_seconds: dict[str, float] = {}
+_tier_tests: dict[str, int] = {}
+
+
+def tier_of(keywords) -> str:
+    """The tier a test is counted in: its first marker in ``TIERS`` order ("slow" for the rest
+    of the marked ones), else "fast"."""
+    return next((name for name in TIERS if name in keywords), "fast")
+
+
+def pytest_runtest_logreport(report):
+    tier = tier_of(report.keywords)
+    _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + report.duration
+    if report.when == "call" or (report.when == "setup" and report.skipped):
+        _tier_tests[tier] = _tier_tests.get(tier, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line per tier: its tests and their seconds (set-up and teardown included)."""
+    terminalreporter.section("time per tier")
+    for tier in (*TIERS, "fast"):
+        if tier in _tier_seconds:
+            seconds = _tier_seconds[tier]
+            terminalreporter.write_line(f"tier {tier:<9} {_tier_tests.get(tier, 0):>4} tests "
+                                        f"{seconds / 60:6.1f} min ({seconds:.0f} s)")
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """The site's tests last: by then the notebook tests have written the executed tutorials
-    (build/notebooks/) that the site renders, and the build need not run them again."""
-    items.sort(key=lambda item: item.get_closest_marker("docs") is not None)
+    """The tests that read the notebook executions together (they run two at a time beside
+    them: nothing else should share the cores then), then the site's tests, which render those
+    executions (build/notebooks/), then the browser tier, which opens the site."""
+    def tier(item):
+        if item.get_closest_marker("browser"):
+            return 3
+        if item.get_closest_marker("docs"):
+            return 2
+        return 1 if item.get_closest_marker("notebook") or item.get_closest_marker("binder") else 0
+
+    items.sort(key=tier)
+
+
+@pytest.fixture(scope="session")
+def notebook_runs(request, tmp_path_factory):
+    """Every tutorial this run's tests ask for, executed once for the whole run, inside
+    Binder's limits where they can be set (``notebook_runs``): ``.get(path)`` waits for that
+    notebook's ``Run``."""
+    from notebook_runs import NotebookRuns
+    from tutorials import NOTEBOOKS
+
+    wanted = {item.callspec.params["path"] for item in request.session.items
+              if "notebook_runs" in getattr(item, "fixturenames", ()) and hasattr(item, "callspec")}
+    runs = NotebookRuns([path for path in NOTEBOOKS if path in wanted], tmp_path_factory.mktemp("notebooks"))
+    yield runs
+    runs.close()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,240 @@
+"""Every tutorial executed once per test run, as a learner on Binder runs it.
+
+Binder gives a learner 2 GB and one CPU's worth of time (a CPU quota: ``os.cpu_count()`` still
+reports the host's cores). Each notebook runs in a fresh kernel, as a learner's Run All then
+solved (``learner_then_solved``), and, where this machine allows it (root, cgroup v1), inside
+a child cgroup of its own limited to 2 GiB and to one CPU (``cpu.cfs_quota_us`` =
+``cpu.cfs_period_us``): the kernel from its first instruction and every task, fork server and
+Dask worker it starts. Two notebooks run at a time, each on its one CPU's worth, so the 22
+executions take about half their sum on 2 cores. The notebook tests read the executed
+notebooks, the Binder tests their peaks and seconds, and the site renders them
+(``build/notebooks/``): no tier executes a notebook again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from dtflab import exercises
+
+ROOT = Path(__file__).resolve().parents[1]
+EXECUTED = ROOT / "build" / "notebooks"  # the documentation site renders these outputs
+LIMIT_MB = 2048
+AT_ONCE = 2
+CGROUPS = Path("/sys/fs/cgroup")
+JOIN = Path(__file__).with_name("join_cgroup.py")
+
+
+@dataclass
+class Run:
+    """One executed notebook: ``notebook`` with its outputs, or ``error`` (the failing cell and
+    its traceback); the cgroup's figures where there was one (``None`` elsewhere)."""
+
+    notebook: nbformat.NotebookNode
+    at: dict[str, int]
+    seconds: float
+    error: str | None = None
+    cgroup_peak_mb: int | None = None
+    limit_hits: int | None = None
+    oom_kills: int | None = None
+    cpu_quota: bool = False
+    leftovers: list[str] = field(default_factory=list)  # processes that outlived the kernel
+
+
+def cgroups_unavailable() -> str | None:
+    """Why Binder's limits cannot be set here, or None."""
+    if os.geteuid() != 0:
+        return "not root"
+    for controller, knob in (("memory", "memory.limit_in_bytes"), ("cpu", "cpu.cfs_quota_us")):
+        if not (CGROUPS / controller / knob).exists():
+            return f"no cgroup-v1 {controller} controller at {CGROUPS / controller}"
+    return None
+
+
+def learner_then_solved(notebook) -> tuple[nbformat.NotebookNode, dict[str, int]]:
+    """The notebook as the test runs it, in one kernel and one pass: as a learner's Run All runs
+    it up to the exercise's check (the solution cell not applied, ``answer`` still None), then
+    the solution applied, the check again and the rest. Returns it with the indexes of the
+    solution cell and the check, as the learner ran them and solved."""
+    cells = notebook["cells"]
+    (at,) = [i for i, cell in enumerate(cells) if exercises.is_solution(cell)]
+    check = next(i for i in range(at + 1, len(cells)) if cells[i]["cell_type"] == "code")
+    learner = copy.deepcopy(cells[:check + 1])
+    for cell in learner[at:]:  # these run twice: ids stay unique
+        cell["id"] = f"{cell.get('id', 'cell')}-learner"[:64]
+    solved = exercises.apply_solutions(notebook)["cells"][at:]
+    runs = dict(notebook, cells=learner + solved)
+    return nbformat.from_dict(runs), {"not applied": at, "open": check, "correct": 2 * check + 1 - at}
+
+
+def _own(controller: str) -> Path:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return CGROUPS / controller / path.lstrip("/")
+    return CGROUPS / controller
+
+
+class _Binder:
+    """A fresh pair of cgroups (memory: 2 GiB; cpu: one CPU's quota) for one notebook."""
+
+    def __init__(self, label: str):
+        name = f"dtflab-notebook-{os.getpid()}-{label}-{time.monotonic_ns()}"
+        self.memory, self.cpu = _own("memory") / name, _own("cpu") / name
+        self.memory.mkdir()
+        self.cpu.mkdir()
+        (self.memory / "memory.limit_in_bytes").write_text(str(LIMIT_MB * 2**20))
+        period = (self.cpu / "cpu.cfs_period_us").read_text().strip()
+        (self.cpu / "cpu.cfs_quota_us").write_text(period)
+
+    def kernel_spec(self, folder: Path) -> str:
+        """A kernel spec whose kernel joins both cgroups before it starts; returns its name."""
+        name = folder.name
+        (folder).mkdir(parents=True, exist_ok=True)
+        (folder / "kernel.json").write_text(json.dumps({
+            "argv": [sys.executable, str(JOIN), str(self.memory), str(self.cpu), "--",
+                     sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": "Python 3 (Binder's limits)", "language": "python"}))
+        return name
+
+    def figures(self) -> dict:
+        oom = dict(line.split() for line in (self.memory / "memory.oom_control").read_text().splitlines())
+        return {"cgroup_peak_mb": round(int((self.memory / "memory.max_usage_in_bytes").read_text()) / 2**20),
+                "limit_hits": int((self.memory / "memory.failcnt").read_text()),
+                "oom_kills": int(oom.get("oom_kill", 0)), "cpu_quota": True}
+
+    def leftovers(self, grace_s: float = 10.0) -> list[str]:
+        """What still runs in the cgroup ``grace_s`` after the kernel ended (then killed)."""
+        import psutil
+
+        procs = self.memory / "cgroup.procs"
+        deadline = time.monotonic() + grace_s
+        while (pids := [int(p) for p in procs.read_text().split()]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = []
+        for pid in pids:
+            try:
+                process = psutil.Process(pid)
+                left.append(f"{pid} {' '.join(process.cmdline()[:6])}")
+                process.kill()
+            except psutil.Error:
+                pass
+        return left
+
+    def remove(self) -> None:
+        for group in (self.memory, self.cpu):
+            for _ in range(100):  # the last processes may still be exiting
+                try:
+                    group.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+def execute(path: Path, label: str, specs: Path) -> Run:
+    """Run one notebook as ``learner_then_solved``, inside Binder's limits where they can be set."""
+    from jupyter_client import KernelManager
+    from jupyter_client.kernelspec import KernelSpecManager
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    notebook, at = learner_then_solved(nbformat.read(path, as_version=4))
+    binder = None if cgroups_unavailable() else _Binder(label)
+    manager = None
+    if binder is not None:
+        spec = binder.kernel_spec(specs / f"binder-{label}")
+        manager = KernelManager(kernel_name=spec, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)]))
+    client = NotebookClient(notebook, km=manager, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    started, error = time.perf_counter(), None
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        error = str(exc)
+    except Exception as exc:  # a kernel that died (killed above the limit), a timeout
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if manager is not None and manager.has_kernel:  # nbclient ends only kernels it made
+            manager.shutdown_kernel(now=False)
+    run = Run(notebook, at, round(time.perf_counter() - started, 1), error)
+    if binder is not None:
+        run.leftovers = binder.leftovers()
+        for key, value in binder.figures().items():
+            setattr(run, key, value)
+        binder.remove()
+    if error is None:
+        target = EXECUTED / path.relative_to(ROOT / "notebooks")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(notebook, target)
+    return run
+
+
+class NotebookRuns:
+    """The tests' side: one executor process (``python notebook_runs.py``) runs every notebook
+    in ``paths``, ``AT_ONCE`` at a time, from the first ``get``; ``get`` waits for one's ``Run``.
+
+    A process of its own, so its threads and kernels are not the tests' (the leak check leaves
+    its tree alone; each notebook's leftovers are checked in its cgroup instead)."""
+
+    def __init__(self, paths: list[Path], folder: Path):
+        self.paths, self.folder = list(paths), folder
+        self._lock = threading.Lock()
+        self._executor: subprocess.Popen | None = None
+
+    def get(self, path: Path, timeout: float = 3000) -> Run:
+        with self._lock:
+            if self._executor is None:
+                self._log = open(self.folder / "executor.log", "wb")
+                self._executor = subprocess.Popen(
+                    [sys.executable, __file__, str(self.folder), *map(str, self.paths)],
+                    stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        result = self.folder / f"{self.paths.index(path)}.json"
+        deadline = time.monotonic() + timeout
+        while not result.exists():
+            if self._executor.poll() is not None and not result.exists():
+                log = (self.folder / "executor.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"the notebook executor ended (code {self._executor.returncode}) "
+                                   f"before {path.name}:\n{log}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no result for {path.name} in {timeout:g} s")
+            time.sleep(0.2)
+        fields = json.loads(result.read_text())
+        fields["notebook"] = nbformat.read(self.folder / f"{self.paths.index(path)}.ipynb", as_version=4)
+        return Run(**fields)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.terminate()
+            self._executor.wait(60)
+            self._log.close()
+
+
+def main(folder: str, *paths: str) -> None:
+    """The executor: each notebook's ``Run`` as ``FOLDER/<i>.json`` and ``<i>.ipynb``."""
+    out, specs = Path(folder), Path(folder) / "kernels"
+
+    def one(index: int, path: Path) -> None:
+        run = execute(path, str(index), specs)
+        nbformat.write(run.notebook, out / f"{index}.ipynb")
+        fields = {key: value for key, value in vars(run).items() if key != "notebook"}
+        (out / f"{index}.json.part").write_text(json.dumps(fields))
+        (out / f"{index}.json.part").rename(out / f"{index}.json")
+
+    with concurrent.futures.ThreadPoolExecutor(AT_ONCE) as pool:
+        for future in [pool.submit(one, i, Path(p)) for i, p in enumerate(paths)]:
+            future.result()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
