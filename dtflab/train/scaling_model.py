@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 from dtflab import checks
+from dtflab.machine import cpus
 from dtflab.train import costs
 from dtflab.train.callbacks import Callback
 
@@ -141,7 +142,9 @@ def measure_parts(problem, workers: int, *, steps: int = 12, skip: int = 3) -> d
 
 def fit(problem, *, rounds: int = 3, steps: int = 12, cores: int | None = None) -> ScalingModel:
     """Measure one and two workers (medians of ``rounds`` interleaved runs) and solve for the
-    model's parts; ``cores`` defaults to this machine's."""
+    model's parts; ``cores`` defaults to the CPUs' worth of time this process may use
+    (:func:`dtflab.machine.cpus`, rounded down, at least 1: one on Binder, whose quota is one
+    CPU on a many-core host)."""
     checks.whole(rounds, "rounds", example=3)
     runs = {1: [], 2: []}
     for _ in range(rounds):
@@ -156,4 +159,4 @@ def fit(problem, *, rounds: int = 3, steps: int = 12, cores: int | None = None) 
                         worker_extra_s=extra, ps_fixed_s=max(one["ps_s"] - per_worker, 0.0),
                         ps_per_worker_s=per_worker,
                         client_s=statistics.fmean([one["client_s"], two["client_s"]]),
-                        cores=cores or os.cpu_count() or 1)
+                        cores=cores or int(max(1, cpus())))
