@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -17,6 +18,13 @@ import pytest
 from dtflab.cluster.ports import free_ports  # noqa: F401  (tests import it from here)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# A shell without job control starts a background job with SIGINT ignored, and an ignored
+# signal stays ignored in every program started below it: the Ctrl-C tests' own clusters would
+# never see their Ctrl-C (a suite run in the background left two `dtflab cluster start` running,
+# and every later test's leak check failed on them). The tests' children get the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 #: iproute2's ``ip``, for the tests that build hosts as network namespaces (root only).

@@ -206,6 +206,26 @@ def shot(page, locator, path=None) -> bytes:
     return page.screenshot(path=path, clip=box)
 
 
+def painted(page, locator, least: int, path=None, canvases: int = 1, timeout: float = 60) -> bytes:
+    """A screenshot of ``locator`` once it holds ``canvases`` canvases and ``least`` pixels of
+    ink (Bokeh paints on a later animation frame, later still on a loaded machine); the last
+    one taken if that does not happen within ``timeout`` s (the caller's assertion says so)."""
+    shots = []
+
+    def ready():
+        if locator.locator("canvas").count() < canvases:
+            return False
+        shots.append(shot(page, locator))
+        return ink(shots[-1]) > least
+
+    wait_until(ready, timeout=timeout, interval=0.25)
+    assert locator.locator("canvas").count() >= canvases, \
+        f"{locator.locator('canvas').count()} canvases of {canvases} after {timeout:g} s"
+    if path is not None:
+        Path(path).write_bytes(shots[-1])
+    return shots[-1]
+
+
 def cell_containing(page, text):
     index = page.evaluate("""(text) => window.jupyterapp.shell.currentWidget.content.widgets
         .findIndex(c => c.model.sharedModel.getSource().includes(text))""", text)
@@ -272,16 +292,15 @@ def test_data_parallel_views_render_and_the_live_plot_streams_until_stopped(lab,
 
     views = cell_containing(page, "step.show()")
     reveal(views)
-    page.wait_for_timeout(1000)
-    assert views.locator("canvas").count() >= 3  # partition graph, timeline, transfer matrix
-    drawn = shot(page, views.locator(".jp-OutputArea"), str(SHOTS / "step_views.png"))
+    # the partition graph, the timeline and the transfer matrix
+    drawn = painted(page, views.locator(".jp-OutputArea"), 20_000, SHOTS / "step_views.png", canvases=3)
     assert ink(drawn) > 20_000, "the partition graph and timeline drew nothing"
 
     live = cell_containing(page, "added by the browser test")
     reveal(live)
     plot = live.locator("canvas").first
     plot.wait_for(timeout=60_000)
-    page.wait_for_timeout(1500)  # let the first render finish: compare drawn states only
+    painted(page, plot, 1_000, canvases=0)  # the first render's frame and legend: compare drawn states only
     status = live.locator(".widget-html-content").last
     first = shot(page, plot)
     # 90 s: on a loaded machine a first step that stalls is retried by the watchdog after 30 s.
@@ -356,9 +375,8 @@ def test_parameter_servers_vs_all_reduce_draws_both_architectures_and_the_live_a
     open_and_run_all(page, url, token, "08_parameter_servers_vs_all_reduce.ipynb")
     drawing = cell_containing(page, "show(architectures(workers=3))")
     reveal(drawing)
-    page.wait_for_timeout(1000)
-    assert drawing.locator("canvas").count() >= 2  # the ps star and the ring
-    drawn = shot(page, drawing.locator(".jp-OutputArea"), str(SHOTS / "architectures.png"))
+    drawn = painted(page, drawing.locator(".jp-OutputArea"), 5_000, SHOTS / "architectures.png",
+                    canvases=2)  # the ps star and the ring
     assert ink(drawn) > 5_000, "the architectures drew nothing"
     live = cell_containing(page, "dashboard = Dashboard(run)")
     reveal(live)
@@ -377,9 +395,8 @@ def test_pipeline_parallelism_draws_the_measured_bubble_beside_the_formulas(lab,
     assert ink(drawn) > 5_000, "the pipeline picture drew nothing"
     chart = cell_containing(page, "runs[4].bubble.show()")
     reveal(chart)
-    page.wait_for_timeout(1000)
-    assert chart.locator("canvas").count() >= 2  # the measured step and the formula's
-    drawn = shot(page, chart.locator(".jp-OutputArea"), str(SHOTS / "pipeline_chart.png"))
+    drawn = painted(page, chart.locator(".jp-OutputArea"), 20_000, SHOTS / "pipeline_chart.png",
+                    canvases=2)  # the measured step and the formula's
     assert ink(drawn) > 20_000, "the pipeline chart drew nothing"
     assert page.console_errors == []
 
@@ -394,9 +411,7 @@ def test_tensor_and_sharded_parallelism_draws_the_slices_and_the_bytes_against_t
         assert ink(drawn) > 5_000, f"the picture of {name} drew nothing"
     plot = cell_containing(page, "Bytes each worker sends per step")
     reveal(plot)
-    page.wait_for_timeout(1000)
-    assert plot.locator("canvas").count() >= 1
-    drawn = shot(page, plot.locator(".jp-OutputArea"), str(SHOTS / "bytes_against_batch.png"))
+    drawn = painted(page, plot.locator(".jp-OutputArea"), 5_000, SHOTS / "bytes_against_batch.png")
     assert ink(drawn) > 5_000, "the bytes-per-step figure drew nothing"
     layouts = cell_containing(page, "for layout in costs.LAYOUTS:\n    run = dtflab.run")
     reveal(layouts)
@@ -438,7 +453,7 @@ def test_dragging_a_chip_moves_the_variable_in_the_kernel_and_measures_the_new_b
     assert page.evaluate(KERNEL_PRINT, "print(editor.plan.device_for('w1'))").endswith(start.replace("ps:", "task:"))
     # Drag with the mouse: press on the chip, move over the other device's box, release.
     chip.evaluate("e => e.scrollIntoView({block: 'center'})")  # not under the notebook's toolbar
-    page.wait_for_timeout(300)
+    chip.element_handle().wait_for_element_state("stable")
     box = chip.bounding_box()
     drop = board.locator(f".dtflab-device[data-device='{target}']").bounding_box()
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
@@ -521,10 +536,10 @@ def test_the_site_shows_a_guide_page_the_api_a_tutorial_plot_and_finds_by_search
 
     page.goto(f"{site}/tutorials/en/01_model_parallelism.html")
     page.wait_for_function("() => window.Bokeh && Object.keys(window.Bokeh.index).length > 0", timeout=60_000)
-    page.wait_for_timeout(1000)  # Bokeh paints on the next animation frame
     canvases = page.locator(".cell_output canvas")  # Playwright's selectors pierce Bokeh's shadow roots
     plot = next(c for c in canvases.all() if (c.bounding_box() or {}).get("width", 0) > 100)
-    assert ink(shot(page, plot, str(SHOTS / "site_tutorial_plot.png"))) > 5_000, "the tutorial's plot is empty"
+    assert ink(painted(page, plot, 5_000, SHOTS / "site_tutorial_plot.png", canvases=0)) > 5_000, \
+        "the tutorial's plot is empty"
 
     page.goto(f"{site}/search.html?q=start_cluster")
     results = page.locator("#search-results li a")
