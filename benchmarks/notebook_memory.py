@@ -108,18 +108,31 @@ def in_cgroup(path: Path, limit_mb: int, python: str = sys.executable) -> dict:
                               capture_output=True, text=True)
         result = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {
             "error": (done.stderr.strip().splitlines() or ["no output"])[-1][:300]}
-        oom = dict(line.split() for line in (group / "memory.oom_control").read_text().splitlines())
-        result.update(cgroup_peak_mb=round(int((group / "memory.max_usage_in_bytes").read_text()) / 2**20),
-                      limit_mb=limit_mb, limit_hits=int((group / "memory.failcnt").read_text()),
-                      oom_kills=int(oom.get("oom_kill", 0)))
+        result.update(memory_figures(group), limit_mb=limit_mb)
         return result
     finally:
-        for _ in range(50):  # the last processes may still be exiting
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        remove_group(group)
+
+
+def memory_figures(group: Path) -> dict:
+    """A memory cgroup's peak (MiB, page cache included), limit hits and OOM kills."""
+    oom = dict(line.split() for line in (group / "memory.oom_control").read_text().splitlines())
+    return {"cgroup_peak_mb": round(int((group / "memory.max_usage_in_bytes").read_text()) / 2**20),
+            "limit_hits": int((group / "memory.failcnt").read_text()),
+            "oom_kills": int(oom.get("oom_kill", 0))}
+
+
+def remove_group(group: Path, timeout_s: float = 10.0) -> None:
+    """Remove a cgroup once its last processes have exited (they may still be exiting)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            group.rmdir()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
 
 
 def main() -> None:

@@ -29,6 +29,8 @@ import nbformat
 from dtflab import exercises
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from notebook_memory import memory_figures, remove_group  # noqa: E402
 EXECUTED = ROOT / "build" / "notebooks"  # the documentation site renders these outputs
 LIMIT_MB = 2048
 AT_ONCE = 2
@@ -109,10 +111,7 @@ class _Binder:
         return name
 
     def figures(self) -> dict:
-        oom = dict(line.split() for line in (self.memory / "memory.oom_control").read_text().splitlines())
-        return {"cgroup_peak_mb": round(int((self.memory / "memory.max_usage_in_bytes").read_text()) / 2**20),
-                "limit_hits": int((self.memory / "memory.failcnt").read_text()),
-                "oom_kills": int(oom.get("oom_kill", 0)), "cpu_quota": True}
+        return {**memory_figures(self.memory), "cpu_quota": True}
 
     def leftovers(self, grace_s: float = 10.0) -> list[str]:
         """What still runs in the cgroup ``grace_s`` after the kernel ended (then killed)."""
@@ -134,12 +133,7 @@ class _Binder:
 
     def remove(self) -> None:
         for group in (self.memory, self.cpu):
-            for _ in range(100):  # the last processes may still be exiting
-                try:
-                    group.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            remove_group(group)
 
 
 def execute(path: Path, label: str, specs: Path) -> Run:
