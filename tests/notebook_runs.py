@@ -103,7 +103,7 @@ class _Binder:
     def kernel_spec(self, folder: Path) -> str:
         """A kernel spec whose kernel joins both cgroups before it starts; returns its name."""
         name = folder.name
-        (folder).mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
         (folder / "kernel.json").write_text(json.dumps({
             "argv": [sys.executable, str(JOIN), str(self.memory), str(self.cpu), "--",
                      sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
@@ -215,7 +215,13 @@ class NotebookRuns:
 
 
 def main(folder: str, *paths: str) -> None:
-    """The executor: each notebook's ``Run`` as ``FOLDER/<i>.json`` and ``<i>.ipynb``."""
+    """The executor: each notebook's ``Run`` as ``FOLDER/<i>.json`` and ``<i>.ipynb``. It ends
+    with the test run that started it (SIGTERM from the kernel when its parent ends); its
+    kernels then see their parent gone and shut down, and their tasks end with them."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     out, specs = Path(folder), Path(folder) / "kernels"
 
     def one(index: int, path: Path) -> None:
