@@ -90,12 +90,14 @@ def cgroup_unavailable() -> str | None:
     return None
 
 
-def own_cgroup() -> Path:
+def own_cgroup(controller: str = "memory") -> Path:
+    """This process's cgroup-v1 folder for ``controller`` ("memory", "cpu", ...)."""
+    root = MEMORY.parent / controller
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            return MEMORY / path.lstrip("/")
-    return MEMORY
+        if controller in controllers.split(","):
+            return root / path.lstrip("/")
+    return root
 
 
 def in_cgroup(path: Path, limit_mb: int, python: str = sys.executable) -> dict:

@@ -81,6 +81,7 @@ def _children(services: bool = False) -> dict[int, str]:
             pass
     executors = {pid for pid, (command, parent) in commands.items()
                  if parent == mine and "notebook_runs.py" in command}
+
     def under_an_executor(pid):
         chain, parent = {pid}, commands[pid][1]
         while parent in commands and parent not in chain:

@@ -30,7 +30,7 @@ from dtflab import exercises
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from notebook_memory import memory_figures, remove_group  # noqa: E402
+from notebook_memory import memory_figures, own_cgroup, remove_group  # noqa: E402
 EXECUTED = ROOT / "build" / "notebooks"  # the documentation site renders these outputs
 LIMIT_MB = 2048
 AT_ONCE = 2
@@ -80,20 +80,12 @@ def learner_then_solved(notebook) -> tuple[nbformat.NotebookNode, dict[str, int]
     return nbformat.from_dict(runs), {"not applied": at, "open": check, "correct": 2 * check + 1 - at}
 
 
-def _own(controller: str) -> Path:
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if controller in controllers.split(","):
-            return CGROUPS / controller / path.lstrip("/")
-    return CGROUPS / controller
-
-
 class _Binder:
     """A fresh pair of cgroups (memory: 2 GiB; cpu: one CPU's quota) for one notebook."""
 
     def __init__(self, label: str):
         name = f"dtflab-notebook-{os.getpid()}-{label}-{time.monotonic_ns()}"
-        self.memory, self.cpu = _own("memory") / name, _own("cpu") / name
+        self.memory, self.cpu = own_cgroup("memory") / name, own_cgroup("cpu") / name
         self.memory.mkdir()
         self.cpu.mkdir()
         (self.memory / "memory.limit_in_bytes").write_text(str(LIMIT_MB * 2**20))

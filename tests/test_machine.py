@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from notebook_runs import JOIN, _own, cgroups_unavailable
+from notebook_runs import JOIN, cgroups_unavailable, own_cgroup
 
 
 def cpus_in(tmp_path, quota_of_period: float | None, affinity: set[int] | None = None) -> float:
     """``dtflab.cpus()`` in a child process inside a fresh cpu cgroup with that quota."""
     if cgroups_unavailable():
         pytest.skip(f"a CPU quota needs root and the cgroup-v1 cpu controller: {cgroups_unavailable()}")
-    group = _own("cpu") / f"dtflab-test-cpus-{os.getpid()}-{time.monotonic_ns()}"
+    group = own_cgroup("cpu") / f"dtflab-test-cpus-{os.getpid()}-{time.monotonic_ns()}"
     group.mkdir()
     try:
         period = int((group / "cpu.cfs_period_us").read_text())
