@@ -72,7 +72,7 @@ def test_records_stream_into_a_dashboard_and_stop_ends_every_worker_at_the_same_
     counts = history.steps_per_worker
     assert counts["worker:0"] == counts["worker:1"] < 100_000
     assert counts["worker:0"] % 10 == 0  # the workers agree on Stop every check_every=10 steps
-    drawn = {key[1]: len(source.data["step"]) for key, source in dashboard.loss_sources.items()}
+    drawn = {key[1]: line.records for key, line in dashboard.loss_lines.items()}
     assert drawn == counts  # every step plotted, per worker
     assert history.cluster.stopped
 

@@ -226,6 +226,12 @@ def painted(page, locator, least: int, path=None, canvases: int = 1, timeout: fl
     return shots[-1]
 
 
+def phases():
+    """``mark(name)`` prints the seconds since ``phases()`` (in a failure's captured output)."""
+    start = time.monotonic()
+    return lambda name: print(f"{time.monotonic() - start:6.1f} s  {name}", flush=True)
+
+
 def cell_containing(page, text):
     index = page.evaluate("""(text) => window.jupyterapp.shell.currentWidget.content.widgets
         .findIndex(c => c.model.sharedModel.getSource().includes(text))""", text)
@@ -288,13 +294,16 @@ def test_data_parallel_views_render_and_the_live_plot_streams_until_stopped(lab,
     notebook["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
                               "source": LIVE_CELL})
     path.write_text(json.dumps(notebook))
+    mark = phases()
     open_and_run_all(page, url, token, path.name)
+    mark("notebook 03 ran")
 
     views = cell_containing(page, "step.show()")
     reveal(views)
     # the partition graph, the timeline and the transfer matrix
     drawn = painted(page, views.locator(".jp-OutputArea"), 20_000, SHOTS / "step_views.png", canvases=3)
     assert ink(drawn) > 20_000, "the partition graph and timeline drew nothing"
+    mark("step views drawn")
 
     live = cell_containing(page, "added by the browser test")
     reveal(live)
@@ -303,6 +312,7 @@ def test_data_parallel_views_render_and_the_live_plot_streams_until_stopped(lab,
     painted(page, plot, 1_000, canvases=0)  # the first render's frame and legend: compare drawn states only
     status = live.locator(".widget-html-content").last
     first = shot(page, plot)
+    mark("live plot painted")
     # 90 s: on a loaded machine a first step that stalls is retried by the watchdog after 30 s.
     if not wait_until(lambda: shot(page, plot) != first, timeout=90, interval=0.5):
         shot(page, live, str(SHOTS / "live_dashboard_unchanged.png"))
@@ -313,9 +323,11 @@ def test_data_parallel_views_render_and_the_live_plot_streams_until_stopped(lab,
                     f"the page's plot sources: {page.evaluate(PAGE_SOURCES)}\n"
                     f"all console lines: {page.console_all[-40:]}\n"
                     f"{kernel_stacks(url)}")
+    mark("live plot changed")
     shot(page, live, str(SHOTS / "live_dashboard.png"))
     live.get_by_role("button", name="Stop").dispatch_event("click")  # no wait for a still layout
     assert wait_until(lambda: "steps in" in status.inner_text(), timeout=60), status.inner_text()
+    mark("stopped")
     assert live.get_by_role("button", name="Stop").is_disabled()
     def settled():  # the page may still be drawing the last update when Stop takes effect
         before = shot(page, plot)

@@ -13,6 +13,7 @@ from dtflab.train import costs, sessions
 from dtflab.train.pipeline import balanced_cut, layer_ranges
 from dtflab.viz.compare import compare
 from dtflab.viz.dashboard import Dashboard
+from dtflab.viz.decimate import LIMIT
 
 from conftest import wait_until
 
@@ -129,14 +130,15 @@ def test_a_background_pipeline_streams_to_the_dashboard_and_stops(cluster):
     run = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, steps=100_000,
                          background=True)
     dashboard = Dashboard(run, interval_s=0.1)
-    points = lambda: sum(len(s.data["step"]) for s in dashboard.loss_sources.values())
+    points = lambda: sum(line.points for line in dashboard.loss_lines.values())
     assert wait_until(lambda: points() > 0, timeout=60)
     assert not run.done
     dashboard.stop_button.click()
     history = run.wait(timeout=60)
     dashboard.wait()
     assert history.stopped_early and 0 < history.steps < 100_000
-    assert points() == history.steps
+    assert sum(line.records for line in dashboard.loss_lines.values()) == history.steps
+    assert all(line.points <= LIMIT for line in dashboard.loss_lines.values())
 
 
 def test_a_dead_stage_ends_the_run_naming_it(start_cluster):

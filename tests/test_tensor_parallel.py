@@ -15,6 +15,7 @@ from dtflab.train import costs, sessions
 from dtflab.train.tensor_parallel import split_layers
 from dtflab.viz.compare import compare
 from dtflab.viz.dashboard import Dashboard
+from dtflab.viz.decimate import LIMIT
 
 from conftest import wait_until
 
@@ -126,14 +127,15 @@ def test_a_slow_worker_holds_up_every_step(cluster):
 def test_a_background_run_streams_to_the_dashboard_and_stops(cluster):
     run = train.tensor_parallel(DEEP, cluster, ways=2, steps=100_000, background=True)
     dashboard = Dashboard(run, interval_s=0.1)
-    points = lambda: sum(len(s.data["step"]) for s in dashboard.loss_sources.values())
+    points = lambda: sum(line.points for line in dashboard.loss_lines.values())
     assert wait_until(lambda: points() > 0, timeout=60)
     assert not run.done
     dashboard.stop_button.click()
     history = run.wait(timeout=60)
     dashboard.wait()
     assert history.stopped_early and 0 < history.steps < 100_000
-    assert points() == history.steps
+    assert sum(line.records for line in dashboard.loss_lines.values()) == history.steps
+    assert all(line.points <= LIMIT for line in dashboard.loss_lines.values())
 
 
 def test_a_dead_worker_ends_the_run_naming_it(start_cluster):

@@ -13,6 +13,7 @@ from dtflab import train
 from dtflab.errors import TaskError
 from dtflab.train import sessions
 from dtflab.viz.dashboard import Dashboard
+from dtflab.viz.decimate import LIMIT
 
 from conftest import wait_until
 
@@ -136,7 +137,7 @@ def test_a_ps_killed_during_async_training_is_restored_and_costs_at_most_k_updat
 def test_dashboard_streams_while_training_and_stop_keeps_the_history(cluster):
     run = train.async_parameter_server(PROBLEM, cluster, steps=100_000, background=True)
     dashboard = Dashboard(run, interval_s=0.1)
-    points = lambda: sum(len(s.data["step"]) for s in dashboard.loss_sources.values())
+    points = lambda: sum(line.points for line in dashboard.loss_lines.values())
     assert wait_until(lambda: points() > 0, timeout=30)
     first = points()
     assert wait_until(lambda: points() > first, timeout=30), "no new points while running"
@@ -145,7 +146,8 @@ def test_dashboard_streams_while_training_and_stop_keeps_the_history(cluster):
     history = run.wait(timeout=30)
     dashboard.wait()
     assert history.stopped_early and 0 < history.steps < 200_000
-    assert points() == history.steps
+    assert sum(line.records for line in dashboard.loss_lines.values()) == history.steps
+    assert all(line.points <= LIMIT for line in dashboard.loss_lines.values())
     assert sum(dashboard.stale_source.data["count"]) == history.steps
     assert "steps in" in dashboard.status.value and dashboard.stop_button.disabled
 

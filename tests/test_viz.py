@@ -1,5 +1,6 @@
 """The step views build from real traces and draw what the trace holds."""
 
+import numpy as np
 import pytest
 
 import dtflab
@@ -180,3 +181,26 @@ def test_the_scaling_model_is_measured_from_one_and_two_worker_runs_and_drawn():
     assert any("their figures" in item.label["value"] for item in fig.legend[0].items)
     with pytest.raises(ValueError, match=r"rates has no one-worker run \(keys \[2, 4\]\)"):
         speedups({2: 1.0, 4: 2.0})
+
+
+def test_a_long_line_stays_within_its_limit_and_each_point_is_the_mean_of_its_steps():
+    from bokeh.models import ColumnDataSource
+
+    from dtflab.viz.decimate import DecimatedLine
+
+    source = ColumnDataSource({"step": [], "loss": []})
+    line = DecimatedLine(source, "step", "loss", limit=100)
+    line.add(list(range(60)), [float(s) for s in range(60)])
+    assert source.data["step"] == list(range(60))  # under the limit: every step, streamed
+    for start in range(60, 10_007, 37):  # arrivals of uneven sizes, as a dashboard's pushes
+        steps = list(range(start, min(start + 37, 10_007)))
+        line.add(steps, [float(s) for s in steps])
+    line.flush()
+    assert line.points <= 100 and line.records == 10_007
+    # y = step, so a point that is the mean of the steps it covers is the mean of that range
+    ends = source.data["step"]
+    assert ends[-1] == 10_006 and len(ends) == line.points
+    covered = np.split(np.arange(10_007), np.array(ends[:-1]) + 1)
+    assert np.allclose(source.data["loss"], [c.mean() for c in covered])
+    with pytest.raises(ValueError, match="limit=1"):
+        DecimatedLine(source, "step", "loss", limit=1)

@@ -1,7 +1,8 @@
 """A live training dashboard: loss, throughput and staleness, streamed while runs go on.
 
-Follows Bokeh's streaming model: each line has a ColumnDataSource fed with ``stream(new,
-rollover)`` from a small updater thread, never a redraw. In JupyterLab the figures sit in a
+Follows Bokeh's streaming model: each line has a ColumnDataSource fed with ``stream(new)`` from
+a small updater thread, and stays at most ``decimate.LIMIT`` points (each the mean of the steps
+it covers) however long the run goes on: the page never falls behind a long run. In JupyterLab the figures sit in a
 ``LiveBokehModel`` widget, which sends each change as it happens in a form a view that starts
 late still reads (``dtflab.viz.live_model``); when the runs end, the page is handed the whole
 document once, so a view that started after the first points shows them too.
@@ -13,9 +14,9 @@ import collections
 import html
 import threading
 
+from dtflab.viz.decimate import DecimatedLine
 from dtflab.viz.palette import PALETTE
 
-ROLLOVER = 20_000
 THROUGHPUT_WINDOW_S = 2.0
 
 
@@ -43,8 +44,9 @@ class Dashboard:
         self.stale_fig = figure(title="Staleness of applied gradients", height=220, width=420,
                                 x_axis_label="updates by others between read and write",
                                 tools="save")
-        self.loss_sources: dict[tuple[int, str], ColumnDataSource] = {}
+        self.loss_lines: dict[tuple[int, str], DecimatedLine] = {}
         self.speed_sources = [ColumnDataSource({"time": [], "speed": []}) for _ in runs]
+        self.speed_lines = [DecimatedLine(source, "time", "speed") for source in self.speed_sources]
         self.stale_source = ColumnDataSource({"left": [], "right": [], "count": []})
         self.stale_fig.quad(left="left", right="right", bottom=0, top="count",
                             source=self.stale_source, color="#9467bd", name="staleness")
@@ -56,7 +58,7 @@ class Dashboard:
         # BokehModel never reach the page (only changes to existing sources do).
         for i, run in enumerate(runs):
             for worker in run.history.workers:
-                self._loss_source(i, worker)
+                self._loss_line(i, worker)
         self.seen = [0] * len(runs)
         self._staleness = collections.Counter()
         self._recent = [collections.deque() for _ in runs]
@@ -108,20 +110,25 @@ class Dashboard:
         self.plots = LiveBokehModel(self.figures)
         return w.VBox([self.plots, w.HBox([self.stop_button, self.status])])
 
-    def _loss_source(self, run_index: int, worker: str):
+    @property
+    def loss_sources(self):
+        """The loss lines' ``ColumnDataSource`` by (run index, worker)."""
+        return {key: line.source for key, line in self.loss_lines.items()}
+
+    def _loss_line(self, run_index: int, worker: str) -> DecimatedLine:
         from bokeh.models import ColumnDataSource
 
         key = (run_index, worker)
-        if key not in self.loss_sources:
+        if key not in self.loss_lines:
             source = ColumnDataSource({"step": [], "loss": []})
-            color = PALETTE[len(self.loss_sources) % len(PALETTE)]
+            color = PALETTE[len(self.loss_lines) % len(PALETTE)]
             label = self.runs[run_index].history.name + ("" if worker == "all" else f" · {worker}")
             self.loss_fig.line("step", "loss", source=source, color=color, legend_label=label,
                                line_width=1.5)
             self.loss_fig.legend.location = "top_right"
             self.loss_fig.legend.label_text_font_size = "9px"
-            self.loss_sources[key] = source
-        return self.loss_sources[key]
+            self.loss_lines[key] = DecimatedLine(source, "step", "loss")
+        return self.loss_lines[key]
 
     def _push(self) -> None:
         stale_changed = False
@@ -140,7 +147,7 @@ class Dashboard:
                     stale_changed = True
                 self._recent[i].append((record.time_s, record.examples))
             for worker, data in by_worker.items():
-                self._loss_source(i, worker).stream(data, rollover=ROLLOVER)
+                self._loss_line(i, worker).add(data["step"], data["loss"])
             recent = self._recent[i]
             now = recent[-1][0]
             while recent and recent[0][0] < now - THROUGHPUT_WINDOW_S:
@@ -148,7 +155,7 @@ class Dashboard:
             span = now - recent[0][0] if len(recent) > 1 else 0
             if span > 0:
                 speed = sum(e for _, e in list(recent)[1:]) / span
-                self.speed_sources[i].stream({"time": [now], "speed": [speed]}, rollover=ROLLOVER)
+                self.speed_lines[i].add([now], [speed])
         if stale_changed:
             keys = sorted(self._staleness)
             self.stale_source.data = {"left": [k - 0.4 for k in keys], "right": [k + 0.4 for k in keys],
@@ -172,13 +179,15 @@ class Dashboard:
                     break
                 self._closed.wait(self.interval_s)
             self._push()
+            for line in [*self.loss_lines.values(), *self.speed_lines]:
+                line.flush()
         except Exception as exc:  # say so on the page rather than freeze without a word
             if self.widget is not None:
                 self.status.value = f"the dashboard stopped updating: {type(exc).__name__}: {exc}"
             raise
         if self.widget is not None:
-            self.plots.refresh()  # every point, also in a view that missed the first ones
             errors = [f"{run.history.name}: {run.error}" for run in self.runs if run.error]
             summaries = [run.history.summary() for run in self.runs]
             self.status.value = "<br>".join(html.escape(line) for line in errors or summaries)
             self.stop_button.disabled = True
+            self.plots.refresh()  # every point, also in a view that missed the first ones
