@@ -7,11 +7,16 @@ Two stages of the classifier with three hidden layers (two layers a stage, width
 - pipeline_idle_share / pipeline_idle_share_formula: each stage's idle share of the pipelined
   part of a traced step (mean over stages, median over rounds), and (p - 1) / (m + p - 1).
 - pipeline_step_ms: median step time (untraced steps), per m.
+- pipeline_stage_arithmetic_ms: ``train.stage_arithmetic_s``, the busiest stage's arithmetic
+  for the whole batch at each m, measured alone on the stage's task (a smaller micro-batch
+  does not multiply at the same rate per row on every CPU).
 - pipeline_step_model_ms, pipeline_step_model_max_rel_error: ``costs.pipeline_step_s`` with the
   stage's arithmetic, the per-micro-batch cost, the overlap (weight gradients the stage before
-  does not wait for) and the rest all read from ONE traced step at m = 4 (not fitted to any
-  step time), against the measured steps; the worst m. ``pipeline_step_model_no_overlap_*``:
-  the same without the overlap term (the issue's form).
+  does not wait for) and the rest all read from ONE traced step at m = 4, the arithmetic
+  scaled to each m by the measured ``pipeline_stage_arithmetic_ms`` (nothing fitted to any step
+  time), against the measured steps; the worst m. ``pipeline_step_model_equal_shares_*``: the
+  arithmetic assumed to split into m equal shares (the model before issue 33);
+  ``pipeline_step_model_no_overlap_*``: equal shares and no overlap term.
 - pipeline_best_m / pipeline_model_best_m: the fastest m measured, and the model's.
 - pipeline_best_speedup_over_m1: steps/s at the best m over m = 1.
 - naive_best_speedup_over_m1: the same for the naive graph (one ``tf.gradients`` of the summed
@@ -120,11 +125,11 @@ def naive_step_times(problem, cluster, m, steps) -> list[float]:
     return list(np.diff(ends)[2:])
 
 
-def model_predictions(bubble) -> tuple[dict, dict]:
+def model_predictions(bubble, arithmetic=None) -> tuple[dict, dict]:
     """The cost model from one traced step: step(m) for every m, and its parts."""
     parts = {"stage_ms": bubble.stage_s * 1e3, "per_micro_batch_ms": bubble.per_micro_batch_s * 1e3,
              "overlap_ms": bubble.overlap_s * 1e3, "rest_ms": bubble.rest_s * 1e3}
-    return {m: bubble.predicted_step_s(m) * 1e3 for m in MICRO_BATCHES}, parts
+    return {m: bubble.predicted_step_s(m, arithmetic) * 1e3 for m in MICRO_BATCHES}, parts
 
 
 def loss_agreement(cluster) -> float:
@@ -220,6 +225,7 @@ def main() -> None:
             for m in naive:
                 naive[m] += naive_step_times(problem, cluster, m, args.steps)
     with dtflab.start_cluster(workers=2, inter_op_threads=2, intra_op_threads=1) as cluster:
+        arithmetic = train.stage_arithmetic_s(problem, cluster, stages=2, micro_batches=MICRO_BATCHES)
         times, bubbles = pipelined(problem, cluster, args.rounds, args.steps)
         peaks = {}
         for schedule in costs.SCHEDULES:
@@ -233,7 +239,11 @@ def main() -> None:
     step_ms = {m: statistics.median(times[m]) * 1e3 for m in MICRO_BATCHES}
     # The model reads the traced step at m = 4 whose own step time is the round's median.
     traced = sorted(bubbles[MODEL_FROM], key=lambda b: b.step_us)[len(bubbles[MODEL_FROM]) // 2]
-    predicted, parts = model_predictions(traced)
+    predicted, parts = model_predictions(traced, arithmetic)
+    equal_shares, _ = model_predictions(traced)
+
+    def worst(model):
+        return round(max(abs(model[m] - step_ms[m]) / step_ms[m] for m in MICRO_BATCHES), 3)
     best = min(step_ms, key=step_ms.get)
     naive_ms = {m: statistics.median(v) * 1e3 for m, v in naive.items()}
     result.update({
@@ -241,15 +251,18 @@ def main() -> None:
                                 for m in MICRO_BATCHES},
         "pipeline_idle_share_formula": {m: round(costs.bubble_share(2, m), 3) for m in MICRO_BATCHES},
         "pipeline_step_ms": {m: round(v, 1) for m, v in step_ms.items()},
+        "pipeline_stage_arithmetic_ms": {m: round(v * 1e3, 1) for m, v in arithmetic.items()},
         "pipeline_step_model_ms": {m: round(v, 1) for m, v in predicted.items()},
         "pipeline_step_model_parts_ms": {k: round(v, 2) for k, v in parts.items()},
         "pipeline_step_model_no_overlap_max_rel_error": round(max(
             abs(costs.pipeline_step_s(2, m, traced.stage_s, traced.per_micro_batch_s, traced.rest_s) * 1e3
                 - step_ms[m]) / step_ms[m] for m in MICRO_BATCHES), 3),
-        "pipeline_step_model_max_rel_error": round(max(abs(predicted[m] - step_ms[m]) / step_ms[m]
-                                                       for m in MICRO_BATCHES), 3),
+        "pipeline_step_model_max_rel_error": worst(predicted),
+        "pipeline_step_model_equal_shares_ms": {m: round(v, 1) for m, v in equal_shares.items()},
+        "pipeline_step_model_equal_shares_max_rel_error": worst(equal_shares),
         "pipeline_best_m": best,
         "pipeline_model_best_m": min(predicted, key=predicted.get),
+        "pipeline_equal_shares_best_m": min(equal_shares, key=equal_shares.get),
         "pipeline_best_speedup_over_m1": round(step_ms[1] / step_ms[best], 3),
         "naive_step_ms": {m: round(v, 1) for m, v in naive_ms.items()},
         "naive_best_speedup_over_m1": round(naive_ms[1] / min(naive_ms.values()), 3),

@@ -85,6 +85,23 @@ def test_the_traced_step_shows_every_micro_batch_on_its_stage_in_schedule_order(
     assert "3 stages x 4 micro-batches (1f1b)" in bubble.summary()
 
 
+def test_each_micro_batch_size_has_its_own_measured_arithmetic_in_the_cost_model(cluster):
+    arithmetic = train.stage_arithmetic_s(DEEP, cluster, stages=2, micro_batches=(1, 4, 8),
+                                          repeats=1)
+    assert sorted(arithmetic) == [1, 4, 8] and all(s > 0 for s in arithmetic.values())
+    bubble = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, steps=3, trace_step=1).bubble
+    # At the traced step's own m the measured arithmetic changes nothing; at another m the
+    # stage's arithmetic is scaled by what was measured there, the rest left as traced.
+    assert bubble.predicted_step_s(4, arithmetic) == pytest.approx(bubble.predicted_step_s(4))
+    assert bubble.predicted_step_s(8, arithmetic) == pytest.approx(costs.pipeline_step_s(
+        2, 8, bubble.stage_s * arithmetic[8] / arithmetic[4], bubble.per_micro_batch_s,
+        bubble.rest_s, overlap_s=bubble.overlap_s))
+    with pytest.raises(ValueError, match="no figure for m = 2"):
+        bubble.predicted_step_s(2, arithmetic)
+    with pytest.raises(ValueError, match="micro_batches: 3 does not divide the batch of 256"):
+        train.stage_arithmetic_s(DEEP, cluster, micro_batches=(1, 3))
+
+
 def test_the_pipeline_chart_draws_the_measured_slots_and_the_formulas_schedule(cluster):
     bubble = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, steps=3, trace_step=1).bubble
     chart = bubble.figure()

@@ -26,6 +26,7 @@ from dtflab.train.ps_strategy import ps_strategy, strategy_for
 from dtflab.train.runner import BackgroundRun, Runner, Update
 from dtflab.train.sharded import sharded_data_parallel
 from dtflab.train.single import single
+from dtflab.train.stage_arithmetic import stage_arithmetic_s
 from dtflab.train.tensor_parallel import tensor_parallel
 from dtflab.train.sync import sync_data_parallel
 from dtflab.train.watchdog import Watchdog
@@ -33,4 +34,5 @@ from dtflab.train.watchdog import Watchdog
 __all__ = ["Problem", "exp_regression", "classification", "RunHistory", "StepRecord", "Callback",
            "BackgroundRun", "single", "model_parallel", "sync_data_parallel",
            "async_parameter_server", "ps_strategy", "strategy_for", "all_reduce", "pipeline",
-           "tensor_parallel", "sharded_data_parallel", "WireBytes", "Runner", "Update", "Watchdog"]
+           "tensor_parallel", "sharded_data_parallel", "WireBytes", "Runner", "Update", "Watchdog",
+           "stage_arithmetic_s"]

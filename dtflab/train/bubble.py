@@ -144,11 +144,26 @@ class Bubble:
         update), in seconds."""
         return max(self.step_us - self.span_us, 0.0) / 1e6
 
-    def predicted_step_s(self, micro_batches: int) -> float:
+    def predicted_step_s(self, micro_batches: int, arithmetic: dict | None = None) -> float:
         """The cost model's step time for ``micro_batches`` micro-batches, from this step's
         arithmetic, per-micro-batch cost, overlap and rest
-        (:func:`dtflab.train.costs.pipeline_step_s`)."""
-        return costs.pipeline_step_s(self.stages, micro_batches, self.stage_s,
+        (:func:`dtflab.train.costs.pipeline_step_s`).
+
+        Without ``arithmetic`` a stage's multiplies are assumed to cost the same per row at
+        every micro-batch size. ``arithmetic`` (``train.stage_arithmetic_s``: the stage's
+        arithmetic for the whole batch at each m, measured) scales this step's arithmetic by
+        ``arithmetic[m] / arithmetic[this step's m]``: on a CPU where a smaller micro-batch
+        multiplies slower or faster per row, the model follows. The overlap stays as traced
+        (the weight-gradient multiplies measured 136-152 ms at every m on the AMD EPYC where
+        the whole stage went from 380 to 570 ms)."""
+        scale = 1.0
+        if arithmetic is not None:
+            for m in (micro_batches, self.micro_batches):
+                if m not in arithmetic:
+                    raise ValueError(f"arithmetic has no figure for m = {m}; measure it: "
+                                     f"train.stage_arithmetic_s(..., micro_batches=(..., {m}))")
+            scale = arithmetic[micro_batches] / arithmetic[self.micro_batches]
+        return costs.pipeline_step_s(self.stages, micro_batches, self.stage_s * scale,
                                      self.per_micro_batch_s, self.rest_s, overlap_s=self.overlap_s)
 
     def _input_ready_us(self, slot: Slot) -> float:
