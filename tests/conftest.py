@@ -279,6 +279,8 @@ BUILD_DOCS = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html"
 
 
 TIERS = ("browser", "docs", "binder", "notebook", "multihost", "slow")
+#: Tiers run after the others, in this order (``pytest_collection_modifyitems``).
+RUN_LAST = {"binder": 1, "notebook": 1, "docs": 2, "browser": 3}
 _tier_seconds: dict[str, float] = {}
 _tier_tests: dict[str, int] = {}
 
@@ -310,14 +312,7 @@ def pytest_collection_modifyitems(session, config, items):
     """The tests that read the notebook executions together (they run two at a time beside
     them: nothing else should share the cores then), then the site's tests, which render those
     executions (build/notebooks/), then the browser tier, which opens the site."""
-    def tier(item):
-        if item.get_closest_marker("browser"):
-            return 3
-        if item.get_closest_marker("docs"):
-            return 2
-        return 1 if item.get_closest_marker("notebook") or item.get_closest_marker("binder") else 0
-
-    items.sort(key=tier)
+    items.sort(key=lambda item: RUN_LAST.get(tier_of(item.keywords), 0))
 
 
 @pytest.fixture(scope="session")

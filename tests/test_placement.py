@@ -1,7 +1,5 @@
 """Placement plans: strategies, where variables really land, the map and the editor."""
 
-import time
-
 import pytest
 
 from conftest import wait_until
@@ -175,7 +173,7 @@ def test_a_move_on_the_board_traces_a_step_once_the_moves_settle(cluster):
     front_end(editor, kind="move", name="w1", device=PS0)
     front_end(editor, kind="move", name="w2", device=PS1)   # within the debounce: one trace
     assert wait_until(lambda: len(editor.board.history) == 2, timeout=30)
-    time.sleep(0.6)
+    editor.wait(timeout=30)  # the last change's trace: no second one followed
     assert len(editor.board.history) == 2
     row = editor.board.history[1]
     assert row["change"] == "w2 → ps:1" and row["bytes"] > 0 and row["step_ms"] > 0

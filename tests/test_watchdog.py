@@ -48,7 +48,8 @@ def test_a_frozen_ps_stalls_both_workers_and_new_sessions_carry_on(start_cluster
         with frozen(cluster, "ps:0"):
             assert wait_until(lambda: len(run.history.stalls) >= 2, timeout=20)
             assert "stalled at step" in run.history.status
-            time.sleep(1.5)  # the new sessions stall too while the ps stays frozen
+            # the new sessions stall too while the ps stays frozen
+            assert wait_until(lambda: len(run.history.stalls) >= 3, timeout=30), run.history.stalls
         before = {w: steps_of(run, w) for w in ("worker:0", "worker:1")}
         assert wait_until(lambda: all(steps_of(run, w) >= n + 20 for w, n in before.items()),
                           timeout=30), run.history.summary()
@@ -104,7 +105,8 @@ def test_a_briefly_stalled_synchronous_step_is_retried_on_a_new_session(start_cl
         assert wait_until(lambda: run.history.steps >= 30, timeout=60)
         with frozen(cluster, "worker:1"):
             assert wait_until(lambda: run.history.stalls, timeout=20)
-            time.sleep(1.5)
+            # the new session stalls too while the worker stays frozen
+            assert wait_until(lambda: len(run.history.stalls) >= 2, timeout=30), run.history.stalls
         going = run.history.steps
         assert wait_until(lambda: run.history.steps > going + 30, timeout=30), run.history.summary()
     finally:

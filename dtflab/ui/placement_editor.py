@@ -128,6 +128,12 @@ class PlacementEditor:
                             partition, timeline)
             self.views.children = [BokehModel(layout)]
 
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the trace the last change scheduled has run (at once if none is due)."""
+        timer = self._timer
+        if timer is not None:
+            timer.join(timeout)
+
     def close(self) -> None:
         """Cancel a pending trace and close the board (the plan stays usable)."""
         with self._lock:
