@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from dtflab import names
 
-if TYPE_CHECKING:  # a type only: step.py imports this module when asked for a Chrome trace
-    from dtflab.tracing.step import StepTrace
 
-
-def chrome_trace(step: StepTrace, path=None) -> dict:
-    """The trace as a dict in the Trace Event Format; written to ``path`` if given.
+def chrome_trace(step, path=None) -> dict:
+    """A ``StepTrace`` as a dict in the Trace Event Format; written to ``path`` if given.
+    (``StepTrace.to_chrome_trace`` calls this; the type is not imported back: no circle.)
 
     One process per task, one thread per device, every op a complete ("X") event, and every
     cross-task transfer a flow ("s" -> "f") from the end of its producer to the end of the
