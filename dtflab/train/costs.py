@@ -187,9 +187,9 @@ def tensor_parallel_bytes(ways: int, batch: int, layers, dtype_bytes: int = 4) -
 # -- data parallelism: bytes per step and what each worker holds -------------------------------
 
 def all_reduce_bytes(parameter_bytes: float, workers: int) -> float:
-    """Bytes each worker sends per step in a ring all-reduce of the gradients of a model of
-    ``parameter_bytes`` (M): ``2 x (N - 1) / N x M`` (a reduce-scatter, then an all-gather).
-    It leaves out gRPC's framing."""
+    """Bytes each of ``workers`` (N) sends in a ring all-reduce of ``parameter_bytes`` (M: a
+    model's gradients each step, or any tensor summed over a group): ``2 x (N - 1) / N x M``
+    (a reduce-scatter, then an all-gather). It leaves out gRPC's framing."""
     return 2 * (workers - 1) / workers * parameter_bytes
 
 
@@ -221,12 +221,6 @@ def shard_size(values: int, workers: int) -> int:
 LAYOUTS = ("data", "model", "both")
 
 
-def ring_all_reduce_bytes(values_bytes: float, group: int) -> float:
-    """Bytes each of ``group`` members sends in a ring all-reduce of ``values_bytes``:
-    ``2 x (g - 1) / g`` of them (a reduce-scatter, then an all-gather)."""
-    return 2 * (group - 1) / group * values_bytes
-
-
 def layout_bytes(layout: str, mesh: dict, batch: int, layers, dtype_bytes: int = 4) -> dict:
     """Bytes each device sends per step training ``tanh(x @ w1) @ w2`` (widths ``layers``:
     inputs, hidden, outputs) on a DTensor mesh ``{"batch": b, "model": m}`` under ``layout``:
@@ -240,7 +234,7 @@ def layout_bytes(layout: str, mesh: dict, batch: int, layers, dtype_bytes: int =
       gradients.
 
     ``{"activations": ..., "gradients": ...}``, each a ring all-reduce
-    (:func:`ring_all_reduce_bytes`). It leaves out the loss's scalar all-reduce and gRPC's
+    (:func:`all_reduce_bytes`). It leaves out the loss's scalar all-reduce and gRPC's
     framing."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}: choose one of {', '.join(map(repr, LAYOUTS))}")
@@ -248,8 +242,8 @@ def layout_bytes(layout: str, mesh: dict, batch: int, layers, dtype_bytes: int =
     b = mesh["batch"] if layout in ("data", "both") else 1
     m = mesh["model"] if layout in ("model", "both") else 1
     parameters = dtype_bytes * hidden * (inputs + outputs)
-    return {"activations": ring_all_reduce_bytes(dtype_bytes * batch / b * outputs, m),
-            "gradients": ring_all_reduce_bytes(parameters / m, b)}
+    return {"activations": all_reduce_bytes(dtype_bytes * batch / b * outputs, m),
+            "gradients": all_reduce_bytes(parameters / m, b)}
 
 
 def client_wire_bytes(layout: str, mesh: dict, batch: int, layers, *, local_axis: str,
