@@ -182,6 +182,48 @@ def test_an_entry_point_imports_nothing_of_the_code_that_started_it(entry_point,
     assert [m for m in loaded if m.startswith(starters)] == []
 
 
+#: The programs ``train.all_reduce`` and ``train.sharded_data_parallel`` run in worker processes,
+#: and what they must never load: the code that starts and watches them, in the notebook.
+WORKER_PROGRAMS = ("dtflab.train.all_reduce_worker", "dtflab.train.sharded_worker")
+NOTEBOOK_SIDE = ("dtflab.cluster", "dtflab.processes", "dtflab.network", "dtflab.train.strategies",
+                 "dtflab.train.runner", "dtflab.train.worker_programs", "dtflab.train.reports",
+                 "dtflab.ui", "dtflab.viz", "dtflab.magics")
+
+
+def reached_from(module: str) -> set[str]:
+    """Every dtflab module ``module`` can import as it runs, through every module it reaches
+    (function-level imports included), and the packages each one's import runs. A package's
+    ``__getattr__``, which imports a name only when it is asked for, is not followed."""
+    reached, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # the packages it is in
+        if MODULES[name].name == "__init__.py":
+            tree = ast.parse(MODULES[name].read_text())
+            todo += [node.module for node in tree.body
+                     if isinstance(node, ast.ImportFrom) and node.module in MODULES]
+        else:
+            todo += sorted(imports_of(name))
+    return reached
+
+
+@pytest.mark.parametrize("program", WORKER_PROGRAMS)
+def test_a_worker_program_imports_nothing_of_the_notebook_side(program):
+    assert sorted(m for m in reached_from(program) if m.startswith(NOTEBOOK_SIDE)) == []
+    code = (f"import sys, {program}\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('dtflab'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    loaded = out.stdout.split()
+    assert program in loaded, out.stderr[-2000:]
+    assert [m for m in loaded if m.startswith(NOTEBOOK_SIDE)] == []
+    print(f"{program}: {len(loaded)} dtflab modules on import, at most "
+          f"{len(reached_from(program))} as it runs")
+
+
 @pytest.mark.parametrize("layer, forbidden", [("tracing", "dtflab.viz"), ("cluster", "dtflab.ui"),
                                               ("cluster", "dtflab.viz"), ("train", "dtflab.ui")])
 def test_a_lower_layer_never_imports_a_higher_one(layer, forbidden):

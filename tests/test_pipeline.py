@@ -10,7 +10,7 @@ import dtflab
 from dtflab import train
 from dtflab.errors import TaskError
 from dtflab.train import costs, sessions
-from dtflab.train.pipeline import balanced_cut, layer_ranges
+from dtflab.train.strategies.pipeline import balanced_cut, layer_ranges
 from dtflab.viz.compare import compare
 from dtflab.viz.dashboard import Dashboard
 from dtflab.viz.decimate import LIMIT

@@ -12,7 +12,7 @@ from dtflab import train
 from dtflab.errors import TaskError
 from dtflab.names import task
 from dtflab.train import costs, sessions
-from dtflab.train.tensor_parallel import split_layers
+from dtflab.train.strategies.tensor_parallel import split_layers
 from dtflab.viz.compare import compare
 from dtflab.viz.dashboard import Dashboard
 from dtflab.viz.decimate import LIMIT

@@ -6,30 +6,54 @@ dashboard's Stop button works). ``slow={"worker:1": 0.05}`` makes a task take th
 seconds per step (a straggler, sleeping on the task itself). ``watchdog=`` sets when a step
 counts as stalled and how often it is retried on a new session (train.watchdog).
 
-One module per strategy, each supplying its step to the one :class:`Runner`: ``single``,
-``model_parallel`` (2016: variables on the ps tasks), ``sync`` (towers through a ps),
-``downpour`` (asynchronous ps), ``ps_strategy`` (TF2's ParameterServerStrategy),
-``all_reduce`` (worker programs), ``pipeline`` (stages and micro-batches), ``tensor_parallel``
-(layer pairs split by columns and rows, Megatron-style), ``sharded`` (ZeRO-3 / FSDP in
-worker programs: 1/N of every layer and of Adam's slots on each worker). ``costs`` holds the
-formulas that predictions, benchmarks and views share.
+One module per strategy in ``strategies/``, named like the function it defines, each supplying
+its step to the one :class:`Runner`: ``single``, ``model_parallel`` (2016: variables on the ps
+tasks), ``sync_data_parallel`` (towers through a ps), ``async_parameter_server`` (Downpour),
+``ps_strategy`` (TF2's ParameterServerStrategy), ``all_reduce`` (worker programs),
+``pipeline`` (stages and micro-batches), ``tensor_parallel`` (layer pairs split by columns and
+rows, Megatron-style), ``sharded_data_parallel`` (ZeRO-3 / FSDP in worker programs: 1/N of
+every layer and of Adam's slots on each worker). ``costs`` holds the formulas that
+predictions, benchmarks and views share. Every name here is imported on first use.
 """
 
-from dtflab.train.all_reduce import all_reduce
-from dtflab.train.callbacks import Callback, WireBytes
-from dtflab.train.downpour import async_parameter_server
-from dtflab.train.history import RunHistory, StepRecord
-from dtflab.train.model_parallel import model_parallel
-from dtflab.train.pipeline import pipeline
-from dtflab.train.problems import Problem, classification, exp_regression
-from dtflab.train.ps_strategy import ps_strategy, strategy_for
-from dtflab.train.runner import BackgroundRun, Runner, Update
-from dtflab.train.sharded import sharded_data_parallel
-from dtflab.train.single import single
-from dtflab.train.stage_arithmetic import stage_arithmetic_s
-from dtflab.train.tensor_parallel import tensor_parallel
-from dtflab.train.sync import sync_data_parallel
-from dtflab.train.watchdog import Watchdog
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+#: Each public name and the module that defines it, imported on first use: a worker program
+#: that imports ``dtflab.train.worker_loop`` loads the package, and must not load every
+#: strategy (and the cluster, the fork server) with it.
+WHERE = {
+    "Problem": "problems", "exp_regression": "problems", "classification": "problems",
+    "RunHistory": "history", "StepRecord": "history",
+    "Callback": "callbacks", "WireBytes": "callbacks",
+    "BackgroundRun": "runner", "Runner": "runner", "Update": "runner",
+    "Watchdog": "watchdog",
+    "stage_arithmetic_s": "stage_arithmetic",
+    "single": "strategies.single", "model_parallel": "strategies.model_parallel",
+    "sync_data_parallel": "strategies.sync_data_parallel",
+    "async_parameter_server": "strategies.async_parameter_server",
+    "ps_strategy": "strategies.ps_strategy", "strategy_for": "strategies.ps_strategy",
+    "all_reduce": "strategies.all_reduce", "pipeline": "strategies.pipeline",
+    "tensor_parallel": "strategies.tensor_parallel",
+    "sharded_data_parallel": "strategies.sharded_data_parallel",
+}
+
+
+def __getattr__(name):
+    if name in WHERE:
+        value = getattr(importlib.import_module(f"dtflab.train.{WHERE[name]}"), name)
+        globals()[name] = value  # looked up once
+        return value
+    if importlib.util.find_spec(f"dtflab.train.{name}") is not None:  # train.costs
+        return importlib.import_module(f"dtflab.train.{name}")
+    raise AttributeError(f"module 'dtflab.train' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(WHERE))
+
 
 __all__ = ["Problem", "exp_regression", "classification", "RunHistory", "StepRecord", "Callback",
            "BackgroundRun", "single", "model_parallel", "sync_data_parallel",

@@ -2,7 +2,7 @@
 ran, how long each stage sat idle (the bubble), and how much activation memory it held.
 
 A pipeline's ops are named ``stage{s}/forward{j}/...`` and ``stage{s}/backward{j}/...``
-(``dtflab.train.pipeline``); everything here is read from a StepTrace's op timings and from
+(``dtflab.train.strategies.pipeline``); everything here is read from a StepTrace's op timings and from
 the allocator records TensorFlow's FULL_TRACE step stats carry (each op's allocations and
 frees, with their times). Timings on one machine share a clock; across hosts they do not.
 """
@@ -64,7 +64,7 @@ class Bubble:
 
     @classmethod
     def from_trace(cls, trace, devices, micro_batches: int, schedule: str) -> "Bubble":
-        """Read a StepTrace of ``dtflab.train.pipeline``'s step; ``devices[s]`` runs stage s."""
+        """Read a StepTrace of ``dtflab.train.strategies.pipeline``'s step; ``devices[s]`` runs stage s."""
         found: dict[tuple[int, str, int], list] = {}
         for device_timings in trace.timings.values():
             for timing in device_timings:

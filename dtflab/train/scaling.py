@@ -100,10 +100,10 @@ def pipeline_problem(problem, deepest: int):
 def _one_count(problem, workers: int, loops, steps: int, skip: int, deepest: int):
     """(loop, steps/s, examples/s) for each loop with ``workers`` workers."""
     from dtflab.cluster import start_cluster
-    from dtflab.train.all_reduce import all_reduce
-    from dtflab.train.downpour import async_parameter_server
-    from dtflab.train.pipeline import pipeline
-    from dtflab.train.sync import sync_data_parallel
+    from dtflab.train.strategies.all_reduce import all_reduce
+    from dtflab.train.strategies.async_parameter_server import async_parameter_server
+    from dtflab.train.strategies.pipeline import pipeline
+    from dtflab.train.strategies.sync_data_parallel import sync_data_parallel
 
     ps_loops = [loop for loop in loops if loop in ("sync_data_parallel", "async_parameter_server")]
     if ps_loops:

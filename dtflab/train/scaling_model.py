@@ -128,7 +128,7 @@ def measure_parts(problem, workers: int, *, steps: int = 12, skip: int = 3) -> d
     """One synchronous run with ``workers`` workers and one ps, one thread per task:
     ``{"step_s", "worker_s" (mean over workers), "ps_s", "client_s"}``, CPU seconds per step."""
     from dtflab.cluster import start_cluster
-    from dtflab.train.sync import sync_data_parallel
+    from dtflab.train.strategies.sync_data_parallel import sync_data_parallel
 
     with start_cluster(jobs=f"ps=1,worker={workers}", intra_op_threads=1,
                        inter_op_threads=1) as cluster:

@@ -34,7 +34,7 @@ def stage_arithmetic_s(problem, cluster, *, stages: int = 2, micro_batches=(1, 2
     that size, not what it costs beside another stage's work on the same cores.
     """
     from dtflab.tracing.capture import trace
-    from dtflab.train.pipeline import _one_multiply_at_a_time, layer_ranges
+    from dtflab.train.strategies.pipeline import _one_multiply_at_a_time, layer_ranges
     from dtflab.train.sessions import enough_workers, worker_devices
 
     checks.whole(repeats, "repeats", example=3)

@@ -27,7 +27,7 @@ from pathlib import Path
 from dtflab.train import costs
 from dtflab.train.worker_programs import Loop, checked, train_in_programs
 
-LOOP = Loop(Path(__file__).with_name("sharded_worker.py"), "sharded", "sharded", "all-gather",
+LOOP = Loop(Path(__file__).parents[1] / "sharded_worker.py", "sharded", "sharded", "all-gather",
             "TF profiler on each worker program, one sharded step; CollectiveGatherV2 is an "
             "all-gather, CollectiveBcastSendV2/RecvV2 the reduce-scatter's exchanges")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dtflab.train.worker_programs import Loop, checked, train_in_programs
 
-LOOP = Loop(Path(__file__).with_name("all_reduce_worker.py"), "all_reduce", "all-reduce",
+LOOP = Loop(Path(__file__).parents[1] / "all_reduce_worker.py", "all_reduce", "all-reduce",
             "all-reduce", "TF profiler on each worker program, one all-reduce step; "
                           "CollectiveReduceV2 is the all-reduce")
 
