@@ -174,12 +174,18 @@ def test_no_module_is_over_400_lines():
     ("dtflab.network.gate", ("dtflab.cluster", "dtflab.network.networks")),
 ])
 def test_an_entry_point_imports_nothing_of_the_code_that_started_it(entry_point, starters):
-    code = (f"import sys, {entry_point}\n"
+    loaded = loaded_by(entry_point)
+    assert [m for m in loaded if m.startswith(starters)] == []
+
+
+def loaded_by(module: str) -> list[str]:
+    """The dtflab modules a fresh interpreter has loaded once it has imported ``module``."""
+    code = (f"import sys, {module}\n"
             "print(' '.join(sorted(m for m in sys.modules if m.startswith('dtflab'))))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     loaded = out.stdout.split()
-    assert entry_point in loaded, out.stderr[-2000:]
-    assert [m for m in loaded if m.startswith(starters)] == []
+    assert module in loaded, out.stderr[-2000:]
+    return loaded
 
 
 #: The programs ``train.all_reduce`` and ``train.sharded_data_parallel`` run in worker processes,
@@ -214,11 +220,7 @@ def reached_from(module: str) -> set[str]:
 @pytest.mark.parametrize("program", WORKER_PROGRAMS)
 def test_a_worker_program_imports_nothing_of_the_notebook_side(program):
     assert sorted(m for m in reached_from(program) if m.startswith(NOTEBOOK_SIDE)) == []
-    code = (f"import sys, {program}\n"
-            "print(' '.join(sorted(m for m in sys.modules if m.startswith('dtflab'))))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    loaded = out.stdout.split()
-    assert program in loaded, out.stderr[-2000:]
+    loaded = loaded_by(program)
     assert [m for m in loaded if m.startswith(NOTEBOOK_SIDE)] == []
     print(f"{program}: {len(loaded)} dtflab modules on import, at most "
           f"{len(reached_from(program))} as it runs")
