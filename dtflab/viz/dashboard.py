@@ -2,10 +2,10 @@
 
 Follows Bokeh's streaming model: each line has a ColumnDataSource fed with ``stream(new)`` from
 a small updater thread, and stays at most ``decimate.LIMIT`` points (each the mean of the steps
-it covers) however long the run goes on: the page never falls behind a long run. In JupyterLab the figures sit in a
-``LiveBokehModel`` widget, which sends each change as it happens in a form a view that starts
-late still reads (``dtflab.viz.live_model``); when the runs end, the page is handed the whole
-document once, so a view that started after the first points shows them too.
+it covers) however long the run goes on: the page never falls behind a long run. In JupyterLab
+the figures sit in a ``LiveBokehModel`` widget, which sends each change as it happens in a form
+a view that starts late still reads (``dtflab.viz.live_model``); when the runs end, the page is
+handed the whole document once, so a view that started after the first points shows them too.
 """
 
 from __future__ import annotations
