@@ -62,8 +62,8 @@ def stage_arithmetic_s(problem, cluster, *, stages: int = 2, micro_batches=(1, 2
                         h_in = tf.random.normal([rows, problem.layers[first - 1]], seed=s)
                         out = problem.forward(variables, h_in, first_layer=first)
                         if s == stages - 1:
-                            labels = (tf.zeros([rows, problem.layers[-1]]) if problem.loss_kind == "l2"
-                                      else tf.zeros([rows], tf.int64))
+                            labels = (tf.zeros([rows, problem.layers[-1]])
+                                      if problem.loss_kind == "l2" else tf.zeros([rows], tf.int64))
                             out = problem.loss(out, labels)
                         wrt = variables + ([h_in] if s > 0 else [])
                         grads = tf.compat.v1.gradients(out, wrt, grad_ys=tf.ones_like(out),
