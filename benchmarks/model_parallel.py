@@ -63,7 +63,7 @@ import numpy as np  # noqa: E402
 import dtflab  # noqa: E402
 from dtflab import train  # noqa: E402
 from dtflab._quiet import import_tf  # noqa: E402
-from dtflab.train import costs  # noqa: E402
+from dtflab.train.formulas import costs  # noqa: E402
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 MODEL_FROM = 4  # the one m whose traced step the cost model reads

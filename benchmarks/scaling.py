@@ -5,7 +5,7 @@ task), the heavy classifier (width 1024, two hidden layers), global batch 4096 (
 4096 per worker (weak), medians of --rounds runs with the worker counts interleaved:
 
 - strong / weak: loop -> N -> steps/s (updates/s, summed over workers, for async) and
-  examples/s (``dtflab.train.scaling``). ``pipeline``: N workers as N stages, 8 micro-batches,
+  examples/s (``dtflab.train.experiments.scaling``). ``pipeline``: N workers as N stages, 8 micro-batches,
   on ``pipeline_problem`` (the classifier with as many full-width layers as the largest N, so
   each stage count cuts it evenly; the plain classifier's work sits in one layer).
 - pipeline_speedup_2_workers: the pipeline's steps/s at 2 stages over 1.
@@ -35,7 +35,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from dtflab import train  # noqa: E402
-from dtflab.train import scaling  # noqa: E402
+from dtflab.train.experiments import scaling  # noqa: E402
 
 
 def worker_counts(cores: int) -> list[int]:
@@ -48,7 +48,7 @@ def worker_counts(cores: int) -> list[int]:
 
 def ps_model_figures(problem, cores: int, rounds: int, steps: int) -> dict:
     """The bottleneck model against the measured sync curve, here and on the 16-core table."""
-    from dtflab.train import scaling_model
+    from dtflab.train.experiments import scaling_model
 
     model = scaling_model.fit(problem, rounds=rounds, steps=steps + 2)
     counts = sorted(set(worker_counts(cores)) | {1, 2, 3, 4})

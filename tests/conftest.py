@@ -151,7 +151,7 @@ def background_runs_stopped(no_leaks, monkeypatch):
     a test that fails while its run goes on then fails for its own reason, not for the leak.
     A run that does not end within 30 s of its Stop (one stuck in its start-up) has its
     cluster stopped under it."""
-    from dtflab.train.runner import BackgroundRun
+    from dtflab.train.run.runner import BackgroundRun
 
     runs, start = [], BackgroundRun.__init__
 

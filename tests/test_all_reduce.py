@@ -11,7 +11,7 @@ import pytest
 import dtflab
 from dtflab import train
 from dtflab.errors import TaskError
-from dtflab.train.reports import Reports, WorkerDied
+from dtflab.train.run.reports import Reports, WorkerDied
 from dtflab.tracing.step import short_device
 from dtflab.viz.dashboard import Dashboard
 

@@ -190,9 +190,9 @@ def loaded_by(module: str) -> list[str]:
 
 #: The programs ``train.all_reduce`` and ``train.sharded_data_parallel`` run in worker processes,
 #: and what they must never load: the code that starts and watches them, in the notebook.
-WORKER_PROGRAMS = ("dtflab.train.all_reduce_worker", "dtflab.train.sharded_worker")
+WORKER_PROGRAMS = ("dtflab.train.worker_programs.all_reduce", "dtflab.train.worker_programs.sharded_data_parallel")
 NOTEBOOK_SIDE = ("dtflab.cluster", "dtflab.processes", "dtflab.network", "dtflab.train.strategies",
-                 "dtflab.train.runner", "dtflab.train.worker_programs", "dtflab.train.reports",
+                 "dtflab.train.run.runner", "dtflab.train.run.programs", "dtflab.train.run.reports",
                  "dtflab.ui", "dtflab.viz", "dtflab.magics")
 
 

@@ -349,12 +349,12 @@ out = {}
 
 
 def strays():
-    """all_reduce_worker programs still running, on any host (the namespaces share one pid
+    """worker programs of train.all_reduce still running, on any host (the namespaces share one pid
     namespace: this machine's process table shows every host's)."""
     found = []
     for process in psutil.process_iter(["cmdline"]):
         command = " ".join(process.info["cmdline"] or [])
-        if "all_reduce_worker.py" in command:
+        if "worker_programs/all_reduce.py" in command:
             found.append(command[:200])
     return found
 

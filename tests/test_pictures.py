@@ -113,7 +113,7 @@ def test_the_slices_picture_gives_each_worker_the_variables_tensor_parallel_puts
 
 @pytest.mark.parametrize("ways", [2, 3])
 def test_the_slices_picture_gives_each_worker_the_shards_the_sharded_program_holds(ways):
-    from dtflab.train.sharded_worker import Unit
+    from dtflab.train.worker_programs.sharded_data_parallel import Unit
 
     problem = train.classification(width=50, batch_size=30, hidden_layers=2)  # shards pad
     units = [Unit(w, b, ways) for (_, w), (_, b) in zip(*[iter(problem.initial_values(0))] * 2)]

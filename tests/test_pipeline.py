@@ -9,7 +9,8 @@ import pytest
 import dtflab
 from dtflab import train
 from dtflab.errors import TaskError
-from dtflab.train import costs, sessions
+from dtflab.train.formulas import costs
+from dtflab.train.run import sessions
 from dtflab.train.strategies.pipeline import balanced_cut, layer_ranges
 from dtflab.viz.compare import compare
 from dtflab.viz.dashboard import Dashboard
@@ -203,7 +204,7 @@ def test_the_step_model_takes_off_what_the_stage_before_need_not_wait_for():
 
 
 def test_scaling_measures_a_pipeline_of_as_many_stages_as_workers_on_a_model_that_cuts_evenly():
-    from dtflab.train import scaling
+    from dtflab.train.experiments import scaling
 
     problem = train.classification(width=64, batch_size=256, features=8)
     deep = scaling.pipeline_problem(problem, 4)

@@ -6,7 +6,7 @@ import pytest
 
 from dtflab import train
 from dtflab.errors import TaskError
-from dtflab.train import costs
+from dtflab.train.formulas import costs
 
 from conftest import wait_for_records, wait_until
 

@@ -11,7 +11,8 @@ import dtflab
 from dtflab import train
 from dtflab.errors import TaskError
 from dtflab.names import task
-from dtflab.train import costs, sessions
+from dtflab.train.formulas import costs
+from dtflab.train.run import sessions
 from dtflab.train.strategies.tensor_parallel import split_layers
 from dtflab.viz.compare import compare
 from dtflab.viz.dashboard import Dashboard

@@ -11,7 +11,7 @@ import pytest
 import dtflab
 from dtflab import train
 from dtflab.errors import TaskError
-from dtflab.train import sessions
+from dtflab.train.run import sessions
 from dtflab.viz.dashboard import Dashboard
 from dtflab.viz.decimate import LIMIT
 

@@ -141,7 +141,7 @@ def test_standalone_html_works_offline(model_parallel, tmp_path):
 
 
 def test_the_scaling_model_is_the_slower_of_the_workers_path_and_the_machines_cores():
-    from dtflab.train.scaling_model import ScalingModel
+    from dtflab.train.experiments.scaling_model import ScalingModel
 
     model = ScalingModel(compute_s=0.8, exchange_s=0.2, worker_extra_s=0.01, ps_fixed_s=0.02,
                          ps_per_worker_s=0.03, client_s=0.05, cores=2)
@@ -160,7 +160,7 @@ def test_the_scaling_model_is_the_slower_of_the_workers_path_and_the_machines_co
 
 def test_the_scaling_model_is_measured_from_one_and_two_worker_runs_and_drawn():
     from dtflab import train
-    from dtflab.train import scaling_model
+    from dtflab.train.experiments import scaling_model
     from dtflab.viz.scaling import GOOGLE_2016, scaling_figure, speedups
 
     problem = train.classification(width=512, batch_size=2048)  # tens of ms of compute

@@ -4,16 +4,25 @@ Every loop takes a Problem, a number of steps and a seed, and returns a RunHisto
 ``background=True`` it returns a :class:`BackgroundRun` at once (the kernel stays free, so a
 dashboard's Stop button works). ``slow={"worker:1": 0.05}`` makes a task take that many more
 seconds per step (a straggler, sleeping on the task itself). ``watchdog=`` sets when a step
-counts as stalled and how often it is retried on a new session (train.watchdog).
+counts as stalled and how often it is retried on a new session (train.run.watchdog).
 
-One module per strategy in ``strategies/``, named like the function it defines, each supplying
-its step to the one :class:`Runner`: ``single``, ``model_parallel`` (2016: variables on the ps
-tasks), ``sync_data_parallel`` (towers through a ps), ``async_parameter_server`` (Downpour),
-``ps_strategy`` (TF2's ParameterServerStrategy), ``all_reduce`` (worker programs),
-``pipeline`` (stages and micro-batches), ``tensor_parallel`` (layer pairs split by columns and
-rows, Megatron-style), ``sharded_data_parallel`` (ZeRO-3 / FSDP in worker programs: 1/N of
-every layer and of Adam's slots on each worker). ``costs`` holds the formulas that
-predictions, benchmarks and views share. Every name here is imported on first use.
+The rooms, top to bottom (each imports only the rooms below it; ``tests/test_layers.py``):
+
+- ``experiments/``: runs of several strategies and what they fit (scaling, the scaling model).
+- ``strategies/``: one module per loop, named like the function it defines: ``single``,
+  ``model_parallel`` (2016: variables on the ps tasks), ``sync_data_parallel`` (towers
+  through a ps), ``async_parameter_server`` (Downpour), ``ps_strategy`` (TF2's
+  ParameterServerStrategy), ``all_reduce`` (worker programs), ``pipeline`` (stages and
+  micro-batches), ``tensor_parallel`` (layer pairs split by columns and rows, Megatron-style),
+  ``sharded_data_parallel`` (ZeRO-3 / FSDP in worker programs).
+- ``measure/``: measurements on a traced step (the bubble, a stage's arithmetic).
+- ``run/``: the machinery every strategy shares (the one :class:`Runner`, ``RunHistory``,
+  callbacks, the watchdog, checkpoints, sessions, starting worker programs).
+- ``worker_programs/``: what runs inside a worker program's process.
+- ``formulas/``: the formulas predictions, benchmarks and views share (pure Python).
+- ``problems``: what is trained.
+
+Every name here is imported on first use.
 """
 
 from __future__ import annotations
@@ -22,15 +31,15 @@ import importlib
 import importlib.util
 
 #: Each public name and the module that defines it, imported on first use: a worker program
-#: that imports ``dtflab.train.worker_loop`` loads the package, and must not load every
+#: that imports ``dtflab.train.worker_programs.loop`` loads the package, and must not load every
 #: strategy (and the cluster, the fork server) with it.
 WHERE = {
     "Problem": "problems", "exp_regression": "problems", "classification": "problems",
-    "RunHistory": "history", "StepRecord": "history",
-    "Callback": "callbacks", "WireBytes": "callbacks",
-    "BackgroundRun": "runner", "Runner": "runner", "Update": "runner",
-    "Watchdog": "watchdog",
-    "stage_arithmetic_s": "stage_arithmetic",
+    "RunHistory": "run.history", "StepRecord": "run.history",
+    "Callback": "run.callbacks", "WireBytes": "run.callbacks",
+    "BackgroundRun": "run.runner", "Runner": "run.runner", "Update": "run.runner",
+    "Watchdog": "run.watchdog",
+    "stage_arithmetic_s": "measure.stage_arithmetic",
     "single": "strategies.single", "model_parallel": "strategies.model_parallel",
     "sync_data_parallel": "strategies.sync_data_parallel",
     "async_parameter_server": "strategies.async_parameter_server",
@@ -41,11 +50,22 @@ WHERE = {
 }
 
 
+#: Modules that moved into a room, still reachable by their old names
+#: (``from dtflab.train import costs``: the notebooks and the guides use these).
+MOVED = {"costs": "formulas.costs", "bubble": "measure.bubble",
+         "stage_arithmetic": "measure.stage_arithmetic", "scaling": "experiments.scaling",
+         "scaling_model": "experiments.scaling_model", "callbacks": "run.callbacks",
+         "history": "run.history", "runner": "run.runner", "watchdog": "run.watchdog",
+         "checkpoints": "run.checkpoints"}
+
+
 def __getattr__(name):
     if name in WHERE:
         value = getattr(importlib.import_module(f"dtflab.train.{WHERE[name]}"), name)
         globals()[name] = value  # looked up once
         return value
+    if name in MOVED:
+        return importlib.import_module(f"dtflab.train.{MOVED[name]}")
     if importlib.util.find_spec(f"dtflab.train.{name}") is not None:  # train.costs
         return importlib.import_module(f"dtflab.train.{name}")
     raise AttributeError(f"module 'dtflab.train' has no attribute {name!r}")

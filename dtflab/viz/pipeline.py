@@ -4,7 +4,7 @@ the bubble shaded, beside the bubble formula's schedule for the same stages and 
 from __future__ import annotations
 
 from dtflab import names
-from dtflab.train import costs
+from dtflab.train.formulas import costs
 
 KIND_COLORS = {"F": "#1f77b4", "B": "#ff7f0e"}
 BUBBLE_COLOR = "#d9d9d9"

@@ -2,7 +2,7 @@
 of a ps step predict for more workers, and the speed-ups Google quoted in 2016, labelled as
 theirs.
 
-Both models come from :class:`dtflab.train.scaling_model.ScalingModel` (measured parts of one-
+Both models come from :class:`dtflab.train.experiments.scaling_model.ScalingModel` (measured parts of one-
 and two-worker steps; its formula is ``costs.ps_step_s``):
 
 - **Amdahl:** the worker's compute is the part that splits across workers (a fraction p of the
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dtflab.train.scaling_model import ScalingModel
+from dtflab.train.experiments.scaling_model import ScalingModel
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ LOOP_COLORS = {"sync_data_parallel": "#1f77b4", "async_parameter_server": "#2ca0
 def curves_figure(curves, *, quoted: dict | None = None, width: int = 620, height: int = 380):
     """Bokeh figures side by side: strong scaling (speed-up in steps/s over the fewest workers)
     and weak scaling (speed-up in examples/s), one line per loop, the ideal N x dashed, from a
-    :class:`dtflab.train.scaling.Curves`. ``quoted``: ``{loop: {N: speed-up}}`` measured
+    :class:`dtflab.train.experiments.scaling.Curves`. ``quoted``: ``{loop: {N: speed-up}}`` measured
     elsewhere (another machine's table), drawn dotted beside ours. Renderers are named after
     the loops (``strong-all_reduce``, ``weak-all_reduce``, ``quoted-all_reduce``)."""
     from bokeh.layouts import row

@@ -11,7 +11,7 @@ a multiple of N are not drawn.
 
 from __future__ import annotations
 
-from dtflab.train import costs
+from dtflab.train.formulas import costs
 from dtflab.viz.palette import PALETTE
 from dtflab.viz.pictures import MARGIN, TITLE_H, Picture, _Drawing
 

@@ -3,20 +3,20 @@
 Every worker holds a full copy of the variables, trains on its slice of each global batch and
 sums the gradients with the others; there is no parameter server. The workers are programs
 started with ``dtflab.run`` (forked from the same warm fork server as every local task, or on a
-Dask cluster's workers), each running ``dtflab/train/all_reduce_worker.py``; this notebook
+Dask cluster's workers), each running ``dtflab/train/worker_programs/all_reduce.py``; this notebook
 only listens.
 
 What every loop in worker programs shares (checked arguments, the reports, Stop, restarts,
-traces) is ``dtflab.train.worker_programs``.
+traces) is ``dtflab.train.run.programs``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from dtflab.train.worker_programs import Loop, checked, train_in_programs
+from dtflab.train.run.programs import Loop, checked, train_in_programs
 
-LOOP = Loop(Path(__file__).parents[1] / "all_reduce_worker.py", "all_reduce", "all-reduce",
+LOOP = Loop(Path(__file__).parents[1] / "worker_programs" / "all_reduce.py", "all_reduce", "all-reduce",
             "all-reduce", "TF profiler on each worker program, one all-reduce step; "
                           "CollectiveReduceV2 is the all-reduce")
 

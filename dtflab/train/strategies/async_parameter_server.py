@@ -12,12 +12,12 @@ import time
 from dtflab import checks, names
 from dtflab._quiet import import_tf
 from dtflab.errors import TaskError
-from dtflab.train.graphs import TrainGraph, Tower, delay_op
-from dtflab.train.history import RunHistory
-from dtflab.train.runner import Runner, Update
-from dtflab.train.sessions import (close_session, failed_task, describe, new_session, ps_plan,
+from dtflab.train.run.graphs import TrainGraph, Tower, delay_op
+from dtflab.train.run.history import RunHistory
+from dtflab.train.run.runner import Runner, Update
+from dtflab.train.run.sessions import (close_session, failed_task, describe, new_session, ps_plan,
                                    run_step, stall_behind, worker_devices)
-from dtflab.train.watchdog import settings as watchdog_settings
+from dtflab.train.run.watchdog import settings as watchdog_settings
 
 
 def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
@@ -33,7 +33,7 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
     folder, deleted when the run ends) every K updates; when a ps dies, the loop restarts it,
     restores the newest checkpoint and goes on, losing at most K updates
     (``history.recoveries`` says how many). Restarting needs a backend that can (local, dask);
-    see ``train.checkpoints``.
+    see ``train.run.checkpoints``.
 
     Each worker's session sees only the non-worker tasks and its own worker
     (``device_filters``): no worker's step can wait on another worker.
@@ -75,7 +75,7 @@ class _Downpour:
                  checkpoint_dir):
         import tempfile
 
-        from dtflab.train.checkpoints import Checkpoints
+        from dtflab.train.run.checkpoints import Checkpoints
 
         self.built, self.problem, self.seed = built, problem, seed
         self.cluster, self.devices, self.history = cluster, devices, history
@@ -113,7 +113,7 @@ class _Downpour:
 
     def recover(self, task, seen_epoch) -> None:
         """Restart a dead ps and restore the newest checkpoint (once, whoever asks first)."""
-        from dtflab.train.checkpoints import Recovery
+        from dtflab.train.run.checkpoints import Recovery
 
         with self.recovering:
             if self.epoch != seen_epoch:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dtflab import checks, names
 from dtflab.placement import PlacementPlan
-from dtflab.train import graphs
-from dtflab.train.history import RunHistory
-from dtflab.train.runner import Runner
-from dtflab.train.sessions import checked_device, run_one_replica
-from dtflab.train.watchdog import settings as watchdog_settings
+from dtflab.train.run import graphs
+from dtflab.train.run.history import RunHistory
+from dtflab.train.run.runner import Runner
+from dtflab.train.run.sessions import checked_device, run_one_replica
+from dtflab.train.run.watchdog import settings as watchdog_settings
 
 
 def model_parallel(problem, cluster, plan: PlacementPlan | None = None, *, steps: int = 200,

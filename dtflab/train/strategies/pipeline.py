@@ -3,7 +3,7 @@ micro-batches that flow through them (GPipe's all-forward-all-backward, or 1F1B)
 
 One graph, one session, as TensorFlow ran GPipe itself (lingvo): each stage's variables and ops
 on its own task, the batch split into m micro-batches on the first stage, and every stage's work
-ordered by control dependencies as :func:`dtflab.train.costs.pipeline_order` lists it (with one
+ordered by control dependencies as :func:`dtflab.train.formulas.costs.pipeline_order` lists it (with one
 inter-op thread per task, a stage then runs one micro-batch at a time, as a pipeline stage
 does). Each stage backpropagates each micro-batch on its own (``tf.gradients`` with the next
 stage's gradient as ``grad_ys``), adds its gradients to a running sum and, after the last
@@ -11,7 +11,7 @@ micro-batch, the optimizer applies the sums once: the same update as one process
 batch, up to float rounding.
 
 Ops are named ``stage{s}/forward{j}/...`` and ``stage{s}/backward{j}/...``, which is how a traced
-step's timings become the pipeline chart (``dtflab.train.bubble``).
+step's timings become the pipeline chart (``dtflab.train.measure.bubble``).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 from dtflab import checks, names, tf_private
 from dtflab._quiet import import_tf
-from dtflab.train import costs
-from dtflab.train.graphs import TrainGraph, delay_op
-from dtflab.train.history import RunHistory
-from dtflab.train.runner import Runner
-from dtflab.train.sessions import enough_workers, run_one_replica, worker_devices
-from dtflab.train.watchdog import settings as watchdog_settings
+from dtflab.train.formulas import costs
+from dtflab.train.run.graphs import TrainGraph, delay_op
+from dtflab.train.run.history import RunHistory
+from dtflab.train.run.runner import Runner
+from dtflab.train.run.sessions import enough_workers, run_one_replica, worker_devices
+from dtflab.train.run.watchdog import settings as watchdog_settings
 
 
 @dataclass(frozen=True)

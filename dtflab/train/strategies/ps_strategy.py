@@ -12,8 +12,8 @@ import os
 
 from dtflab._quiet import import_tf, quiet_fds
 from dtflab.cluster.ports import free_ports
-from dtflab.train.history import RunHistory
-from dtflab.train.runner import Runner, Update
+from dtflab.train.run.history import RunHistory
+from dtflab.train.run.runner import Runner, Update
 
 #: Distinct batches shipped to the workers (a tf.data pipeline of them, repeated).
 DATA_BATCHES = 8
@@ -73,7 +73,7 @@ def ps_strategy(problem, cluster, *, steps: int = 200, seed: int = 0, background
     reports a stalled step here but cannot end it (the coordinator owns the workers' calls).
     """
     from dtflab import checks
-    from dtflab.train.watchdog import settings as watchdog_settings
+    from dtflab.train.run.watchdog import settings as watchdog_settings
 
     checks.run_arguments(steps, seed)
     checks.cluster(cluster)

@@ -15,8 +15,8 @@ because TensorFlow 2.21 has no CPU implementation of ``CollectiveReduceScatterV2
 reduce-scatter made of ``CollectiveBcastSendV2``/``CollectiveBcastRecvV2`` in groups of two
 (worker i sends chunk j of its gradient to worker j: (N - 1)/N of the gradient from each
 worker, as a ring reduce-scatter sends). ``tf.distribute``'s replica context has an
-``all_gather`` but no reduce-scatter. The program is ``dtflab/train/sharded_worker.py``;
-the records, Stop, restarts and traces are ``dtflab.train.worker_programs``'s, as for
+``all_gather`` but no reduce-scatter. The program is ``dtflab/train/worker_programs/sharded_data_parallel.py``;
+the records, Stop, restarts and traces are ``dtflab.train.run.programs``'s, as for
 ``train.all_reduce``.
 """
 
@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dtflab.train import costs
-from dtflab.train.worker_programs import Loop, checked, train_in_programs
+from dtflab.train.formulas import costs
+from dtflab.train.run.programs import Loop, checked, train_in_programs
 
-LOOP = Loop(Path(__file__).parents[1] / "sharded_worker.py", "sharded", "sharded", "all-gather",
+LOOP = Loop(Path(__file__).parents[1] / "worker_programs" / "sharded_data_parallel.py", "sharded", "sharded", "all-gather",
             "TF profiler on each worker program, one sharded step; CollectiveGatherV2 is an "
             "all-gather, CollectiveBcastSendV2/RecvV2 the reduce-scatter's exchanges")
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dtflab import checks, names
 from dtflab._quiet import import_tf
-from dtflab.train.graphs import TrainGraph, Tower, delay_op
-from dtflab.train.history import RunHistory
-from dtflab.train.runner import Runner
-from dtflab.train.sessions import new_session, ps_plan, synchronous, with_train, worker_devices
-from dtflab.train.watchdog import settings as watchdog_settings
+from dtflab.train.run.graphs import TrainGraph, Tower, delay_op
+from dtflab.train.run.history import RunHistory
+from dtflab.train.run.runner import Runner
+from dtflab.train.run.sessions import new_session, ps_plan, synchronous, with_train, worker_devices
+from dtflab.train.run.watchdog import settings as watchdog_settings
 
 
 def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,

@@ -2,7 +2,7 @@
 tasks, the first matrix by columns and the second by rows, one sum of activations forward and
 one of gradients backward per pair.
 
-Pairs are layers ``(1, 2), (3, 4), ...`` from the input (:func:`dtflab.train.costs.
+Pairs are layers ``(1, 2), (3, 4), ...`` from the input (:func:`dtflab.train.formulas.costs.
 tensor_parallel_pairs`); an odd depth leaves the last layer, the output layer, whole on worker 0.
 Worker j holds columns j of the pair's first weights and bias (``w1[:, j]``, ``b1[j]``), computes
 its slice of the hidden activation and its activation function locally, multiplies that slice
@@ -19,7 +19,7 @@ gradient with respect to the next pair's input, summed). The last pair sums on w
 where the loss is, and worker 0 sends the output's gradient back. For k = 2 each worker sends
 one activation forward and one gradient back per pair, as a ring all-reduce would; for larger k
 an all-to-all sends ``k - 1`` copies where a ring sends ``2 (k - 1) / k``
-(:func:`dtflab.train.costs.tensor_parallel_bytes` counts them).
+(:func:`dtflab.train.formulas.costs.tensor_parallel_bytes` counts them).
 
 Ops are named ``pair{n}/worker{j}/...`` (a worker's slice of pair n) and ``pair{n}/sum_on_
 worker{j}/...`` (the sum), so a traced step's transfers show where the sums sit.
@@ -32,12 +32,12 @@ from dataclasses import dataclass
 
 from dtflab import checks, names
 from dtflab._quiet import import_tf
-from dtflab.train import costs
-from dtflab.train.graphs import TrainGraph, delay_op
-from dtflab.train.history import RunHistory
-from dtflab.train.runner import Runner
-from dtflab.train.sessions import enough_workers, run_one_replica, worker_devices
-from dtflab.train.watchdog import settings as watchdog_settings
+from dtflab.train.formulas import costs
+from dtflab.train.run.graphs import TrainGraph, delay_op
+from dtflab.train.run.history import RunHistory
+from dtflab.train.run.runner import Runner
+from dtflab.train.run.sessions import enough_workers, run_one_replica, worker_devices
+from dtflab.train.run.watchdog import settings as watchdog_settings
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def tensor_parallel(problem, cluster, *, ways: int = 2, steps: int = 200, seed: 
     Layers 1 and 2, 3 and 4, ... are pairs (an odd depth leaves the output layer whole on
     worker:0); each pair's hidden width must split into ``ways`` equal slices. The losses are
     ``train.single``'s up to float rounding (the partial outputs are summed in another order).
-    ``history.details["bytes_formula"]`` holds what :func:`dtflab.train.costs.
+    ``history.details["bytes_formula"]`` holds what :func:`dtflab.train.formulas.costs.
     tensor_parallel_bytes` says each worker sends per step; ``train.WireBytes`` counts it.
     ``slow={"worker:1": 0.05}`` makes that worker sleep that long a step: every sum waits for
     it. A dead task ends the run with a TaskError naming it.

@@ -7,7 +7,7 @@ In [3]: runner.run(lambda: runner.loop(200, step), background=True)   # a Backgr
 
 A step returns one :class:`Update`, a list of them (a loop whose results arrive late, or from
 several workers at once), or ``None`` (this worker has ended). While a run goes on, a watchdog
-(train.watchdog) times every step in progress; a loop that can recover a stalled step sets
+(train.run.watchdog) times every step in progress; a loop that can recover a stalled step sets
 ``runner.on_stall``.
 """
 
@@ -18,8 +18,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from dtflab.train.history import RunHistory, StepRecord
-from dtflab.train.watchdog import Watch, Watchdog
+from dtflab.train.run.history import RunHistory, StepRecord
+from dtflab.train.run.watchdog import Watch, Watchdog
 
 
 @dataclass(frozen=True)

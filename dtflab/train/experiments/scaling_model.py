@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 from dtflab import checks
 from dtflab.machine import cpus
-from dtflab.train import costs
-from dtflab.train.callbacks import Callback
+from dtflab.train.formulas import costs
+from dtflab.train.run.callbacks import Callback
 
 @dataclass(frozen=True)
 class ScalingModel:

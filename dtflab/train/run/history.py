@@ -32,8 +32,8 @@ class RunHistory:
     workers: list[str] = field(default_factory=lambda: ["all"])  # who adds records
     records: list[StepRecord] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)  # "worker:1 failed: ..." lines
-    recoveries: list = field(default_factory=list)  # train.checkpoints.Recovery, one per ps failure
-    stalls: list = field(default_factory=list)  # train.watchdog.Stall, one per stalled step
+    recoveries: list = field(default_factory=list)  # train.run.checkpoints.Recovery, one per ps failure
+    stalls: list = field(default_factory=list)  # train.run.watchdog.Stall, one per stalled step
     stopped_early: bool = False
     wall_s: float = 0.0
     trace: object = None  # the StepTrace of the step asked for with trace_step=, if any
@@ -58,12 +58,12 @@ class RunHistory:
 
     @property
     def bubble(self):
-        """A pipeline run's traced step as a :class:`dtflab.train.bubble.Bubble` (each stage's
+        """A pipeline run's traced step as a :class:`dtflab.train.measure.bubble.Bubble` (each stage's
         busy and idle time, its chart); ``None`` for other loops or without ``trace_step``."""
         stages = self.details.get("stages")
         if stages is None or self.trace is None:
             return None
-        from dtflab.train.bubble import Bubble
+        from dtflab.train.measure.bubble import Bubble
 
         return Bubble.from_trace(self.trace, stages.devices, stages.micro_batches, stages.schedule)
 

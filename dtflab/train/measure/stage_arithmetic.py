@@ -19,7 +19,7 @@ import statistics
 
 from dtflab import checks, names
 from dtflab._quiet import import_tf
-from dtflab.train.bubble import ARITHMETIC
+from dtflab.train.measure.bubble import ARITHMETIC
 
 
 def stage_arithmetic_s(problem, cluster, *, stages: int = 2, micro_batches=(1, 2, 4, 8, 16),
@@ -35,7 +35,7 @@ def stage_arithmetic_s(problem, cluster, *, stages: int = 2, micro_batches=(1, 2
     """
     from dtflab.tracing.capture import trace
     from dtflab.train.strategies.pipeline import _one_multiply_at_a_time, layer_ranges
-    from dtflab.train.sessions import enough_workers, worker_devices
+    from dtflab.train.run.sessions import enough_workers, worker_devices
 
     checks.whole(repeats, "repeats", example=3)
     for m in micro_batches:

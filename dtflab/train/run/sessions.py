@@ -17,8 +17,8 @@ from dtflab import checks, names
 from dtflab._quiet import import_tf
 from dtflab.errors import StallError, TaskError
 from dtflab.placement import PlacementPlan
-from dtflab.train.runner import Update
-from dtflab.train.watchdog import Stalled
+from dtflab.train.run.runner import Update
+from dtflab.train.run.watchdog import Stalled
 
 #: A step that needs a dead task gives up after this long (the sync loop's "within seconds").
 OPERATION_TIMEOUT_MS = 10_000

@@ -1,5 +1,5 @@
 """What every worker program of a worker-program loop runs around its own step
-(``all_reduce_worker``, ``sharded_worker``): its arguments, the connection to the notebook and
+(``worker_programs/all_reduce.py``, ``worker_programs/sharded_data_parallel.py``): its arguments, the connection to the notebook and
 the step loop.
 
 The loop makes only the worker's own slice of each global batch (``Problem.batch(...,

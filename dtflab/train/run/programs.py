@@ -3,11 +3,11 @@
 ``dtflab.run``, the notebook's end of their reports, and restarts after a death or a stall.
 
 How the records come back: every worker writes a JSON line per step to the notebook's
-listener (``dtflab.train.reports``), and the runner turns them into ``StepRecord`` objects
+listener (``dtflab.train.run.reports``), and the runner turns them into ``StepRecord`` objects
 (``time_s`` is when the notebook received the step, from the moment every worker had set up
 its collectives). Stop goes the other way, as a ``stop`` line to every worker; the workers
 agree on the last step in their next check (every ``check_every`` steps). Each worker program
-runs ``dtflab.train.worker_loop``'s step loop around its own step.
+runs ``dtflab.train.worker_programs.loop``'s step loop around its own step.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from pathlib import Path
 from dtflab import names
 from dtflab.cluster.task import log_tail
 from dtflab.errors import StallError, TaskError
-from dtflab.train.checkpoints import Recovery
-from dtflab.train.history import RunHistory
-from dtflab.train.reports import EVERY_INTERFACE, LOOPBACK, Reports, WorkerDied
-from dtflab.train.runner import Runner, Update
-from dtflab.train.watchdog import Stalled
+from dtflab.train.run.checkpoints import Recovery
+from dtflab.train.run.history import RunHistory
+from dtflab.train.run.reports import EVERY_INTERFACE, LOOPBACK, Reports, WorkerDied
+from dtflab.train.run.runner import Runner, Update
+from dtflab.train.run.watchdog import Stalled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,7 @@ def checked(problem, workers, steps, seed, trace_step, timeout, collective_timeo
     from dtflab import checks
     from dtflab.cluster import MAX_THREADS
     from dtflab.spec import parse_count
-    from dtflab.train.watchdog import settings as watchdog_settings
+    from dtflab.train.run.watchdog import settings as watchdog_settings
 
     checks.run_arguments(steps, seed, trace_step)
     watchdog = watchdog_settings(watchdog)
@@ -213,7 +213,7 @@ class _Job:
         if self.watch is not None and self.watch.stalled("all") is not None:
             self.watch.settle("all", "a task had died")
         if step == self.trace_step and died.status.startswith("exited with code -") and self.trace_retries:
-            # TensorFlow's profiler crashed (see worker_loop): a checkpoint from just
+            # TensorFlow's profiler crashed (see worker_programs.loop): a checkpoint from just
             # before this step is there, so every worker restarts from it and traces it again.
             self.trace_retries -= 1
             crash = self._error(died, f"{died.status} in the traced step {step}")
@@ -277,7 +277,7 @@ def _worker_trace(folder: Path, workers: list[str], note: str):
     """The profiled step of every worker as one StepTrace (timings only)."""
     from dtflab.tracing.profile import read_xplane_files
     from dtflab.tracing.step import StepTrace
-    from dtflab.train.worker_loop import trace_folder
+    from dtflab.train.worker_programs.loop import trace_folder
 
     files = {}
     for worker in workers:

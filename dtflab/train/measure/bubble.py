@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from dtflab import names
-from dtflab.train import costs
+from dtflab.train.formulas import costs
 
 #: The module that draws a Bubble, named rather than imported: the data does not depend on
 #: its views (as ``tracing.step`` names ``dtflab.viz.step``); it imports this module's data only.
@@ -147,7 +147,7 @@ class Bubble:
     def predicted_step_s(self, micro_batches: int, arithmetic: dict | None = None) -> float:
         """The cost model's step time for ``micro_batches`` micro-batches, from this step's
         arithmetic, per-micro-batch cost, overlap and rest
-        (:func:`dtflab.train.costs.pipeline_step_s`).
+        (:func:`dtflab.train.formulas.costs.pipeline_step_s`).
 
         Without ``arithmetic`` a stage's multiplies are assumed to cost the same per row at
         every micro-batch size. ``arithmetic`` (``train.stage_arithmetic_s``: the stage's

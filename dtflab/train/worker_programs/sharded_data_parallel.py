@@ -22,7 +22,7 @@ per pair of workers): worker i sends chunk j of its gradient to worker j and add
 it receives, in worker order. Each worker sends (N-1)/N of the layer's gradient, as a ring
 reduce-scatter does. MultiWorkerMirroredStrategy is made only to set up the workers'
 collectives (its own all-reduce is not used). The step loop, the reports and Stop are
-``dtflab.train.worker_loop``'s; the check all-reduces the stop votes and the sum of every
+``dtflab.train.worker_programs.loop``'s; the check all-reduces the stop votes and the sum of every
 worker's shards (a fingerprint the same on every worker).
 """
 
@@ -35,8 +35,8 @@ import sys
 
 import numpy as np
 
-from dtflab.train import costs
-from dtflab.train.worker_loop import HEARTBEAT_S, Report, parser, problem_of, run_steps, variable_bytes
+from dtflab.train.formulas import costs
+from dtflab.train.worker_programs.loop import HEARTBEAT_S, Report, parser, problem_of, run_steps, variable_bytes
 
 #: Group keys of this program's collectives: far above MultiWorkerMirroredStrategy's own, which
 #: count from 1. The whole group is GROUP_BASE; the pair (i, j) is GROUP_BASE + 1 + i x N + j.
@@ -149,7 +149,7 @@ def sharded_layer(tf, problem, collectives, unit: Unit, number: int):
 
 
 def main(argv=None) -> int:
-    args = parser("sharded_worker").parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser("worker_programs/sharded_data_parallel.py").parse_args(sys.argv[1:] if argv is None else argv)
     import tensorflow as tf
 
     from dtflab.tf_private import patient_coordination

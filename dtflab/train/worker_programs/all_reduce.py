@@ -5,7 +5,7 @@ It trains on its own slice of each global batch; the optimizer sums the gradient
 workers (TensorFlow's v1 optimizers all-reduce inside ``apply_gradients``), so every worker
 applies the same update. That is the step's one collective: the loss it reports is its slice's
 (the notebook adds the slices up). The step loop, the reports and Stop are
-``dtflab.train.worker_loop``'s. With ``--checkpoint-every K`` it writes its variables and
+``dtflab.train.worker_programs.loop``'s. With ``--checkpoint-every K`` it writes its variables and
 optimizer slots every K steps and resumes from worker 0's newest checkpoint when started again.
 """
 
@@ -15,12 +15,12 @@ import json
 import os
 import sys
 
-from dtflab.train.worker_loop import (HEARTBEAT_S, Report, parser, problem_of, run_steps,
+from dtflab.train.worker_programs.loop import (HEARTBEAT_S, Report, parser, problem_of, run_steps,
                                       variable_bytes)
 
 
 def arguments(argv):
-    parse = parser("all_reduce_worker")
+    parse = parser("worker_programs/all_reduce.py")
     parse.add_argument("--bucket-bytes", type=int, default=0,
                        help="gradients packed into all-reduces of about this many bytes "
                             "(0: one all-reduce of every gradient)")

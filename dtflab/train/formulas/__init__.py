@@ -1,0 +1,3 @@
+"""The formulas predictions, benchmarks and views share: bytes on the wire, bubbles, memory,
+speedups. Pure Python: no TensorFlow, no cluster; a formula is checked against a measurement in
+the tests, never against itself."""
