@@ -129,6 +129,47 @@ def test_each_module_imports_only_the_rooms_below_its_own(module):
     assert sorted(m for m in imports_of(module) if room(m) not in allowed | {room(module)}) == []
 
 
+#: The rooms inside ``dtflab/train/`` and the train rooms below each that it may import, as
+#: ``LAYERS`` does for dtflab's rooms. A strategy builds on the run machinery, the layouts and
+#: the formulas; the worker programs stand on the formulas and the problems alone; the layouts
+#: and the formulas import no TensorFlow.
+TRAIN_ROOMS = {
+    "__init__": None,  # the names users call, each imported on first use
+    "experiments": {"strategies", "measure", "run", "layouts", "formulas", "problems"},
+    "strategies": {"measure", "run", "layouts", "formulas", "problems"},
+    "measure": {"run", "layouts", "formulas", "problems"},
+    "run": {"worker_programs", "layouts", "formulas", "problems"},
+    "worker_programs": {"formulas", "layouts", "problems"},
+    "formulas": {"layouts"},
+    "layouts": set(),
+    "problems": set(),
+}
+
+
+def train_room(module: str) -> str:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 else "__init__"
+
+
+def test_every_train_room_has_a_row_and_each_imports_only_the_rooms_below_it():
+    train = {module for module in MODULES if room(module) == "train"}
+    assert {train_room(module) for module in train} == set(TRAIN_ROOMS)
+    wrong = {module: sorted(m for m in imports_of(module, types=True)
+                            if room(m) == "train" and train_room(m) not in
+                            TRAIN_ROOMS[train_room(module)] | {train_room(module)})
+             for module in train if TRAIN_ROOMS[train_room(module)] is not None}
+    assert {module: found for module, found in wrong.items() if found} == {}
+
+
+@pytest.mark.parametrize("pure", ["dtflab.train.layouts", "dtflab.train.formulas"])
+def test_layouts_and_formulas_load_no_tensorflow(pure):
+    modules = [m for m in MODULES if m.startswith(pure)]
+    code = (f"import sys, {', '.join(modules)}\n"
+            "print('tensorflow' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False"], out.stderr[-2000:]
+
+
 def test_no_module_imports_itself_in_a_circle():
     # Type-checking imports count: a circle that only a type annotation closes is still one
     # a reader follows round.

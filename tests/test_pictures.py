@@ -100,7 +100,8 @@ def held_bytes(texts) -> list[int]:
 
 @pytest.mark.parametrize("ways", [2, 4])
 def test_the_slices_picture_gives_each_worker_the_variables_tensor_parallel_puts_there(ways):
-    from dtflab.train.strategies.tensor_parallel import Split, split_layers, tensor_parallel_graph
+    from dtflab.train.layouts.layers import split_layers
+    from dtflab.train.strategies.tensor_parallel import Split, tensor_parallel_graph
 
     problem = train.classification(width=64, batch_size=32, hidden_layers=3)
     devices = tuple(f"/job:worker/replica:0/task:{j}" for j in range(ways))

@@ -11,7 +11,7 @@ from dtflab import train
 from dtflab.errors import TaskError
 from dtflab.train.formulas import costs
 from dtflab.train.run import sessions
-from dtflab.train.strategies.pipeline import balanced_cut, layer_ranges
+from dtflab.train.layouts.layers import balanced_cut, layer_ranges
 from dtflab.viz.compare import compare
 from dtflab.viz.dashboard import Dashboard
 from dtflab.viz.decimate import LIMIT

@@ -13,7 +13,7 @@ from dtflab.errors import TaskError
 from dtflab.names import task
 from dtflab.train.formulas import costs
 from dtflab.train.run import sessions
-from dtflab.train.strategies.tensor_parallel import split_layers
+from dtflab.train.layouts.layers import split_layers, tensor_parallel_pairs
 from dtflab.viz.compare import compare
 from dtflab.viz.dashboard import Dashboard
 from dtflab.viz.decimate import LIMIT
@@ -56,8 +56,8 @@ def test_split_layers_train_exactly_as_one_process(cluster, problem, ways):
 
 
 def test_pairs_run_from_the_input_and_an_odd_depth_keeps_the_output_layer_whole():
-    assert costs.tensor_parallel_pairs(3) == ((1, 2),)
-    assert costs.tensor_parallel_pairs(4) == ((1, 2), (3, 4))
+    assert tensor_parallel_pairs(3) == ((1, 2),)
+    assert tensor_parallel_pairs(4) == ((1, 2), (3, 4))
     assert split_layers(train.exp_regression(), 2, 2) == (((1, 2),), (3,))  # 1-16-32 | 32-1
     assert split_layers(DEEP, 2, 2) == (((1, 2), (3, 4)), ())
 

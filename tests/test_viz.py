@@ -141,7 +141,7 @@ def test_standalone_html_works_offline(model_parallel, tmp_path):
 
 
 def test_the_scaling_model_is_the_slower_of_the_workers_path_and_the_machines_cores():
-    from dtflab.train.experiments.scaling_model import ScalingModel
+    from dtflab.train.formulas.scaling import ScalingModel
 
     model = ScalingModel(compute_s=0.8, exchange_s=0.2, worker_extra_s=0.01, ps_fixed_s=0.02,
                          ps_per_worker_s=0.03, client_s=0.05, cores=2)

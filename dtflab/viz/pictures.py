@@ -169,7 +169,7 @@ def pipeline_picture(problem, cluster, stages: int = 2, micro_batches: int = 4,
     """Pipeline parallelism: which worker task holds which layers (as ``train.pipeline`` would
     cut them), and what crosses between neighbouring stages for each micro-batch: activations
     forward, their gradients back."""
-    from dtflab.train.strategies.pipeline import layer_ranges
+    from dtflab.train.layouts.layers import layer_ranges
 
     checks.cluster(cluster)
     checks.whole(micro_batches, "micro_batches", example=4)

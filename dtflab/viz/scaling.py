@@ -2,7 +2,7 @@
 of a ps step predict for more workers, and the speed-ups Google quoted in 2016, labelled as
 theirs.
 
-Both models come from :class:`dtflab.train.experiments.scaling_model.ScalingModel` (measured parts of one-
+Both models come from :class:`dtflab.train.formulas.scaling.ScalingModel` (measured parts of one-
 and two-worker steps; its formula is ``costs.ps_step_s``):
 
 - **Amdahl:** the worker's compute is the part that splits across workers (a fraction p of the
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dtflab.train.experiments.scaling_model import ScalingModel
+from dtflab.train.formulas.scaling import ScalingModel
 
 
 @dataclass(frozen=True)

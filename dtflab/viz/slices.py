@@ -47,7 +47,7 @@ def slices_picture(problem, strategy: str = "tensor_parallel", ways: int = 2) ->
 def _tensor_parallel(problem, ways: int):
     """``(pieces, held)``: ``pieces[layer]`` is a list of ``(worker, part, x0, x1, y0, y1)``
     in fractions of the matrix (``part`` "w" or "b"); ``held[worker]`` its bytes."""
-    from dtflab.train.strategies.tensor_parallel import split_layers
+    from dtflab.train.layouts.layers import split_layers
 
     pairs, whole = split_layers(problem, ways, ways)
     pieces, held = {}, [0] * ways

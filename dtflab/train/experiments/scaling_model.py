@@ -23,105 +23,12 @@ In [2]: model.steps_per_s(8), model.limit(8)    # (…, 'cores') on 2 cores
 
 from __future__ import annotations
 
-import os
 import statistics
-import time
-from dataclasses import dataclass
 
 from dtflab import checks
 from dtflab.machine import cpus
-from dtflab.train.formulas import costs
-from dtflab.train.run.callbacks import Callback
-
-@dataclass(frozen=True)
-class ScalingModel:
-    """One ps, N workers: the parts of a step that :func:`fit` measured (seconds per step)."""
-
-    compute_s: float
-    exchange_s: float
-    worker_extra_s: float = 0.0
-    ps_fixed_s: float = 0.0
-    ps_per_worker_s: float = 0.0
-    client_s: float = 0.0
-    cores: int | None = None  # None: as many as the tasks want
-
-    @classmethod
-    def from_rates(cls, rates: dict[int, float]) -> "ScalingModel":
-        """The worker's path alone, from steps/s at two worker counts (another machine's table,
-        whose CPU times are not known): ``1 / rate = compute / N + exchange``."""
-        (n1, r1), (n2, r2) = sorted(rates.items())[:2]
-        compute = (1 / r1 - 1 / r2) / (1 / n1 - 1 / n2)
-        return cls(compute_s=compute, exchange_s=1 / r1 - compute / n1)
-
-    def cpu_s(self, workers: float) -> float:
-        """Every process's CPU seconds per step with ``workers`` workers."""
-        return (self.compute_s + workers * (self.worker_extra_s + self.ps_per_worker_s)
-                + self.ps_fixed_s + self.client_s)
-
-    def step_s(self, workers: float) -> float:
-        return costs.ps_step_s(workers, self.compute_s + workers * self.worker_extra_s,
-                               self.exchange_s, cpu_s=self.cpu_s(workers), cores=self.cores)
-
-    def steps_per_s(self, workers: float) -> float:
-        return 1.0 / self.step_s(workers)
-
-    def speedup(self, workers: float) -> float:
-        return self.step_s(1) / self.step_s(workers)
-
-    def limit(self, workers: float) -> str:
-        """What sets the step at ``workers``: ``"workers"`` (their compute and exchange) or
-        ``"cores"`` (the machine)."""
-        path = (self.compute_s + workers * self.worker_extra_s) / workers + self.exchange_s
-        return "workers" if self.step_s(workers) <= path else "cores"
-
-    @property
-    def parallel_fraction(self) -> float:
-        """The share of the one-worker step that more workers split (Amdahl's p)."""
-        return self.compute_s / self.step_s(1)
-
-    def amdahl(self, workers: float) -> float:
-        """Amdahl's law's speed-up with this model's parallel fraction."""
-        return costs.amdahl(self.parallel_fraction, workers)
-
-
-class CpuPerStep(Callback):
-    """CPU seconds per step of each task process (and of this process, ``"client"``) over
-    steps ``skip`` to the last, and the wall seconds per step."""
-
-    def __init__(self, cluster, skip: int = 3):
-        self.cluster, self.skip = cluster, skip
-        self.per_step: dict[str, float] = {}
-        self.wall_s = None
-        self._first = None
-
-    def _read(self):
-        pids = {task.name: task.pid for task in self.cluster.tasks}
-        return {name: _cpu_s(pid) for name, pid in pids.items()} | {
-            "client": time.process_time()}, time.perf_counter()
-
-    def on_step(self, history, record) -> None:
-        count = len(history.records)
-        if count == self.skip:
-            self._first = (count, *self._read())
-        elif self._first is not None and count > self.skip:
-            first_count, first_cpu, first_wall = self._first
-            cpu, wall = self._read()
-            steps = count - first_count
-            self.per_step = {name: (cpu[name] - first_cpu[name]) / steps for name in cpu}
-            self.wall_s = (wall - first_wall) / steps
-
-
-def _cpu_s(pid: int) -> float:
-    """CPU seconds process ``pid``'s live threads have run so far (the kernel's scheduler
-    statistics, in nanoseconds: ``/proc/<pid>/task/<tid>/schedstat``)."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as stat:
-                total += int(stat.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
-            continue
-    return total / 1e9
+from dtflab.train.formulas.scaling import ScalingModel
+from dtflab.train.measure.cpu import CpuPerStep
 
 
 def measure_parts(problem, workers: int, *, steps: int = 12, skip: int = 3) -> dict:

@@ -7,7 +7,7 @@ formula leaves something out, its docstring says what.
 
 from __future__ import annotations
 
-import math
+from dtflab.train.layouts.layers import tensor_parallel_pairs
 
 
 def amdahl(parallel_fraction: float, workers: float) -> float:
@@ -138,13 +138,6 @@ def activation_bytes(widths, examples: int, dtype_bytes: int = 4) -> int:
 
 
 # -- tensor parallelism -----------------------------------------------------------------------
-
-def tensor_parallel_pairs(depth: int) -> tuple[tuple[int, int], ...]:
-    """The layer pairs ``train.tensor_parallel`` splits (1-based): ``(1, 2), (3, 4), ...`` from
-    the input, the first of each by columns, the second by rows. An odd depth leaves the last
-    layer (the output layer) whole: exp(x)'s 1-16-32-1 splits 1-16-32 and keeps 32-1 on one task."""
-    return tuple((first, first + 1) for first in range(1, depth, 2))
-
 
 def tensor_parallel_bytes(ways: int, batch: int, layers, dtype_bytes: int = 4) -> list[dict]:
     """Bytes each of ``ways`` workers sends the others in one tensor-parallel step of an MLP of

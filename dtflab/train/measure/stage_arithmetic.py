@@ -34,8 +34,9 @@ def stage_arithmetic_s(problem, cluster, *, stages: int = 2, micro_batches=(1, 2
     that size, not what it costs beside another stage's work on the same cores.
     """
     from dtflab.tracing.capture import trace
-    from dtflab.train.strategies.pipeline import _one_multiply_at_a_time, layer_ranges
-    from dtflab.train.run.sessions import enough_workers, worker_devices
+    from dtflab.train.layouts.layers import layer_ranges
+    from dtflab.train.layouts.tasks import enough_workers, worker_devices
+    from dtflab.train.run.graphs import one_multiply_at_a_time
 
     checks.whole(repeats, "repeats", example=3)
     for m in micro_batches:
@@ -68,7 +69,7 @@ def stage_arithmetic_s(problem, cluster, *, stages: int = 2, micro_batches=(1, 2
                         wrt = variables + ([h_in] if s > 0 else [])
                         grads = tf.compat.v1.gradients(out, wrt, grad_ys=tf.ones_like(out),
                                                        colocate_gradients_with_ops=True)
-                        _one_multiply_at_a_time(graph, scope)
+                        one_multiply_at_a_time(graph, scope)
                         # A scalar of every gradient: a tf.group of stateless ops is pruned
                         # by Grappler (nothing ran but the input's random numbers).
                         fetches[s, m] = (tf.add_n([tf.reduce_sum(g) for g in grads]), scope)

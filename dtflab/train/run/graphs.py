@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dtflab import tf_private
 from dtflab._quiet import import_tf
 
 
@@ -71,3 +72,20 @@ def _one_replica_graph(problem, seed: int, placement) -> TrainGraph:
         train = problem.optimizer().minimize(loss)
         init = tf.compat.v1.global_variables_initializer()
     return TrainGraph(graph, init, train, loss, (x, t), variables=variables)
+
+
+def one_multiply_at_a_time(graph, scope: str) -> None:
+    """Order the matrix multiplies of one backward: every gradient with respect to a layer's
+    input first (the next stage back waits for it), then those with respect to the weights.
+
+    ``tf.gradients`` leaves each layer's two multiplies side by side, and a task with more than
+    one inter-op thread would run them at once: a stage would then use two cores, and a
+    micro-batch's input gradient would leave later."""
+    multiplies = [op for op in graph.get_operations()
+                  if op.name.startswith(scope) and op.type == "MatMul"]
+    # "MatMul_grad/MatMul" is the gradient of a layer's input, "MatMul_grad/MatMul_1" of its
+    # weights (TensorFlow's MatMul gradient); tf.gradients builds layers last to first.
+    inputs = [op for op in multiplies if op.name.endswith("MatMul_grad/MatMul")]
+    weights = [op for op in multiplies if op.name.endswith("MatMul_grad/MatMul_1")]
+    for before, op in zip(inputs + weights, (inputs + weights)[1:]):
+        tf_private.run_after(op, before)

@@ -22,7 +22,8 @@ class StepRecord:
 
 @dataclass
 class RunHistory:
-    """Per-step loss, wall time, examples/s, steps per worker and, for async, staleness.
+    """Per-step loss, wall time, examples/s, steps per worker and, for async, staleness; it
+    knows no strategy: each hands it what its views read (``details``, ``reads``).
 
     Safe to read while a background run appends to it (``records`` only grows).
     """
@@ -39,6 +40,9 @@ class RunHistory:
     trace: object = None  # the StepTrace of the step asked for with trace_step=, if any
     cluster: object = field(default=None, repr=False)  # what it trained on (None: one process)
     details: dict = field(default_factory=dict)  # loop-specific figures, named in its docstring
+    #: What a strategy's traced step tells, each ``name: function(trace)``, read as
+    #: ``history.name`` (a pipeline's ``bubble``, all-reduce's ``overlap_share``).
+    reads: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, record: StepRecord) -> None:
@@ -56,24 +60,13 @@ class RunHistory:
         with self._lock:
             return str(self.stalls[-1]) if self.stalls else ""
 
-    @property
-    def bubble(self):
-        """A pipeline run's traced step as a :class:`dtflab.train.measure.bubble.Bubble` (each stage's
-        busy and idle time, its chart); ``None`` for other loops or without ``trace_step``."""
-        stages = self.details.get("stages")
-        if stages is None or self.trace is None:
-            return None
-        from dtflab.train.measure.bubble import Bubble
-
-        return Bubble.from_trace(self.trace, stages.devices, stages.micro_batches, stages.schedule)
-
-    @property
-    def overlap_share(self) -> float | None:
-        """An all-reduce run's traced step: the share of the collectives' time the workers
-        also computed (collective time hidden under compute; mean over workers). ``None``
-        without a traced step or collectives."""
-        shares = self.trace.collective_overlap() if self.trace is not None else {}
-        return sum(shares.values()) / len(shares) if shares else None
+    def __getattr__(self, name):
+        # A reading a strategy handed over (``reads``): computed from the traced step when
+        # asked for, ``None`` without one.
+        reads = self.__dict__.get("reads", {})
+        if name in reads:
+            return reads[name](self.trace) if self.trace is not None else None
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def since(self, count: int) -> list[StepRecord]:
         """Records after the first ``count`` (for streaming to a live plot)."""

@@ -121,6 +121,7 @@ def train_in_programs(loop: Loop, problem, *, workers, steps, seed, slow, checkp
     history.details["fingerprints"] = {worker: [] for worker in history.workers}
     history.details["state_bytes"] = {}
     history.details["memory"] = {}
+    history.reads["overlap_share"] = overlap_share
     history.details["report_port"] = reports.port
     history.details.update(details or {})
     runner = Runner(history, callbacks, on_stop=reports.send_stop, watchdog=watchdog)
@@ -287,3 +288,10 @@ def _worker_trace(folder: Path, workers: list[str], note: str):
     timings = read_xplane_files(files)
     ends = [t.end_us for device in timings.values() for t in device]
     return StepTrace(None, {}, [], [], timings, max(ends, default=0.0), note=note)
+
+
+def overlap_share(trace) -> float | None:
+    """The share of a traced step's collective time the workers also computed (hidden under
+    compute; mean over workers); ``None`` without collectives."""
+    shares = trace.collective_overlap()
+    return sum(shares.values()) / len(shares) if shares else None

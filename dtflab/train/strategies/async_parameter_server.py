@@ -12,11 +12,12 @@ import time
 from dtflab import checks, names
 from dtflab._quiet import import_tf
 from dtflab.errors import TaskError
+from dtflab.train.layouts.tasks import worker_devices
 from dtflab.train.run.graphs import TrainGraph, Tower, delay_op
 from dtflab.train.run.history import RunHistory
 from dtflab.train.run.runner import Runner, Update
-from dtflab.train.run.sessions import (close_session, failed_task, describe, new_session, ps_plan,
-                                   run_step, stall_behind, worker_devices)
+from dtflab.train.run.sessions import (close_session, describe, failed_task, new_session, ps_plan,
+                                       run_step, stall_behind)
 from dtflab.train.run.watchdog import settings as watchdog_settings
 
 

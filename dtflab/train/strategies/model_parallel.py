@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dtflab import checks, names
 from dtflab.placement import PlacementPlan
+from dtflab.train.layouts.tasks import checked_device
 from dtflab.train.run import graphs
 from dtflab.train.run.history import RunHistory
 from dtflab.train.run.runner import Runner
-from dtflab.train.run.sessions import checked_device, run_one_replica
+from dtflab.train.run.sessions import run_one_replica
 from dtflab.train.run.watchdog import settings as watchdog_settings
 
 

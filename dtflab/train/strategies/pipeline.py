@@ -18,13 +18,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dtflab import checks, names, tf_private
+from dtflab import checks, names
 from dtflab._quiet import import_tf
 from dtflab.train.formulas import costs
-from dtflab.train.run.graphs import TrainGraph, delay_op
+from dtflab.train.layouts.layers import layer_ranges
+from dtflab.train.measure.bubble import Bubble
+from dtflab.train.layouts.tasks import enough_workers, worker_devices
+from dtflab.train.run.graphs import TrainGraph, delay_op, one_multiply_at_a_time
 from dtflab.train.run.history import RunHistory
 from dtflab.train.run.runner import Runner
-from dtflab.train.run.sessions import enough_workers, run_one_replica, worker_devices
+from dtflab.train.run.sessions import run_one_replica
 from dtflab.train.run.watchdog import settings as watchdog_settings
 
 
@@ -41,52 +44,6 @@ class Stages:
     @property
     def count(self) -> int:
         return len(self.devices)
-
-
-def balanced_cut(problem, stages: int) -> tuple[int, ...]:
-    """Where stages 2..p start (1-based layer numbers) so that each stage's multiply-adds per
-    example, ``n_in x n_out`` summed over its layers, are as even as a contiguous cut allows."""
-    work = [a * b for a, b in zip(problem.layers, problem.layers[1:])]
-    depth = len(work)
-    best = None
-    # Exhaustive over contiguous cuts: a model here has at most a few dozen layers.
-    for cut in _cuts(depth, stages):
-        bounds = (0, *[c - 1 for c in cut], depth)
-        heaviest = max(sum(work[a:b]) for a, b in zip(bounds, bounds[1:]))
-        if best is None or heaviest < best[0]:
-            best = (heaviest, cut)
-    return best[1]
-
-
-def _cuts(depth: int, stages: int, first: int = 2):
-    if stages == 1:
-        yield ()
-        return
-    for start in range(first, depth - stages + 3):
-        for rest in _cuts(depth, stages - 1, start + 1):
-            yield (start, *rest)
-
-
-def layer_ranges(problem, stages: int, cut=None) -> tuple[tuple[int, int], ...]:
-    """Each stage's ``(first, last)`` layer, from ``cut`` (where stages 2..p start) or balanced."""
-    depth = problem.depth
-    if stages > depth:
-        raise ValueError(f"stages={stages}: the model has {depth} layers, so at most {depth} "
-                         f"stages; use stages={depth} or a deeper model, e.g. "
-                         f"train.classification(hidden_layers={stages})")
-    if cut is None:
-        cut = balanced_cut(problem, stages)
-    else:
-        given, cut = cut, tuple(cut) if isinstance(cut, (list, tuple)) else None
-        valid = (cut is not None and len(cut) == stages - 1
-                 and all(isinstance(c, int) and not isinstance(c, bool) for c in cut)
-                 and list(cut) == sorted(set(cut)) and all(1 < c <= depth for c in cut))
-        if not valid:
-            raise ValueError(f"cut={given!r}: cut lists the first layer of each stage after the "
-                             f"first, {stages - 1} increasing layer number(s) from 2 to {depth}; "
-                             f"for example cut={list(balanced_cut(problem, stages))!r}")
-    bounds = (1, *cut, depth + 1)
-    return tuple((a, b - 1) for a, b in zip(bounds, bounds[1:]))
 
 
 def pipeline_graph(problem, stages: Stages, seed: int, slow: dict | None = None) -> TrainGraph:
@@ -170,7 +127,7 @@ class _StepBuilder:
             wrt = self.variables[s] + ([self.inputs[s][j]] if s > 0 else [])
             grads = tf.compat.v1.gradients(output, wrt, grad_ys=upstream,
                                            colocate_gradients_with_ops=True)
-            _one_multiply_at_a_time(tf.compat.v1.get_default_graph(), f"stage{s}/backward{j}/")
+            one_multiply_at_a_time(tf.compat.v1.get_default_graph(), f"stage{s}/backward{j}/")
             own = grads[:len(self.variables[s])]
             if self.sums[s] is not None:
                 with tf.name_scope("accumulate"):
@@ -179,23 +136,6 @@ class _StepBuilder:
         if s > 0:
             self.input_grads[s][j] = grads[-1]
         self.last[s] = own + grads[len(own):]
-
-
-def _one_multiply_at_a_time(graph, scope: str) -> None:
-    """Order the matrix multiplies of one backward: every gradient with respect to a layer's
-    input first (the next stage back waits for it), then those with respect to the weights.
-
-    ``tf.gradients`` leaves each layer's two multiplies side by side, and a task with more than
-    one inter-op thread would run them at once: a stage would then use two cores, and a
-    micro-batch's input gradient would leave later."""
-    multiplies = [op for op in graph.get_operations()
-                  if op.name.startswith(scope) and op.type == "MatMul"]
-    # "MatMul_grad/MatMul" is the gradient of a layer's input, "MatMul_grad/MatMul_1" of its
-    # weights (TensorFlow's MatMul gradient); tf.gradients builds layers last to first.
-    inputs = [op for op in multiplies if op.name.endswith("MatMul_grad/MatMul")]
-    weights = [op for op in multiplies if op.name.endswith("MatMul_grad/MatMul_1")]
-    for before, op in zip(inputs + weights, (inputs + weights)[1:]):
-        tf_private.run_after(op, before)
 
 
 def pipeline(problem, cluster, *, stages: int = 2, micro_batches: int = 4,
@@ -235,6 +175,8 @@ def pipeline(problem, cluster, *, stages: int = 2, micro_batches: int = 4,
     history = RunHistory(name or f"pipeline ({stages} stages, {micro_batches} micro-batches, "
                          f"{schedule})", "pipeline", cluster=cluster)
     history.details["stages"] = plan
+    history.reads["bubble"] = lambda trace: Bubble.from_trace(trace, plan.devices, micro_batches,
+                                                              schedule)
     # The master runs on the last stage's task: idle while the pipeline fills, it sends every
     # other stage its part of the step at once (on stage 0, whose one thread is busy with the
     # first forwards, the other stages got theirs only after those: measured, 34 of 193 ms).

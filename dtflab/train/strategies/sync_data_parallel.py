@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from dtflab import checks, names
 from dtflab._quiet import import_tf
+from dtflab.train.layouts.tasks import worker_devices
 from dtflab.train.run.graphs import TrainGraph, Tower, delay_op
 from dtflab.train.run.history import RunHistory
 from dtflab.train.run.runner import Runner
-from dtflab.train.run.sessions import new_session, ps_plan, synchronous, with_train, worker_devices
+from dtflab.train.run.sessions import new_session, ps_plan, synchronous, with_train
 from dtflab.train.run.watchdog import settings as watchdog_settings
 
 

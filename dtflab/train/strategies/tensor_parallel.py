@@ -27,16 +27,17 @@ worker{j}/...`` (the sum), so a traced step's transfers show where the sums sit.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from dtflab import checks, names
 from dtflab._quiet import import_tf
 from dtflab.train.formulas import costs
+from dtflab.train.layouts.layers import split_layers
+from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.run.graphs import TrainGraph, delay_op
 from dtflab.train.run.history import RunHistory
 from dtflab.train.run.runner import Runner
-from dtflab.train.run.sessions import enough_workers, run_one_replica, worker_devices
+from dtflab.train.run.sessions import run_one_replica
 from dtflab.train.run.watchdog import settings as watchdog_settings
 
 
@@ -52,25 +53,6 @@ class Split:
     @property
     def ways(self) -> int:
         return len(self.devices)
-
-
-def split_layers(problem, ways: int, available: int):
-    """``(pairs, whole)``: the layer pairs to split and the layers left whole, if ``ways``
-    splits every pair's hidden width; ``available`` worker tasks only shape the suggestion."""
-    pairs = costs.tensor_parallel_pairs(problem.depth)
-    if not pairs:
-        raise ValueError(f"{problem.name} has {problem.depth} layer: tensor parallelism splits "
-                         f"layer pairs; use a model of two or more, e.g. train.classification()")
-    common = math.gcd(*(problem.layers[first] for first, _ in pairs))
-    for first, _ in pairs:
-        width = problem.layers[first]
-        if width % ways:
-            fits = max(d for d in range(1, max(available, 1) + 1) if common % d == 0)
-            raise ValueError(f"ways={ways}: layer {first}'s {width} outputs do not split into "
-                             f"{ways} equal column slices; use ways={fits}, or a width "
-                             f"divisible by {ways}, e.g. {width - width % ways or ways}")
-    paired = {layer for pair in pairs for layer in pair}
-    return pairs, tuple(layer for layer in range(1, problem.depth + 1) if layer not in paired)
 
 
 def tensor_parallel_graph(problem, split: Split, seed: int, slow: dict | None = None) -> TrainGraph:

@@ -1,0 +1,3 @@
+"""Who holds what and who talks to whom: which layers each pipeline stage holds, which layer
+pairs tensor parallelism splits, which tasks a run uses. Computed and checked here once, in pure
+Python (no TensorFlow), so the strategies, the formulas and the views read the same answer."""
