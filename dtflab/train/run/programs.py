@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import inspect
 import json
 import os
 import shutil
@@ -29,6 +31,7 @@ from dtflab.train.run.history import RunHistory
 from dtflab.train.run.reports import EVERY_INTERFACE, LOOPBACK, Reports, WorkerDied
 from dtflab.train.run.runner import Runner, Update
 from dtflab.train.run.watchdog import Stalled
+from dtflab.train.worker_programs.contract import GO, Flags
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,113 +46,161 @@ class Loop:
     trace_note: str
 
 
-def checked(problem, workers, steps, seed, trace_step, timeout, collective_timeout_s, threads,
-            slow, checkpoint_every, check_every, watchdog, elsewhere=False, checkpoint_dir=None):
-    """The arguments every worker-program loop takes, checked before anything starts;
-    ``(workers, slow, watchdog)`` as the loop uses them."""
-    from dtflab import checks
-    from dtflab.cluster import MAX_THREADS
-    from dtflab.spec import parse_count
-    from dtflab.train.run.watchdog import settings as watchdog_settings
+@dataclasses.dataclass(frozen=True)
+class ProgramOptions:
+    """The arguments every strategy that trains in worker programs takes, beside its own
+    (``train.all_reduce``'s docstring says what each does). A strategy takes them as
+    ``**options`` and shows them in its signature with :func:`takes_program_options`."""
 
-    checks.run_arguments(steps, seed, trace_step)
-    watchdog = watchdog_settings(watchdog)
-    workers = parse_count(workers, "workers")
-    checks.seconds(timeout, "timeout", example=60)
-    if collective_timeout_s is not None:
-        checks.seconds(collective_timeout_s, "collective_timeout_s", example=30)
-    if threads is not None:
-        checks.whole(threads, "threads", maximum=MAX_THREADS, example=1)
-    if problem.batch_size % workers:
-        raise ValueError(f"the batch of {problem.batch_size} does not split into {workers} equal "
-                         f"slices; choose workers that divide it, e.g. workers=2")
-    chosen = [f"worker:{i}" for i in range(workers)]
-    slow = checks.tasks_in(slow, "slow", chosen, example={chosen[-1]: 0.05})
-    if checkpoint_every is not None:
-        checks.whole(checkpoint_every, "checkpoint_every", example=10)
-    checks.whole(check_every, "check_every", example=10)
-    if elsewhere and not checkpoint_dir and (checkpoint_every or trace_step is not None):
-        what = "checkpoint_every" if checkpoint_every else "trace_step"
-        raise ValueError(f"{what} on a Dask cluster needs checkpoint_dir, a folder this machine "
-                         f"and every worker's host share (on NFS, say), where the workers write "
-                         f"their checkpoints and profiles; for example "
-                         f"checkpoint_dir='/shared/dtflab-run'")
-    return workers, slow, watchdog
+    workers: int = 2
+    steps: int = 200
+    seed: int = 0
+    slow: dict | None = None
+    checkpoint_every: int | None = None
+    checkpoint_dir: str | None = None
+    trace_step: int | None = None
+    background: bool = False
+    callbacks: tuple = ()
+    name: str | None = None
+    timeout: float = 60.0
+    start_method: str | None = None
+    collective_timeout_s: float | None = None
+    threads: int | None = None
+    lockstep: bool = False
+    check_every: int = 10
+    watchdog: object = True
+    backend: str | None = None
+    scheduler: str | None = None
+    client: object = None
+
+    @property
+    def elsewhere(self) -> bool:
+        """The programs run on another machine's Dask workers."""
+        return self.scheduler is not None or self.client is not None
+
+    def checked(self, problem) -> "ProgramOptions":
+        """Checked before anything starts (one line naming the bad value and the fix); the
+        workers as a count, ``slow`` by task, the watchdog's settings."""
+        from dtflab import checks
+        from dtflab.cluster import MAX_THREADS
+        from dtflab.spec import parse_count
+        from dtflab.train.run.watchdog import settings as watchdog_settings
+
+        checks.run_arguments(self.steps, self.seed, self.trace_step)
+        watchdog = watchdog_settings(self.watchdog)
+        workers = parse_count(self.workers, "workers")
+        checks.seconds(self.timeout, "timeout", example=60)
+        if self.collective_timeout_s is not None:
+            checks.seconds(self.collective_timeout_s, "collective_timeout_s", example=30)
+        if self.threads is not None:
+            checks.whole(self.threads, "threads", maximum=MAX_THREADS, example=1)
+        if problem.batch_size % workers:
+            raise ValueError(f"the batch of {problem.batch_size} does not split into {workers} "
+                             f"equal slices; choose workers that divide it, e.g. workers=2")
+        chosen = [f"worker:{i}" for i in range(workers)]
+        slow = checks.tasks_in(self.slow, "slow", chosen, example={chosen[-1]: 0.05})
+        if self.checkpoint_every is not None:
+            checks.whole(self.checkpoint_every, "checkpoint_every", example=10)
+        checks.whole(self.check_every, "check_every", example=10)
+        if self.elsewhere and not self.checkpoint_dir and (self.checkpoint_every
+                                                           or self.trace_step is not None):
+            what = "checkpoint_every" if self.checkpoint_every else "trace_step"
+            raise ValueError(f"{what} on a Dask cluster needs checkpoint_dir, a folder this "
+                             f"machine and every worker's host share (on NFS, say), where the "
+                             f"workers write their checkpoints and profiles; for example "
+                             f"checkpoint_dir='/shared/dtflab-run'")
+        return dataclasses.replace(self, workers=workers, slow=slow, watchdog=watchdog)
 
 
-def train_in_programs(loop: Loop, problem, *, workers, steps, seed, slow, checkpoint_every,
-                      checkpoint_dir, trace_step, background, callbacks, name, timeout,
-                      start_method, collective_timeout_s, threads, lockstep, check_every,
-                      watchdog, extra_args=(), details=None, backend=None, scheduler=None,
-                      client=None):
-    """Start ``loop.program`` on ``workers`` workers and run them to the end (arguments
-    already :func:`checked`); the RunHistory, or a BackgroundRun with ``background=True``.
-    ``details`` go into ``history.details`` as they are (the loop's formulas). ``scheduler``
-    or ``client`` (``backend="dask"``) run the programs on a Dask cluster's workers: the
-    listener is then on every interface, and each worker reports to this machine's address on
-    the interface that routes to its host (``{client_host}``)."""
+def takes_program_options(strategy):
+    """Give ``strategy(problem, *, own..., **options)`` :class:`ProgramOptions`' fields as
+    keyword arguments in its signature, after its own (what ``help()``, completion and the API
+    reference read), and refuse any other name before anything starts."""
+    signature = inspect.signature(strategy)
+    own = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    shared = [inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=field.default,
+                                annotation=field.type)
+              for field in dataclasses.fields(ProgramOptions)]
+    full = signature.replace(parameters=own + shared)
+
+    @functools.wraps(strategy)
+    def call(*args, **kwargs):
+        try:
+            full.bind(*args, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"train.{strategy.__name__}: {error}; its arguments are listed by "
+                            f"help(train.{strategy.__name__})") from None
+        return strategy(*args, **kwargs)
+
+    call.__signature__ = full
+    return call
+
+
+def train_in_programs(loop: Loop, problem, options: ProgramOptions, *, flags=None, details=None):
+    """Start ``loop.program`` on ``options.workers`` workers and run them to the end
+    (``options`` already :meth:`~ProgramOptions.checked`); the RunHistory, or a BackgroundRun
+    with ``background=True``. ``flags`` are the program's own (``Flags`` fields, e.g.
+    ``bucket_bytes``); ``details`` go into ``history.details`` as they are (the loop's
+    formulas). ``scheduler`` or ``client`` (``backend="dask"``) run the programs on a Dask
+    cluster's workers: the listener is then on every interface, and each worker reports to
+    this machine's address on the interface that routes to its host (``{client_host}``)."""
     from dtflab.cluster import run as run_programs
 
-    lockstep = lockstep or any(getattr(callback, "between_steps", False) for callback in callbacks)
-    folder = checkpoint_dir or (tempfile.mkdtemp(prefix=f"dtflab-{loop.kind}-")
-                                if checkpoint_every or trace_step is not None else "")
-    elsewhere = scheduler is not None or client is not None  # workers on other hosts
-    reports = Reports(workers, EVERY_INTERFACE if elsewhere else LOOPBACK)
-    args = [f"--problem={_escaped(json.dumps(dataclasses.asdict(problem)))}", f"--steps={steps}",
-            f"--seed={seed}", f"--report={{client_host}}:{reports.port}",
-            f"--checkpoint-dir={folder}", f"--checkpoint-every={checkpoint_every or 0}",
-            f"--trace-step={-1 if trace_step is None else trace_step}",
-            f"--trace-dir={os.path.join(folder, 'trace') if folder else ''}",
-            f"--timeout={collective_timeout_s or 0}", f"--slow={_escaped(json.dumps(slow or {}))}",
-            f"--threads={threads or 0}", f"--check-every={check_every}", *extra_args] + (
-                ["--lockstep"] if lockstep else [])
+    o = options
+    lockstep = o.lockstep or any(getattr(callback, "between_steps", False)
+                                 for callback in o.callbacks)
+    folder = o.checkpoint_dir or (tempfile.mkdtemp(prefix=f"dtflab-{loop.kind}-")
+                                  if o.checkpoint_every or o.trace_step is not None else "")
+    reports = Reports(o.workers, EVERY_INTERFACE if o.elsewhere else LOOPBACK)
+    args = Flags(problem=json.dumps(dataclasses.asdict(problem)), steps=o.steps, seed=o.seed,
+                 report=f"{{client_host}}:{reports.port}", slow=json.dumps(o.slow or {}),
+                 checkpoint_dir=folder, checkpoint_every=o.checkpoint_every or 0,
+                 trace_step=-1 if o.trace_step is None else o.trace_step,
+                 trace_dir=os.path.join(folder, "trace") if folder else "",
+                 threads=o.threads or 0, lockstep=lockstep, check_every=o.check_every,
+                 timeout=o.collective_timeout_s or 0, **(flags or {})).argv()
     cluster = None
     try:
-        cluster = run_programs(loop.program, *args, workers=workers, timeout=timeout,
-                               start_method=start_method, backend=backend, scheduler=scheduler,
-                               client=client)
+        cluster = run_programs(loop.program, *args, workers=o.workers, timeout=o.timeout,
+                               start_method=o.start_method, backend=o.backend,
+                               scheduler=o.scheduler, client=o.client)
         cluster.let_tasks_reach(reports.port)
     except BaseException:
         reports.close()
         if cluster is not None:
             cluster.stop()
-        if folder and not checkpoint_dir:
+        if folder and not o.checkpoint_dir:
             shutil.rmtree(folder, ignore_errors=True)
         raise
-    history = RunHistory(name or f"{loop.title} ({workers} workers)", loop.kind,
-                         workers=[f"worker:{i}" for i in range(workers)], cluster=cluster)
+    history = RunHistory(o.name or f"{loop.title} ({o.workers} workers)", loop.kind,
+                         workers=[f"worker:{i}" for i in range(o.workers)], cluster=cluster)
     history.details["fingerprints"] = {worker: [] for worker in history.workers}
     history.details["state_bytes"] = {}
     history.details["memory"] = {}
     history.reads["overlap_share"] = overlap_share
     history.details["report_port"] = reports.port
     history.details.update(details or {})
-    runner = Runner(history, callbacks, on_stop=reports.send_stop, watchdog=watchdog)
-    job = _Job(cluster, reports, history, checkpoint_every, timeout, lockstep, runner.watch,
-               trace_step, loop.collective)
+    runner = Runner(history, o.callbacks, on_stop=reports.send_stop, watchdog=o.watchdog)
+    job = _Job(cluster, reports, history, o.checkpoint_every, o.timeout, lockstep, runner.watch,
+               o.trace_step, loop.collective)
 
     def body():
         try:
             job.start()
             runner.restart_clock()
             runner.loop(None, job.step, stop_here=False)
-            cluster.wait(timeout=timeout)
-            if trace_step is not None and folder:
+            cluster.wait(timeout=o.timeout)
+            if o.trace_step is not None and folder:
                 history.trace = _worker_trace(Path(folder, "trace"), history.workers,
                                               loop.trace_note)
         finally:
             reports.close()
             cluster.stop_letting_tasks_reach(reports.port)
             cluster.stop()
-            if folder and not checkpoint_dir:
+            if folder and not o.checkpoint_dir:
                 shutil.rmtree(folder, ignore_errors=True)
 
-    return runner.run(body, background=background)
-
-
-def _escaped(text: str) -> str:
-    """Braces doubled: program arguments treat ``{name}`` as a placeholder."""
-    return text.replace("{", "{{").replace("}", "}}")
+    return runner.run(body, background=o.background)
 
 
 class _Job:
@@ -180,7 +231,7 @@ class _Job:
     def step(self, _):
         """The next step's records, one per worker; ``None`` once every worker is done."""
         if self.lockstep and self.recorded:
-            self.reports.send("go")
+            self.reports.send(GO)
         self.recorded = False
         while True:
             try:

@@ -4,8 +4,9 @@ one JSON line per message, read by a thread per worker into a queue.
 The listener is on 127.0.0.1 (let through the cluster's private network) for workers on this
 machine; for workers on other hosts (a Dask cluster's) it is on every interface, and each worker
 is told this machine's address on the interface that routes to its host (a program's
-``{client_host}``). It reads JSON lines and runs nothing it is sent. Messages: ``hello``
-(once a worker is up), ``step``, ``done``; the notebook writes lines back (``stop``, ``go``).
+``{client_host}``). It reads JSON lines and runs nothing it is sent. The messages are
+``dtflab.train.worker_programs.contract``'s: ``hello`` (once a worker is up), ``step``,
+``done``; the notebook writes lines back (``stop``, ``go``).
 A worker program that ends without saying ``done`` is found from its task's state and raised
 as :class:`WorkerDied`.
 """
@@ -19,6 +20,7 @@ import threading
 import time
 
 from dtflab.cluster.task import TaskState
+from dtflab.train.worker_programs.contract import STOP
 
 #: How often a wait for a worker's next message looks at whether the worker still runs.
 POLL_S = 0.5
@@ -83,7 +85,7 @@ class Reports:
             self.connections[worker] = connection
             self.queues[worker] = queue.Queue()
             if self.stopping:
-                connection.sendall(b"stop\n")
+                connection.sendall(f"{STOP}\n".encode())
             threading.Thread(target=self._read, args=(lines, self.queues[worker]),
                              name=f"dtflab-reports-{worker}", daemon=True).start()
         return hellos
@@ -154,7 +156,7 @@ class Reports:
 
     def send_stop(self) -> None:
         self.stopping = True
-        self.send("stop")
+        self.send(STOP)
 
     def send(self, line: str) -> None:
         for connection in list(self.connections.values()):

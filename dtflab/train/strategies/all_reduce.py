@@ -14,22 +14,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dtflab.train.run.programs import Loop, checked, train_in_programs
+from dtflab.train.run.programs import (Loop, ProgramOptions, takes_program_options,
+                                       train_in_programs)
 
 LOOP = Loop(Path(__file__).parents[1] / "worker_programs" / "all_reduce.py", "all_reduce", "all-reduce",
             "all-reduce", "TF profiler on each worker program, one all-reduce step; "
                           "CollectiveReduceV2 is the all-reduce")
 
 
-def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
-               slow: dict | None = None, checkpoint_every: int | None = None,
-               checkpoint_dir: str | None = None, trace_step: int | None = None,
-               background: bool = False, callbacks=(), name: str | None = None,
-               timeout: float = 60.0, start_method: str | None = None,
-               collective_timeout_s: float | None = None, threads: int | None = None,
-               lockstep: bool = False, check_every: int = 10, bucket_bytes: int = 0,
-               watchdog=True, backend: str | None = None,
-               scheduler: str | None = None, client=None):
+@takes_program_options
+def all_reduce(problem, *, bucket_bytes: int = 0, **options):
     """Train ``problem`` with MultiWorkerMirroredStrategy in ``workers`` worker programs.
 
     In [1]: run = train.all_reduce(problem, workers=2, background=True)
@@ -76,20 +70,9 @@ def all_reduce(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
     folder this machine and every worker's host share (NFS, say), where a restarted worker
     finds the newest checkpoint and this notebook the workers' profiles.
     """
-    workers, slow, watchdog = checked(problem, workers, steps, seed, trace_step, timeout,
-                                      collective_timeout_s, threads, slow, checkpoint_every,
-                                      check_every, watchdog,
-                                      scheduler is not None or client is not None,
-                                      checkpoint_dir)
+    options = ProgramOptions(**options).checked(problem)
     if bucket_bytes != 0:
         from dtflab import checks
 
         checks.whole(bucket_bytes, "bucket_bytes", example=1 << 20)
-    return train_in_programs(
-        LOOP, problem, workers=workers, steps=steps, seed=seed, slow=slow,
-        checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, trace_step=trace_step,
-        background=background, callbacks=callbacks, name=name, timeout=timeout,
-        start_method=start_method, collective_timeout_s=collective_timeout_s, threads=threads,
-        lockstep=lockstep, check_every=check_every, watchdog=watchdog, backend=backend,
-        scheduler=scheduler, client=client,
-        extra_args=[f"--bucket-bytes={bucket_bytes}"])
+    return train_in_programs(LOOP, problem, options, flags={"bucket_bytes": bucket_bytes})

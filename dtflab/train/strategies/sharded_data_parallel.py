@@ -25,22 +25,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from dtflab.train.formulas import costs
-from dtflab.train.run.programs import Loop, checked, train_in_programs
+from dtflab.train.run.programs import (Loop, ProgramOptions, takes_program_options,
+                                       train_in_programs)
 
 LOOP = Loop(Path(__file__).parents[1] / "worker_programs" / "sharded_data_parallel.py", "sharded", "sharded", "all-gather",
             "TF profiler on each worker program, one sharded step; CollectiveGatherV2 is an "
             "all-gather, CollectiveBcastSendV2/RecvV2 the reduce-scatter's exchanges")
 
 
-def sharded_data_parallel(problem, *, workers: int = 2, steps: int = 200, seed: int = 0,
-                          slow: dict | None = None, checkpoint_every: int | None = None,
-                          checkpoint_dir: str | None = None, trace_step: int | None = None,
-                          background: bool = False, callbacks=(), name: str | None = None,
-                          timeout: float = 60.0, start_method: str | None = None,
-                          collective_timeout_s: float | None = None, threads: int | None = None,
-                          lockstep: bool = False, check_every: int = 10, watchdog=True,
-                          backend: str | None = None, scheduler: str | None = None,
-                          client=None):
+@takes_program_options
+def sharded_data_parallel(problem, **options):
     """Train ``problem`` with ZeRO-3 / FSDP in ``workers`` worker programs.
 
     In [1]: history = train.sharded_data_parallel(problem, workers=2, steps=100)
@@ -61,17 +55,9 @@ def sharded_data_parallel(problem, *, workers: int = 2, steps: int = 200, seed: 
     ``backend``, ``scheduler`` and ``client`` run the programs on a Dask cluster, as
     ``train.all_reduce``'s do (checkpoints and traces then need a shared ``checkpoint_dir``).
     """
-    workers, slow, watchdog = checked(problem, workers, steps, seed, trace_step, timeout,
-                                      collective_timeout_s, threads, slow, checkpoint_every,
-                                      check_every, watchdog,
-                                      scheduler is not None or client is not None,
-                                      checkpoint_dir)
-    details = {"bytes_per_step_formula": costs.sharded_bytes(problem.parameter_bytes, workers),
-               "state_bytes_formula": costs.sharded_state_bytes(problem.parameter_bytes, workers)}
-    return train_in_programs(
-        LOOP, problem, workers=workers, steps=steps, seed=seed, slow=slow,
-        checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, trace_step=trace_step,
-        background=background, callbacks=callbacks, name=name, timeout=timeout,
-        start_method=start_method, collective_timeout_s=collective_timeout_s, threads=threads,
-        lockstep=lockstep, check_every=check_every, watchdog=watchdog, backend=backend,
-        scheduler=scheduler, client=client, details=details)
+    options = ProgramOptions(**options).checked(problem)
+    details = {"bytes_per_step_formula": costs.sharded_bytes(problem.parameter_bytes,
+                                                             options.workers),
+               "state_bytes_formula": costs.sharded_state_bytes(problem.parameter_bytes,
+                                                                options.workers)}
+    return train_in_programs(LOOP, problem, options, details=details)

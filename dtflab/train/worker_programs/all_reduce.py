@@ -4,9 +4,10 @@
 It trains on its own slice of each global batch; the optimizer sums the gradients over all
 workers (TensorFlow's v1 optimizers all-reduce inside ``apply_gradients``), so every worker
 applies the same update. That is the step's one collective: the loss it reports is its slice's
-(the notebook adds the slices up). The step loop, the reports and Stop are
-``dtflab.train.worker_programs.loop``'s. With ``--checkpoint-every K`` it writes its variables and
-optimizer slots every K steps and resumes from worker 0's newest checkpoint when started again.
+(the notebook adds the slices up). Its start, the step loop, the reports and Stop are
+``dtflab.train.worker_programs.loop``'s. With ``--checkpoint-every K`` it writes its variables
+and optimizer slots every K steps (``latest.json`` names the newest) and resumes from worker
+0's newest checkpoint when started again.
 """
 
 from __future__ import annotations
@@ -15,39 +16,19 @@ import json
 import os
 import sys
 
-from dtflab.train.worker_programs.loop import (HEARTBEAT_S, Report, parser, problem_of, run_steps,
-                                      variable_bytes)
-
-
-def arguments(argv):
-    parse = parser("worker_programs/all_reduce.py")
-    parse.add_argument("--bucket-bytes", type=int, default=0,
-                       help="gradients packed into all-reduces of about this many bytes "
-                            "(0: one all-reduce of every gradient)")
-    return parse.parse_args(argv)
+from dtflab.train.worker_programs.loop import run_steps, start, variable_bytes, write_checkpoint
 
 
 def main(argv=None) -> int:
-    args = arguments(sys.argv[1:] if argv is None else argv)
+    worker = start(sys.argv[1:] if argv is None else argv, "worker_programs/all_reduce.py",
+                   lambda flags: {"bytes_per_pack": flags.bucket_bytes,
+                                  "timeout_seconds": flags.timeout or None})
     import tensorflow as tf
 
-    from dtflab.tf_private import patient_coordination
-
-    if args.threads:
-        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-    problem = problem_of(args)
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    name = f"{resolver.task_type}:{resolver.task_id}"
-    report = Report(args.report)
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=tf.distribute.experimental.CommunicationImplementation.RING,
-        bytes_per_pack=args.bucket_bytes, timeout_seconds=args.timeout or None)
-    patient_coordination(resolver.cluster_spec(), HEARTBEAT_S)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(resolver, communication_options=options)
-    workers = strategy.num_replicas_in_sync
+    flags, problem, strategy = worker.flags, worker.problem, worker.strategy
     with strategy.scope():
-        variables = [tf.Variable(value, name=key) for key, value in problem.initial_values(args.seed)]
+        variables = [tf.Variable(value, name=key)
+                     for key, value in problem.initial_values(flags.seed)]
         optimizer = problem.optimizer()
 
     @tf.function
@@ -75,10 +56,9 @@ def main(argv=None) -> int:
                 strategy.experimental_local_results(fingerprint)[0])
 
     checkpoint = tf.train.Checkpoint(variables=variables, optimizer=optimizer)
-    first = resume(checkpoint, args, resolver.task_id)
+    first = resume(checkpoint, flags)
     check(tf.constant(0.0))  # traced and its collective set up now, not inside a timed step
-    report.send(kind="hello", worker=name, pid=os.getpid(), workers=workers, resumed_at=first,
-                reached=args.report)
+    worker.hello(first)
 
     def state_bytes():  # the slots (Adam's m and v) exist once the first step has run
         slots = [optimizer.get_slot(v, slot) for v in variables
@@ -86,8 +66,10 @@ def main(argv=None) -> int:
         return {"parameters": variable_bytes(variables),
                 "slots": variable_bytes([slot for slot in slots if slot is not None])}
 
-    run_steps(args, report, problem, name, resolver.task_id, workers, first, train_step, check,
-              lambda next_step: save(checkpoint, args, resolver.task_id, next_step), state_bytes)
+    folder = os.path.join(flags.checkpoint_dir, f"worker-{worker.index}")
+    run_steps(worker, first, train_step, check,
+              lambda next_step: write_checkpoint(checkpoint, folder, next_step, "latest.json"),
+              state_bytes)
     return 0
 
 
@@ -108,24 +90,12 @@ def weights_first(graph) -> None:
                     tf_private.run_after(op, before)
 
 
-def save(checkpoint, args, task_id: int, next_step: int) -> None:
-    """Write this worker's checkpoint, then point ``latest.json`` at it (a worker killed while
-    writing leaves the previous one in place)."""
-    folder = os.path.join(args.checkpoint_dir, f"worker-{task_id}")
-    # A name of its own: a worker restarted at a step it had saved saves that step again, and
-    # a kill in mid-write must not spoil the copy latest.json points at.
-    path = checkpoint.write(os.path.join(folder, f"step-{next_step}-{os.getpid()}"))
-    with open(os.path.join(folder, "latest.json.tmp"), "w") as out:
-        json.dump({"path": path, "next_step": next_step}, out)
-    os.replace(os.path.join(folder, "latest.json.tmp"), os.path.join(folder, "latest.json"))
-
-
-def resume(checkpoint, args, task_id: int) -> int:
+def resume(checkpoint, flags) -> int:
     """Restore worker 0's newest checkpoint (every worker holds the same values); the step to
     start from (0 without one)."""
-    if not args.checkpoint_every and args.trace_step < 0:
+    if not flags.checkpoint_every and flags.trace_step < 0:
         return 0
-    latest = os.path.join(args.checkpoint_dir, "worker-0", "latest.json")
+    latest = os.path.join(flags.checkpoint_dir, "worker-0", "latest.json")
     if not os.path.exists(latest):
         return 0
     with open(latest) as file:

@@ -1,6 +1,6 @@
 """What every worker program of a worker-program loop runs around its own step
-(``worker_programs/all_reduce.py``, ``worker_programs/sharded_data_parallel.py``): its arguments, the connection to the notebook and
-the step loop.
+(``all_reduce.py``, ``sharded_data_parallel.py`` here): its start (flags, threads, the
+connection to the notebook, the collectives), the step loop and its checkpoints.
 
 The loop makes only the worker's own slice of each global batch (``Problem.batch(...,
 part=...)``) and hands it to the program's step. Every ``--check-every`` steps (and at the
@@ -8,21 +8,21 @@ last) the program's check all-reduces the workers' stop votes (a Stop sent to an
 every worker after the same step: a worker that stopped alone would leave the others waiting
 in the next collective) and a fingerprint of the weights.
 
-It reports to the notebook over one TCP connection (``--report host:port``), a JSON line per
-message: ``hello`` (once the collectives are up; with the address it reached), ``step`` (its
-slice's summed loss, its own step time, what its variables take, ``state_bytes``; on check
-steps a fingerprint of the weights and the process's memory), ``done``. The notebook writes ``stop`` to it, and with
-``--lockstep`` a ``go`` after each step it has recorded.
+It reports to the notebook as ``contract`` defines: ``hello``, a ``step`` per step (its slice's
+summed loss, its own step time, what its variables take; on check steps a fingerprint of the
+weights and the process's memory), ``done``; it reads ``stop`` and, with ``--lockstep``, ``go``.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import socket
 import threading
 import time
+
+from dtflab.train.worker_programs.contract import GO, STOP, Flags, message
 
 #: How long a worker keeps trying to reach the notebook that started it.
 CONNECT_TIMEOUT_S = 60.0
@@ -34,35 +34,67 @@ CONNECT_TIMEOUT_S = 60.0
 HEARTBEAT_S = 120.0
 
 
-def parser(prog: str) -> argparse.ArgumentParser:
-    """The arguments every worker program takes (a program adds its own)."""
-    parser = argparse.ArgumentParser(prog=prog)
-    parser.add_argument("--problem", required=True, help="the Problem's fields as JSON")
-    parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--report", required=True, help="host:port of the notebook's listener")
-    parser.add_argument("--slow", default="{}", help='{"worker:1": 0.05}: extra seconds per step')
-    parser.add_argument("--checkpoint-dir", default="")
-    parser.add_argument("--checkpoint-every", type=int, default=0)
-    parser.add_argument("--trace-step", type=int, default=-1)
-    parser.add_argument("--trace-dir", default="")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="intra- and inter-op threads (0: TensorFlow's default, every core)")
-    parser.add_argument("--lockstep", action="store_true",
-                        help="after each step, wait for the notebook's go")
-    parser.add_argument("--check-every", type=int, default=10,
-                        help="steps between agreeing on Stop and fingerprinting the weights")
-    parser.add_argument("--timeout", type=float, default=0.0,
-                        help="seconds a collective may wait for the others (0: no limit)")
-    return parser
-
-
-def problem_of(args):
+def problem_of(flags):
     """The Problem the notebook sent as JSON."""
     from dtflab.train.problems import Problem
 
-    fields = json.loads(args.problem)
+    fields = json.loads(flags.problem)
     return Problem(**{**fields, "layers": tuple(fields["layers"])})
+
+
+@dataclasses.dataclass
+class Worker:
+    """One worker program once it has set up: its flags, problem, place among the workers,
+    the connection to the notebook and the MultiWorkerMirroredStrategy that set up the
+    collectives."""
+
+    flags: Flags
+    problem: object
+    name: str  # "worker:1"
+    index: int
+    report: "Report"
+    strategy: object
+    workers: int
+
+    def hello(self, resumed_at: int) -> None:
+        """Tell the notebook this worker is ready (its collectives are up)."""
+        self.report.send("hello", worker=self.name, pid=os.getpid(), workers=self.workers,
+                         resumed_at=resumed_at, reached=self.flags.report)
+
+
+def start(argv, prog: str, communication=lambda flags: {}) -> Worker:
+    """What every worker program does first: read its flags, set its threads, find its place
+    from ``TF_CONFIG``, reach the notebook and set up MultiWorkerMirroredStrategy's collectives
+    (ring; ``communication(flags)`` adds to its ``CommunicationOptions``)."""
+    flags = Flags.parse(argv, prog)
+    import tensorflow as tf
+
+    from dtflab.tf_private import patient_coordination
+
+    if flags.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(flags.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(flags.threads)
+    problem = problem_of(flags)
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    report = Report(flags.report)
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING,
+        **communication(flags))
+    patient_coordination(resolver.cluster_spec(), HEARTBEAT_S)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(resolver, communication_options=options)
+    return Worker(flags, problem, f"{resolver.task_type}:{resolver.task_id}", resolver.task_id,
+                  report, strategy, strategy.num_replicas_in_sync)
+
+
+def write_checkpoint(checkpoint, folder: str, next_step: int, pointer: str) -> None:
+    """Write a checkpoint under ``folder``, then the JSON file ``pointer`` naming it (written
+    aside and renamed: a worker killed while writing leaves the previous pointer, or none)."""
+    # A name of its own: a worker restarted at a step it had saved saves that step again, and
+    # a kill in mid-write must not spoil the copy a pointer names.
+    path = checkpoint.write(os.path.join(folder, f"step-{next_step}-{os.getpid()}"))
+    with open(os.path.join(folder, pointer + ".tmp"), "w") as out:
+        json.dump({"path": path, "next_step": next_step}, out)
+    os.replace(os.path.join(folder, pointer + ".tmp"), os.path.join(folder, pointer))
 
 
 class Report:
@@ -87,16 +119,16 @@ class Report:
     def _read(self) -> None:
         with self.sock.makefile("r") as lines:
             for line in lines:
-                if line.strip() == "stop":
+                if line.strip() == STOP:
                     self.stop.set()
                     self.go.set()
-                elif line.strip() == "go":
+                elif line.strip() == GO:
                     self.go.set()
         self.stop.set()
         self.go.set()
 
-    def send(self, **message) -> None:
-        self.sock.sendall((json.dumps(message) + "\n").encode())
+    def send(self, kind: str, **fields) -> None:
+        self.sock.sendall(message(kind, **fields))
 
 
 def variable_bytes(variables) -> int:
@@ -124,8 +156,7 @@ def trace_folder(trace_dir: str, worker: str) -> str:
     return os.path.join(trace_dir, worker.replace(":", "-"))
 
 
-def run_steps(args, report: Report, problem, name: str, index: int, workers: int, first: int,
-              train_step, check, save, state_bytes) -> None:
+def run_steps(worker: Worker, first: int, train_step, check, save, state_bytes) -> None:
     """Steps ``first`` to ``--steps``, reporting each, then ``done``.
 
     ``train_step(x, t)`` trains on the worker's slice and returns its summed loss (a tensor);
@@ -135,6 +166,8 @@ def run_steps(args, report: Report, problem, name: str, index: int, workers: int
     its two scalars left out)."""
     import tensorflow as tf
 
+    args, report, problem, name = worker.flags, worker.report, worker.problem, worker.name
+    index, workers = worker.index, worker.workers
     share = problem.batch_size // workers
     slow = float(json.loads(args.slow).get(name, 0.0))
     for step in range(first, args.steps):
@@ -161,7 +194,7 @@ def run_steps(args, report: Report, problem, name: str, index: int, workers: int
         if checking:
             votes, fingerprint = (float(value.numpy()) for value in
                                   check(tf.constant(1.0 if report.stop.is_set() else 0.0)))
-        report.send(kind="step", worker=name, step=step, loss_sum=loss, examples=share,
+        report.send("step", worker=name, step=step, loss_sum=loss, examples=share,
                     fingerprint=fingerprint, step_s=time.perf_counter() - began,
                     state_bytes=state_bytes(), memory=memory() if checking else None)
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
@@ -171,4 +204,4 @@ def run_steps(args, report: Report, problem, name: str, index: int, workers: int
         if args.lockstep:  # the notebook reads counters between steps
             report.go.wait()
             report.go.clear()
-    report.send(kind="done", worker=name)
+    report.send("done", worker=name)

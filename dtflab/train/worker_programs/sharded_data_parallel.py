@@ -21,7 +21,7 @@ broadcasts in groups of two (``CollectiveBcastSendV2`` / ``CollectiveBcastRecvV2
 per pair of workers): worker i sends chunk j of its gradient to worker j and adds the chunks
 it receives, in worker order. Each worker sends (N-1)/N of the layer's gradient, as a ring
 reduce-scatter does. MultiWorkerMirroredStrategy is made only to set up the workers'
-collectives (its own all-reduce is not used). The step loop, the reports and Stop are
+collectives (its own all-reduce is not used). Its start, the step loop, the reports and Stop are
 ``dtflab.train.worker_programs.loop``'s; the check all-reduces the stop votes and the sum of every
 worker's shards (a fingerprint the same on every worker).
 """
@@ -36,7 +36,7 @@ import sys
 import numpy as np
 
 from dtflab.train.formulas import costs
-from dtflab.train.worker_programs.loop import HEARTBEAT_S, Report, parser, problem_of, run_steps, variable_bytes
+from dtflab.train.worker_programs.loop import run_steps, start, variable_bytes, write_checkpoint
 
 #: Group keys of this program's collectives: far above MultiWorkerMirroredStrategy's own, which
 #: count from 1. The whole group is GROUP_BASE; the pair (i, j) is GROUP_BASE + 1 + i x N + j.
@@ -149,25 +149,14 @@ def sharded_layer(tf, problem, collectives, unit: Unit, number: int):
 
 
 def main(argv=None) -> int:
-    args = parser("worker_programs/sharded_data_parallel.py").parse_args(sys.argv[1:] if argv is None else argv)
+    worker = start(sys.argv[1:] if argv is None else argv,
+                   "worker_programs/sharded_data_parallel.py")
     import tensorflow as tf
 
-    from dtflab.tf_private import patient_coordination
-
-    if args.threads:
-        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-    problem = problem_of(args)
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    name, index = f"{resolver.task_type}:{resolver.task_id}", resolver.task_id
-    report = Report(args.report)
-    patient_coordination(resolver.cluster_spec(), HEARTBEAT_S)
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(resolver, communication_options=options)
-    workers, device = strategy.num_replicas_in_sync, strategy.extended.worker_devices[0]
-    collectives = Collectives(tf, index, workers, args.timeout)
-    values = [value for _, value in problem.initial_values(args.seed)]
+    flags, problem, index, workers = worker.flags, worker.problem, worker.index, worker.workers
+    device = worker.strategy.extended.worker_devices[0]
+    collectives = Collectives(tf, index, workers, flags.timeout)
+    values = [value for _, value in problem.initial_values(flags.seed)]
     units = [Unit(w, b, workers) for w, b in zip(values[::2], values[1::2])]
     with tf.device(device):
         shards = [tf.Variable(unit.shard(index), name=f"layer{n}") for n, unit in enumerate(units, 1)]
@@ -211,44 +200,36 @@ def main(argv=None) -> int:
 
     checkpoint = tf.train.Checkpoint(shards=shards, m=ms, v=vs, beta1_power=beta1_power,
                                      beta2_power=beta2_power)
-    first = resume(checkpoint, args, index, workers)
+    first = resume(checkpoint, flags, index, workers)
     check(tf.constant(0.0))  # traced and its collective set up now, not inside a timed step
-    report.send(kind="hello", worker=name, pid=os.getpid(), workers=workers, resumed_at=first,
-                reached=args.report)
+    worker.hello(first)
 
     def state_bytes():
         return {"parameters": variable_bytes(shards),
                 "slots": variable_bytes(ms + vs)}  # Adam's m and v, as all_reduce counts them
 
-    run_steps(args, report, problem, name, index, workers, first, train_step, check,
-              lambda next_step: save(checkpoint, args, index, next_step), state_bytes)
+    folder = os.path.join(flags.checkpoint_dir, f"worker-{index}")
+    run_steps(worker, first, train_step, check,
+              lambda next_step: write_checkpoint(checkpoint, folder, next_step,
+                                                 f"saved-{next_step}.json"),
+              state_bytes)
     return 0
 
 
-def save(checkpoint, args, index: int, next_step: int) -> None:
-    """Write this worker's shards and slots, then ``saved-<next_step>.json`` naming them (a
-    worker killed while writing leaves no such file for that step)."""
-    folder = os.path.join(args.checkpoint_dir, f"worker-{index}")
-    path = checkpoint.write(os.path.join(folder, f"step-{next_step}-{os.getpid()}"))
-    with open(os.path.join(folder, "saved.json.tmp"), "w") as out:
-        json.dump({"path": path, "next_step": next_step}, out)
-    os.replace(os.path.join(folder, "saved.json.tmp"), os.path.join(folder, f"saved-{next_step}.json"))
-
-
-def resume(checkpoint, args, index: int, workers: int) -> int:
+def resume(checkpoint, flags, index: int, workers: int) -> int:
     """Restore this worker's shards from the newest step every worker saved (each holds a
     different part, so all must go back to the same step); the step to start from."""
-    if not args.checkpoint_every and args.trace_step < 0:
+    if not flags.checkpoint_every and flags.trace_step < 0:
         return 0
     saved = []
     for worker in range(workers):
-        files = glob.glob(os.path.join(args.checkpoint_dir, f"worker-{worker}", "saved-*.json"))
+        files = glob.glob(os.path.join(flags.checkpoint_dir, f"worker-{worker}", "saved-*.json"))
         saved.append({int(os.path.basename(f)[len("saved-"):-len(".json")]) for f in files})
     common = set.intersection(*saved)
     if not common:
         return 0
     step = max(common)
-    with open(os.path.join(args.checkpoint_dir, f"worker-{index}", f"saved-{step}.json")) as file:
+    with open(os.path.join(flags.checkpoint_dir, f"worker-{index}", f"saved-{step}.json")) as file:
         checkpoint.read(json.load(file)["path"]).assert_consumed()
     return step
 
