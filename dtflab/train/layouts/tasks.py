@@ -6,10 +6,15 @@ from __future__ import annotations
 from dtflab import checks, names
 
 
+def worker_tasks(count: int) -> list[str]:
+    """The task names of the first ``count`` workers: ``["worker:0", "worker:1", ...]``."""
+    return [f"worker:{i}" for i in range(count)]
+
+
 def worker_devices(cluster, workers, slow=None):
     """The worker devices a data-parallel run uses, and ``slow`` as {device: seconds}."""
     checks.cluster(cluster)
-    tasks = [f"worker:{i}" for i in range(len(cluster.addresses.get("worker", [])))]
+    tasks = worker_tasks(len(cluster.addresses.get("worker", [])))
     if not tasks:
         raise ValueError(f"data parallelism needs a 'worker' job; this cluster has: "
                          f"{', '.join(cluster.addresses)}")

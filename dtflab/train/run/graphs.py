@@ -51,6 +51,17 @@ def delay_op(seconds: float):
     return tf.compat.v1.data.make_one_shot_iterator(dataset.with_options(options)).get_next()
 
 
+def straggler(slow: dict | None, device: str, after=(), share: float = 1.0) -> list:
+    """What ``device``'s next op waits for: ``after`` (its previous work), then, if ``slow``
+    names it, a sleep of ``slow[device] x share`` seconds on it (a slower machine; ops named
+    ``straggler/...``). Use as ``tf.control_dependencies(straggler(slow, device))``."""
+    if not slow or device not in slow:
+        return list(after)
+    tf = import_tf()
+    with tf.control_dependencies(list(after)), tf.name_scope("straggler"):
+        return [delay_op(slow[device] * share)]
+
+
 def single_graph(problem, seed: int, device: str | None = None) -> TrainGraph:
     """Everything in one place (``device=None``: wherever the session runs)."""
     return _one_replica_graph(problem, seed, lambda tf: tf.device(device))

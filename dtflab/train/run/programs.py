@@ -26,10 +26,10 @@ from pathlib import Path
 from dtflab import names
 from dtflab.cluster.task import log_tail
 from dtflab.errors import StallError, TaskError
+from dtflab.train.layouts import tasks as layout
 from dtflab.train.run.checkpoints import Recovery
-from dtflab.train.run.history import RunHistory
 from dtflab.train.run.reports import EVERY_INTERFACE, LOOPBACK, Reports, WorkerDied
-from dtflab.train.run.runner import Runner, Update
+from dtflab.train.run.runner import Update, checked_run, new_runner
 from dtflab.train.run.watchdog import Stalled
 from dtflab.train.worker_programs.contract import GO, Flags
 
@@ -84,10 +84,7 @@ class ProgramOptions:
         from dtflab import checks
         from dtflab.cluster import MAX_THREADS
         from dtflab.spec import parse_count
-        from dtflab.train.run.watchdog import settings as watchdog_settings
-
-        checks.run_arguments(self.steps, self.seed, self.trace_step)
-        watchdog = watchdog_settings(self.watchdog)
+        watchdog = checked_run(self.steps, self.seed, self.trace_step, self.watchdog)
         workers = parse_count(self.workers, "workers")
         checks.seconds(self.timeout, "timeout", example=60)
         if self.collective_timeout_s is not None:
@@ -97,7 +94,7 @@ class ProgramOptions:
         if problem.batch_size % workers:
             raise ValueError(f"the batch of {problem.batch_size} does not split into {workers} "
                              f"equal slices; choose workers that divide it, e.g. workers=2")
-        chosen = [f"worker:{i}" for i in range(workers)]
+        chosen = layout.worker_tasks(workers)
         slow = checks.tasks_in(self.slow, "slow", chosen, example={chosen[-1]: 0.05})
         if self.checkpoint_every is not None:
             checks.whole(self.checkpoint_every, "checkpoint_every", example=10)
@@ -172,15 +169,16 @@ def train_in_programs(loop: Loop, problem, options: ProgramOptions, *, flags=Non
         if folder and not o.checkpoint_dir:
             shutil.rmtree(folder, ignore_errors=True)
         raise
-    history = RunHistory(o.name or f"{loop.title} ({o.workers} workers)", loop.kind,
-                         workers=[f"worker:{i}" for i in range(o.workers)], cluster=cluster)
+    runner = new_runner(loop.kind, o.name or f"{loop.title} ({o.workers} workers)", o.callbacks,
+                        o.watchdog, cluster=cluster, on_stop=reports.send_stop,
+                        workers=layout.worker_tasks(o.workers))
+    history = runner.history
     history.details["fingerprints"] = {worker: [] for worker in history.workers}
     history.details["state_bytes"] = {}
     history.details["memory"] = {}
     history.reads["overlap_share"] = overlap_share
     history.details["report_port"] = reports.port
     history.details.update(details or {})
-    runner = Runner(history, o.callbacks, on_stop=reports.send_stop, watchdog=o.watchdog)
     job = _Job(cluster, reports, history, o.checkpoint_every, o.timeout, lockstep, runner.watch,
                o.trace_step, loop.collective)
 
@@ -290,9 +288,8 @@ class _Job:
     def _waiting(self) -> None:
         """While no report comes: a stall that has lasted ``1 + retries`` times its bound (the
         time a session loop spends on its new sessions) is given up on."""
-        stall = self.watch.stalled("all") if self.watch is not None else None
-        if stall is not None and self.watch.waited_s("all") >= stall.bound_s * (
-                1 + self.watch.settings.retries):
+        stall = self.watch.outlasted_retries("all") if self.watch is not None else None
+        if stall is not None:
             raise Stalled(stall)
 
     def _after_stall(self, stall) -> None:
@@ -303,8 +300,7 @@ class _Job:
             error = StallError(stall, f"still no step after {waited:.1f} s, so the run ended "
                                       f"(pass checkpoint_every=K to restart every worker from a "
                                       f"checkpoint instead)")
-            self.history.failures.append(str(error))
-            self.watch.settle("all", "gave up")
+            self.watch.give_up("all", str(error))
             raise error
         self.history.failures.append(f"{stall}; no step for {waited:.1f} s: every worker restarts")
         self._restart_all("the run (stalled)", self.last_step + 1)

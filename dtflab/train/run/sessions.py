@@ -134,10 +134,9 @@ class SessionSteps:
             try:
                 return self._run(step, feed)
             except Stalled as stalled:
-                if tries == self.watch.settings.retries:
+                if not self.watch.retries_left(tries):
                     error = StallError(stalled.stall, f"gave up after {tries} new session(s)")
-                    self.history.failures.append(str(error))
-                    self.watch.settle("all", "gave up")
+                    self.watch.give_up("all", str(error))
                     raise error from None
                 tries += 1
                 self.session = renewed(self.session)

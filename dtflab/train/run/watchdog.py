@@ -156,6 +156,27 @@ class Watch:
         if stall is not None:
             stall.outcome = outcome
 
+    # -- the stall policy every loop follows ---------------------------------------------------
+
+    def retries_left(self, tries: int) -> bool:
+        """Whether a stalled step that has had ``tries`` new sessions in a row may have one
+        more (the loop then renews it and calls ``settle(worker, "recovered")``)."""
+        return tries < self.settings.retries
+
+    def outlasted_retries(self, worker: str) -> Stall | None:
+        """For a step that cannot be renewed (a collective): its stall, once it has lasted
+        ``1 + retries`` times its bound (the time a session loop spends on its retries)."""
+        stall = self.stalled(worker)
+        if stall is not None and self.waited_s(worker) >= stall.bound_s * (1 + self.settings.retries):
+            return stall
+        return None
+
+    def give_up(self, worker: str, failure: str) -> None:
+        """The end of a stall nothing could recover: ``failure`` goes into the history's
+        failures and the stall says "gave up"."""
+        self.history.failures.append(failure)
+        self.settle(worker, "gave up")
+
     @contextlib.contextmanager
     def paused(self, worker: str):
         """Not watching ``worker`` for the block (the loop restores a task); its step's clock

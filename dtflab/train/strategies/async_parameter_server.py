@@ -13,12 +13,10 @@ from dtflab import checks, names
 from dtflab._quiet import import_tf
 from dtflab.errors import TaskError
 from dtflab.train.layouts.tasks import worker_devices
-from dtflab.train.run.graphs import TrainGraph, Tower, delay_op
-from dtflab.train.run.history import RunHistory
-from dtflab.train.run.runner import Runner, Update
+from dtflab.train.run.graphs import TrainGraph, Tower, straggler
+from dtflab.train.run.runner import Update, checked_run, new_runner
 from dtflab.train.run.sessions import (close_session, describe, failed_task, new_session, ps_plan,
                                        run_step, stall_behind)
-from dtflab.train.run.watchdog import settings as watchdog_settings
 
 
 def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
@@ -39,17 +37,17 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
     Each worker's session sees only the non-worker tasks and its own worker
     (``device_filters``): no worker's step can wait on another worker.
     """
-    checks.run_arguments(steps, seed)
+    watchdog = checked_run(steps, seed, watchdog=watchdog)
     if checkpoint_every is not None:
         checks.whole(checkpoint_every, "checkpoint_every", example=20)
-    watchdog = watchdog_settings(watchdog)
     devices, slow_devices = worker_devices(cluster, workers, slow)
     plan = ps_plan(cluster)
     built = [async_graph(problem, plan, devices, seed, slow_devices, worker=i)
              for i in range(len(devices))]
-    history = RunHistory(name or f"async parameter server ({len(devices)} workers)", "async",
-                         workers=[names.task(d) for d in devices], cluster=cluster)
-    runner = Runner(history, callbacks, watchdog=watchdog)
+    runner = new_runner("async", name or f"async parameter server ({len(devices)} workers)",
+                        callbacks, watchdog, cluster=cluster,
+                        workers=[names.task(d) for d in devices])
+    history = runner.history
     downpour = _Downpour(built, problem, seed, cluster, devices, history, checkpoint_every,
                          checkpoint_dir)
     downpour.watch, runner.on_stall = runner.watch, downpour.stalled
@@ -176,10 +174,9 @@ class _Downpour:
     def _unstalled(self, state, stall, name, tries) -> bool:
         """After the watchdog closed a stalled step's session: a new session (True: retry
         the batch), or, after ``retries`` of them, this worker's failure (False)."""
-        if tries == self.watch.settings.retries:
-            self.history.failures.append(f"{stall}; gave up after {tries} new session(s); "
-                                         f"the other workers carried on")
-            self.watch.settle(name, "gave up")
+        if not self.watch.retries_left(tries):
+            self.watch.give_up(name, f"{stall}; gave up after {tries} new session(s); the other "
+                                     f"workers carried on")
             return False
         state["session"] = self._session(self.history.workers.index(name))
         self.watch.settle(name, "recovered")
@@ -259,8 +256,7 @@ def async_graph(problem, plan, workers: list[str], seed: int, slow: dict | None 
             with tf.device(device), tf.name_scope(f"worker{i}"):
                 x, t = problem.placeholders()
                 before = global_step.read_value()
-                waits = [delay_op(slow[device])] if slow and device in slow else []
-                with tf.control_dependencies([before] + waits):
+                with tf.control_dependencies([before] + straggler(slow, device)):
                     params = [tf.identity(v) for v in variables]  # this worker's read
                 loss = problem.loss(problem.forward(params, x), t)
                 grads = tf.gradients(loss, params)

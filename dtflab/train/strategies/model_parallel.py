@@ -6,20 +6,17 @@ from dtflab import checks, names
 from dtflab.placement import PlacementPlan
 from dtflab.train.layouts.tasks import checked_device
 from dtflab.train.run import graphs
-from dtflab.train.run.history import RunHistory
-from dtflab.train.run.runner import Runner
+from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.run.sessions import run_one_replica
-from dtflab.train.run.watchdog import settings as watchdog_settings
 
 
 def model_parallel(problem, cluster, plan: PlacementPlan | None = None, *, steps: int = 200,
                    seed: int = 0, background: bool = False, callbacks=(), name: str | None = None,
                    trace_step: int | None = None, watchdog=True):
     """Variables spread over the ps tasks by layer (or by ``plan``); compute on one task."""
-    checks.run_arguments(steps, seed, trace_step)
+    watchdog = checked_run(steps, seed, trace_step, watchdog)
     checks.cluster(cluster)
-    runner = Runner(RunHistory(name or "model parallel", "model_parallel"), callbacks,
-                    watchdog=watchdog_settings(watchdog))
+    runner = new_runner("model_parallel", name or "model parallel", callbacks, watchdog)
     plan = plan or PlacementPlan.by_layer(cluster, job="ps")
     for device in [plan.compute, *plan.devices]:
         checked_device(cluster, device, "plan")

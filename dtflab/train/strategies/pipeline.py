@@ -24,11 +24,9 @@ from dtflab.train.formulas import costs
 from dtflab.train.layouts.layers import layer_ranges
 from dtflab.train.measure.bubble import Bubble
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
-from dtflab.train.run.graphs import TrainGraph, delay_op, one_multiply_at_a_time
-from dtflab.train.run.history import RunHistory
-from dtflab.train.run.runner import Runner
+from dtflab.train.run.graphs import TrainGraph, one_multiply_at_a_time, straggler
+from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.run.sessions import run_one_replica
-from dtflab.train.run.watchdog import settings as watchdog_settings
 
 
 @dataclass(frozen=True)
@@ -104,10 +102,8 @@ class _StepBuilder:
         device, (first, _) = self.stages.devices[s], self.stages.layers[s]
         with tf.device(device), tf.name_scope(f"stage{s}/forward{j}"):
             incoming = self.xs[j] if s == 0 else self.outputs[s - 1][j]
-            waits = self.last[s]
-            if device in self.slow:  # after the stage's previous work, as a slower machine
-                with tf.control_dependencies(waits), tf.name_scope("straggler"):
-                    waits = [delay_op(self.slow[device] / self.stages.micro_batches)]
+            # a slow stage sleeps after its previous work, as a slower machine
+            waits = straggler(self.slow, device, self.last[s], 1 / self.stages.micro_batches)
             with tf.control_dependencies(waits):
                 h_in = tf.identity(incoming, name="input")
             h = problem.forward(self.variables[s], h_in, first_layer=first)
@@ -158,7 +154,7 @@ def pipeline(problem, cluster, *, stages: int = 2, micro_batches: int = 4,
     straggler. ``trace_step=k`` traces step k: ``history.bubble`` then measures each stage's
     busy and idle time. A dead task ends the run with a TaskError naming it.
     """
-    checks.run_arguments(steps, seed, trace_step)
+    watchdog = checked_run(steps, seed, trace_step, watchdog)
     checks.one_of(schedule, "schedule", costs.SCHEDULES)
     checks.whole(stages, "stages", example=2)
     checks.whole(micro_batches, "micro_batches", example=4)
@@ -172,8 +168,9 @@ def pipeline(problem, cluster, *, stages: int = 2, micro_batches: int = 4,
     devices, slow_devices = worker_devices(cluster, stages, slow)
     plan = Stages(tuple(devices), ranges, micro_batches, schedule)
     built = pipeline_graph(problem, plan, seed, slow_devices)
-    history = RunHistory(name or f"pipeline ({stages} stages, {micro_batches} micro-batches, "
-                         f"{schedule})", "pipeline", cluster=cluster)
+    runner = new_runner("pipeline", name or f"pipeline ({stages} stages, {micro_batches} "
+                        f"micro-batches, {schedule})", callbacks, watchdog, cluster=cluster)
+    history = runner.history
     history.details["stages"] = plan
     history.reads["bubble"] = lambda trace: Bubble.from_trace(trace, plan.devices, micro_batches,
                                                               schedule)
@@ -181,5 +178,5 @@ def pipeline(problem, cluster, *, stages: int = 2, micro_batches: int = 4,
     # other stage its part of the step at once (on stage 0, whose one thread is busy with the
     # first forwards, the other stages got theirs only after those: measured, 34 of 193 ms).
     return run_one_replica(built, cluster.target(*names.split(devices[-1])),
-                           Runner(history, callbacks, watchdog=watchdog_settings(watchdog)),
+                           runner,
                            problem, steps, seed, cluster, background, trace_step)

@@ -12,8 +12,7 @@ import os
 
 from dtflab._quiet import import_tf, quiet_fds
 from dtflab.cluster.ports import free_ports
-from dtflab.train.run.history import RunHistory
-from dtflab.train.run.runner import Runner, Update
+from dtflab.train.run.runner import Update, checked_run, new_runner
 
 #: Distinct batches shipped to the workers (a tf.data pipeline of them, repeated).
 DATA_BATCHES = 8
@@ -73,11 +72,9 @@ def ps_strategy(problem, cluster, *, steps: int = 200, seed: int = 0, background
     reports a stalled step here but cannot end it (the coordinator owns the workers' calls).
     """
     from dtflab import checks
-    from dtflab.train.run.watchdog import settings as watchdog_settings
 
-    checks.run_arguments(steps, seed)
+    watchdog = checked_run(steps, seed, watchdog=watchdog)
     checks.cluster(cluster)
-    watchdog = watchdog_settings(watchdog)
     tf = import_tf()
     strategy = strategy or strategy_for(cluster)
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
@@ -105,9 +102,9 @@ def ps_strategy(problem, cluster, *, steps: int = 200, seed: int = 0, background
         x, t = next(iterator)
         return strategy.run(replica, args=(x, t))
 
-    history = RunHistory(name or f"ParameterServerStrategy ({len(cluster.addresses['worker'])} workers)",
-                         "ps_strategy", workers=["any worker"], cluster=cluster)
-    runner = Runner(history, callbacks, watchdog=watchdog)
+    runner = new_runner("ps_strategy", name or f"ParameterServerStrategy "
+                        f"({len(cluster.addresses['worker'])} workers)", callbacks, watchdog,
+                        cluster=cluster, workers=["any worker"])
     pending = []  # (step, RemoteValue): up to 5 steps in flight
 
     def finished(keep: int):

@@ -6,10 +6,8 @@ from __future__ import annotations
 from dtflab import checks, names
 from dtflab.train.layouts.tasks import checked_device
 from dtflab.train.run import graphs
-from dtflab.train.run.history import RunHistory
-from dtflab.train.run.runner import Runner
+from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.run.sessions import run_one_replica
-from dtflab.train.run.watchdog import settings as watchdog_settings
 
 
 def single(problem, *, steps: int = 200, seed: int = 0, cluster=None, device: str | None = None,
@@ -17,15 +15,14 @@ def single(problem, *, steps: int = 200, seed: int = 0, cluster=None, device: st
            trace_step: int | None = None, watchdog=True):
     """One process does everything (no cluster), or one task does (``cluster`` + ``device``,
     e.g. ``"/job:worker/task:0"``)."""
-    checks.run_arguments(steps, seed, trace_step)
+    watchdog = checked_run(steps, seed, trace_step, watchdog)
     if device is not None:
         if cluster is None:
             raise ValueError(f"device={device!r} needs the cluster it is on: pass cluster= too, "
                              f"or leave device out to train in this process")
         checks.cluster(cluster)
         device = checked_device(cluster, device, "device")
-    runner = Runner(RunHistory(name or "single", "single"), callbacks,
-                    watchdog=watchdog_settings(watchdog))
+    runner = new_runner("single", name or "single", callbacks, watchdog)
     built = graphs.single_graph(problem, seed, device)
     target = cluster.target(*names.split(device)) if cluster is not None and device else ""
     return run_one_replica(built, target, runner, problem, steps, seed, cluster, background,

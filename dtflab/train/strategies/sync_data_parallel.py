@@ -7,11 +7,9 @@ from __future__ import annotations
 from dtflab import checks, names
 from dtflab._quiet import import_tf
 from dtflab.train.layouts.tasks import worker_devices
-from dtflab.train.run.graphs import TrainGraph, Tower, delay_op
-from dtflab.train.run.history import RunHistory
-from dtflab.train.run.runner import Runner
+from dtflab.train.run.graphs import TrainGraph, Tower, straggler
+from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.run.sessions import new_session, ps_plan, synchronous, with_train
-from dtflab.train.run.watchdog import settings as watchdog_settings
 
 
 def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
@@ -21,17 +19,16 @@ def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
     """A tower per worker on its slice of each global batch; gradients combined on the ps,
     applied once. A dead worker ends the run with a TaskError naming it. ``gradient_bits``
     16 or 8 sends gradients compressed (see sync_graph)."""
-    checks.run_arguments(steps, seed, trace_step)
+    watchdog = checked_run(steps, seed, trace_step, watchdog)
     checks.one_of(gradient_bits, "gradient_bits", (32, 16, 8))
-    watchdog = watchdog_settings(watchdog)
     devices, slow_devices = worker_devices(cluster, workers, slow)
     plan = ps_plan(cluster)
     built = sync_graph(problem, plan, devices, seed, slow_devices, gradient_bits)
     session = new_session(cluster.target(*names.split(plan.compute)), built.graph)
     session.run(built.init)
     share = problem.batch_size // len(devices)
-    history = RunHistory(name or f"sync data parallel ({len(devices)} workers)", "sync",
-                         cluster=cluster)
+    runner = new_runner("sync", name or f"sync data parallel ({len(devices)} workers)",
+                        callbacks, watchdog, cluster=cluster)
 
     def feeds(step):
         xs, ts = problem.batch(step, seed)
@@ -40,7 +37,7 @@ def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
             feed[tower.x], feed[tower.t] = xs[i * share:(i + 1) * share], ts[i * share:(i + 1) * share]
         return feed
 
-    return synchronous(Runner(history, callbacks, watchdog=watchdog), steps, session,
+    return synchronous(runner, steps, session,
                         with_train(built), feeds, problem, cluster, trace_step, background)
 
 
@@ -82,8 +79,7 @@ def sync_graph(problem, plan, workers: list[str], seed: int, slow: dict | None =
         for i, device in enumerate(workers):
             with tf.device(device), tf.name_scope(f"tower{i}"):
                 x, t = problem.placeholders()
-                waits = [delay_op(slow[device])] if slow and device in slow else []
-                with tf.control_dependencies(waits):
+                with tf.control_dependencies(straggler(slow, device)):
                     loss = problem.loss(problem.forward(variables, x), t)
                 tower_grads.append(tf.gradients(loss, variables))
             towers.append(Tower(device, x, t, loss))

@@ -34,11 +34,9 @@ from dtflab._quiet import import_tf
 from dtflab.train.formulas import costs
 from dtflab.train.layouts.layers import split_layers
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
-from dtflab.train.run.graphs import TrainGraph, delay_op
-from dtflab.train.run.history import RunHistory
-from dtflab.train.run.runner import Runner
+from dtflab.train.run.graphs import TrainGraph, straggler
+from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.run.sessions import run_one_replica
-from dtflab.train.run.watchdog import settings as watchdog_settings
 
 
 @dataclass(frozen=True)
@@ -78,11 +76,7 @@ def tensor_parallel_graph(problem, split: Split, seed: int, slow: dict | None = 
         for device in split.devices:  # the batch reaches each worker from worker 0
             scope = f"input_on_{names.task(device).replace(':', '')}"
             with tf.device(device), tf.name_scope(scope):
-                waits = []
-                if device in slow:
-                    with tf.name_scope("straggler"):
-                        waits = [delay_op(slow[device])]
-                with tf.control_dependencies(waits):
+                with tf.control_dependencies(straggler(slow, device)):
                     inputs[device] = tf.identity(x, name="x")
         for number, (first, second) in enumerate(split.pairs, start=1):
             cut = problem.layers[first] // k
@@ -139,19 +133,20 @@ def tensor_parallel(problem, cluster, *, ways: int = 2, steps: int = 200, seed: 
     ``slow={"worker:1": 0.05}`` makes that worker sleep that long a step: every sum waits for
     it. A dead task ends the run with a TaskError naming it.
     """
-    checks.run_arguments(steps, seed, trace_step)
+    watchdog = checked_run(steps, seed, trace_step, watchdog)
     checks.whole(ways, "ways", example=2)
     enough_workers(cluster, ways, "ways", "each way runs on a worker task")
     pairs, whole = split_layers(problem, ways, len(cluster.addresses["worker"]))
     devices, slow_devices = worker_devices(cluster, ways, slow)
     split = Split(tuple(devices), pairs, whole)
     built = tensor_parallel_graph(problem, split, seed, slow_devices)
-    history = RunHistory(name or f"tensor parallel ({ways} ways)", "tensor_parallel",
-                         cluster=cluster)
+    runner = new_runner("tensor_parallel", name or f"tensor parallel ({ways} ways)", callbacks,
+                        watchdog, cluster=cluster)
+    history = runner.history
     history.details["split"] = split
     history.details["bytes_formula"] = {
         names.task(device): sent for device, sent in
         zip(devices, costs.tensor_parallel_bytes(ways, problem.batch_size, problem.layers))}
     return run_one_replica(built, cluster.target(*names.split(devices[0])),
-                           Runner(history, callbacks, watchdog=watchdog_settings(watchdog)),
+                           runner,
                            problem, steps, seed, cluster, background, trace_step)
