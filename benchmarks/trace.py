@@ -20,7 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import dtflab  # noqa: E402
 from dtflab._quiet import import_tf  # noqa: E402
-from dtflab.tracing.examples import deep_chain, exp_regression  # noqa: E402
+from dtflab.train.examples import deep_chain, exp_regression  # noqa: E402
 
 tf = import_tf()
 

@@ -13,7 +13,7 @@ from dtflab import train
 from dtflab.cluster.task import TaskState
 from dtflab.errors import DtflabError
 from dtflab.tracing import short_device
-from dtflab.tracing.examples import exp_regression as exp_regression_graph
+from dtflab.train.examples import exp_regression as exp_regression_graph
 
 from conftest import run_constant, wait_until
 

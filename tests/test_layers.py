@@ -136,6 +136,7 @@ def test_each_module_imports_only_the_rooms_below_its_own(module):
 TRAIN_ROOMS = {
     "__init__": None,  # the names users call, each imported on first use
     "experiments": {"strategies", "measure", "run", "layouts", "formulas", "problems"},
+    "examples": {"strategies", "run", "layouts", "formulas", "problems"},  # graphs to trace
     "strategies": {"measure", "run", "layouts", "formulas", "problems"},
     "measure": {"run", "layouts", "formulas", "problems"},
     "run": {"worker_programs", "layouts", "formulas", "problems"},

@@ -108,7 +108,7 @@ def test_kill_unknown_task_and_inprocess_refusal(ip):
 
 TRACE_CELL = """
 import dtflab
-from dtflab.tracing.examples import exp_regression
+from dtflab.train.examples import exp_regression
 built = exp_regression()
 with tf.compat.v1.Session(cluster.target("master"), graph=built.graph) as session:
     session.run(built.init)

@@ -39,7 +39,7 @@ import dtflab
 from dtflab import train
 from dtflab._quiet import import_tf
 from dtflab.tracing import short_device
-from dtflab.tracing.examples import exp_regression as exp_regression_graph
+from dtflab.train.examples import exp_regression as exp_regression_graph
 
 scheduler, mwms, expected_workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
 out = {}

@@ -6,10 +6,10 @@ from conftest import wait_until
 
 import dtflab
 from dtflab import PlacementPlan
+from dtflab import train
 from dtflab._quiet import import_tf
 from dtflab.placement import VariableInfo
 from dtflab.tracing import short_device
-from dtflab.tracing.examples import EXP_LAYERS, exp_batch
 from dtflab.viz.placement import placement_figure
 
 tf = import_tf()
@@ -31,18 +31,16 @@ MLP = [floats(n, 1) for n in ("w1", "b1", "w2", "b2", "w3", "b3")]
 
 
 def mlp_builder():
-    """The 2016 exp(x) model, built under whatever plan is active; returns (fetch, feed)."""
-    x = tf.compat.v1.placeholder(tf.float32, [None, 1], name="x")
-    t = tf.compat.v1.placeholder(tf.float32, [None, 1], name="t")
-    h = x
-    for i in range(3):
-        w = tf.compat.v1.get_variable(f"w{i + 1}", [EXP_LAYERS[i], EXP_LAYERS[i + 1]])
-        b = tf.compat.v1.get_variable(f"b{i + 1}", [EXP_LAYERS[i + 1]])
-        h = tf.nn.leaky_relu(tf.matmul(h, w) + b, alpha=0.2)
-    loss = tf.nn.l2_loss(h - t)
-    train = tf.compat.v1.train.AdamOptimizer().minimize(loss)
-    xs, ts = exp_batch()
-    return [train, loss], {x: xs, t: ts}
+    """The 2016 exp(x) model, built under whatever plan is active; returns (fetch, feed).
+    Its variables are made from their shapes (the plan sees their sizes as they are made)."""
+    problem = train.exp_regression()
+    x, t = problem.placeholders()
+    variables = [tf.compat.v1.get_variable(name, value.shape)
+                 for name, value in problem.initial_values()]
+    loss = problem.loss(problem.forward(variables, x), t)
+    step = problem.optimizer().minimize(loss)
+    xs, ts = problem.batch(0)
+    return [step, loss], {x: xs, t: ts}
 
 
 def test_round_robin_alternates_like_replica_device_setter(cluster):
@@ -184,6 +182,7 @@ def test_a_move_on_the_board_traces_a_step_once_the_moves_settle(cluster):
 TF2_SCRIPT = """
 import dtflab
 from dtflab import PlacementPlan
+from dtflab import train
 from dtflab._quiet import import_tf
 tf = import_tf()
 with dtflab.start_cluster(jobs="worker=1,ps=2") as cluster:

@@ -8,7 +8,7 @@ import pytest
 import dtflab
 from dtflab._quiet import import_tf
 from dtflab.tracing import recording, short_device
-from dtflab.tracing.examples import deep_chain, exp_regression, towers
+from dtflab.train.examples import deep_chain, exp_regression, towers
 
 tf = import_tf()
 F32 = 4

@@ -5,7 +5,7 @@ import pytest
 
 import dtflab
 from dtflab._quiet import import_tf
-from dtflab.tracing.examples import deep_chain, exp_regression, towers
+from dtflab.train.examples import deep_chain, exp_regression, towers
 from dtflab.viz.graph_layout import layout_graph
 from dtflab.viz.partition import partition_figure
 from dtflab.viz.timeline import timeline_figure
