@@ -51,8 +51,8 @@ def wait_for_records(run, records: int, timeout: float = 60.0) -> None:
     """Wait until the background ``run`` holds ``records`` step records; fail with its
     failures and each worker's log if it does not within ``timeout`` s, or with its error if
     it ended first."""
-    assert wait_until(lambda: run.history.steps >= records or run.done, timeout=timeout), (
-        f"{run.history.steps} records in {timeout:g} s; failures: {run.history.failures}; logs: "
+    assert wait_until(lambda: len(run.history.records) >= records or run.done, timeout=timeout), (
+        f"{len(run.history.records)} records in {timeout:g} s; failures: {run.history.failures}; logs: "
         + "; ".join(f"{worker}: {run.history.cluster.logs(worker)[-1000:]}"
                     for worker in run.history.workers))
     assert not run.done, run.wait()  # raises the run's error, if it ended with one

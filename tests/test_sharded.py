@@ -66,7 +66,7 @@ def test_each_worker_holds_half_the_state_and_sends_one_and_a_half_times_all_red
 
 def test_stop_ends_every_worker_at_the_same_step():
     run = train.sharded_data_parallel(PROBLEM, workers=2, steps=100_000, background=True)
-    assert wait_until(lambda: run.history.steps >= 20, timeout=60)
+    assert wait_until(lambda: run.history.steps >= 10, timeout=60)
     run.stop()
     history = run.wait(timeout=60)
     assert history.stopped_early and not history.failures
@@ -79,7 +79,7 @@ def test_stop_ends_every_worker_at_the_same_step():
 def test_a_killed_worker_stops_the_whole_job_with_its_name():
     run = train.sharded_data_parallel(PROBLEM, workers=2, steps=100_000, slow={"worker:0": 0.01},
                                       background=True)
-    assert wait_until(lambda: run.history.steps >= 20, timeout=60)
+    assert wait_until(lambda: run.history.steps >= 10, timeout=60)
     run.history.cluster.kill("worker", 1)
     with pytest.raises(TaskError, match=r"worker:1 was killed during step \d+; every other worker "
                                         r"waits for it in the all-gather"):

@@ -21,7 +21,8 @@ class Comparison:
         fig = figure(title="Loss per example", width=width, height=320, x_axis_label="step",
                      y_axis_type="log", tools="pan,wheel_zoom,box_zoom,reset,save")
         for i, run in enumerate(self.runs):
-            fig.line([r.step for r in run.records], [max(r.loss, 1e-12) for r in run.records],
+            steps = run.step_records
+            fig.line([r.step for r in steps], [max(r.loss, 1e-12) for r in steps],
                      color=PALETTE[i % len(PALETTE)], legend_label=run.name, line_width=2,
                      alpha=0.8, name=f"run{i}")
         fig.legend.location = "top_right"

@@ -25,6 +25,11 @@ class RunHistory:
     """Per-step loss, wall time, examples/s, steps per worker and, for async, staleness; it
     knows no strategy: each hands it what its views read (``details``, ``reads``).
 
+    ``steps``, ``losses`` and ``summary()`` count one way for every loop: one per step of
+    training. Where every worker reports every step (the loops in worker programs set
+    ``step_reports`` to their worker count) ``records`` holds a record per worker per step;
+    ``step_records`` merges each step's into one.
+
     Safe to read while a background run appends to it (``records`` only grows).
     """
 
@@ -40,6 +45,7 @@ class RunHistory:
     trace: object = None  # the StepTrace of the step asked for with trace_step=, if any
     cluster: object = field(default=None, repr=False)  # what it trained on (None: one process)
     details: dict = field(default_factory=dict)  # loop-specific figures, named in its docstring
+    step_reports: int = 1  # records one step makes: a synchronous loop's workers each report it
     #: What a strategy's traced step tells, each ``name: function(trace)``, read as
     #: ``history.name`` (a pipeline's ``bubble``, all-reduce's ``overlap_share``).
     reads: dict = field(default_factory=dict, repr=False)
@@ -74,12 +80,34 @@ class RunHistory:
             return self.records[count:]
 
     @property
+    def step_records(self) -> list[StepRecord]:
+        """One record per step of training, in step order of first report: where several
+        workers report each step, their records merged (the step's loss, the examples of
+        every worker, the time the last one reported it, worker ``"all"``). A step trained
+        again after a restart counts once, as its last run."""
+        with self._lock:
+            records = list(self.records)
+        if self.step_reports == 1:
+            return records
+        steps: dict[int, list[StepRecord]] = {}
+        for record in records:
+            group = steps.setdefault(record.step, [])
+            if len(group) == self.step_reports:  # the step again, after a restart
+                group.clear()
+            group.append(record)
+        return [StepRecord(step, "all", sum(r.loss for r in group) / len(group),
+                           max(r.time_s for r in group), sum(r.examples for r in group),
+                           max(r.staleness for r in group))
+                for step, group in steps.items()]
+
+    @property
     def losses(self) -> list[float]:
-        return [r.loss for r in self.records]
+        return [r.loss for r in self.step_records]
 
     @property
     def steps(self) -> int:
-        return len(self.records)
+        """Steps of training (one per update, however many workers report it)."""
+        return len(self.step_records) if self.step_reports > 1 else len(self.records)
 
     @property
     def examples(self) -> int:

@@ -173,6 +173,7 @@ def train_in_programs(loop: Loop, problem, options: ProgramOptions, *, flags=Non
                         o.watchdog, cluster=cluster, on_stop=reports.send_stop,
                         workers=layout.worker_tasks(o.workers))
     history = runner.history
+    history.step_reports = o.workers  # every worker reports every step
     history.details["fingerprints"] = {worker: [] for worker in history.workers}
     history.details["state_bytes"] = {}
     history.details["memory"] = {}
