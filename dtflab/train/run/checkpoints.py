@@ -1,4 +1,9 @@
-"""Checkpoints for the async parameter-server loop: a dead ps costs at most K updates.
+"""Recovery from a dead task, and the async parameter-server loop's checkpoints.
+
+:class:`Recovery` is what every loop that survives a death records in ``history.recoveries``
+(Downpour after a ps, the worker-program loops after a worker: their programs write their own
+checkpoints, ``worker_programs/loop.py``). :class:`Checkpoints` is Downpour's: a dead ps costs
+at most K updates.
 
 The ps holds the only copy of the variables; when it dies they are gone. ``Checkpoints``
 writes them (optimizer slots and the global step too) every K updates, and after a ps failure
@@ -27,7 +32,7 @@ RESTORE_RETRY_S = 10.0  # a just-restarted task may refuse connections for a mom
 
 @dataclass(frozen=True)
 class Recovery:
-    """One ps failure survived: the step it had reached, the step restored, the cost."""
+    """One task failure survived: the step it had reached, the step restored, the cost."""
 
     task: str
     failed_at: int  # updates acknowledged to workers when the ps died
