@@ -9,6 +9,7 @@ import pytest
 
 from dtflab import train
 from dtflab.cluster.programs import Program
+from dtflab.train import problems
 from dtflab.train.worker_programs import contract
 from dtflab.train.worker_programs.contract import Flags
 
@@ -16,7 +17,7 @@ PROBLEM = train.exp_regression(batch_size=8)
 
 
 def test_the_flags_the_notebook_writes_are_the_flags_a_program_reads(tmp_path):
-    sent = Flags(problem=json.dumps(dataclasses.asdict(PROBLEM)), steps=7, seed=3,
+    sent = Flags(problem=problems.to_json(PROBLEM), steps=7, seed=3,
                  report="{client_host}:4242", slow=json.dumps({"worker:1": 0.05}),
                  checkpoint_dir=str(tmp_path), checkpoint_every=5, trace_step=2,
                  trace_dir=str(tmp_path / "trace"), threads=1, lockstep=True, check_every=4,
@@ -28,7 +29,7 @@ def test_the_flags_the_notebook_writes_are_the_flags_a_program_reads(tmp_path):
     argv = program.arguments({"worker": ["127.0.0.1:1"]}, "worker", 0, client_host="10.0.0.5")
     received = Flags.parse(argv, "worker.py")
     assert received == dataclasses.replace(sent, report="10.0.0.5:4242")
-    assert json.loads(received.problem)["layers"] == list(PROBLEM.layers)
+    assert problems.from_json(received.problem) == PROBLEM
     # the defaults a program falls back on are the same on both sides
     assert Flags.parse(["--problem={}", "--steps=1", "--report=h:1"], "w") == Flags("{}", 1, "h:1")
 

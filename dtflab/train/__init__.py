@@ -35,6 +35,7 @@ import importlib.util
 #: strategy (and the cluster, the fork server) with it.
 WHERE = {
     "Problem": "problems", "exp_regression": "problems", "classification": "problems",
+    "Transformer": "problems", "transformer": "problems",
     "RunHistory": "run.history", "StepRecord": "run.history",
     "Callback": "run.callbacks", "WireBytes": "run.callbacks",
     "BackgroundRun": "run.runner", "Runner": "run.runner", "Update": "run.runner",
@@ -75,8 +76,8 @@ def __dir__():
     return sorted(set(globals()) | set(WHERE))
 
 
-__all__ = ["Problem", "exp_regression", "classification", "RunHistory", "StepRecord", "Callback",
-           "BackgroundRun", "single", "model_parallel", "sync_data_parallel",
-           "async_parameter_server", "ps_strategy", "strategy_for", "all_reduce", "pipeline",
-           "tensor_parallel", "sharded_data_parallel", "WireBytes", "Runner", "Update", "Watchdog",
-           "stage_arithmetic_s"]
+__all__ = ["Problem", "exp_regression", "classification", "Transformer", "transformer",
+           "RunHistory", "StepRecord", "Callback", "BackgroundRun", "single", "model_parallel",
+           "sync_data_parallel", "async_parameter_server", "ps_strategy", "strategy_for",
+           "all_reduce", "pipeline", "tensor_parallel", "sharded_data_parallel", "WireBytes",
+           "Runner", "Update", "Watchdog", "stage_arithmetic_s"]

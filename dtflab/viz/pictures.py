@@ -170,7 +170,9 @@ def pipeline_picture(problem, cluster, stages: int = 2, micro_batches: int = 4,
     cut them), and what crosses between neighbouring stages for each micro-batch: activations
     forward, their gradients back."""
     from dtflab.train.layouts.layers import layer_ranges
+    from dtflab.train.problems import needs_mlp
 
+    needs_mlp(problem, "pipeline_picture")
     checks.cluster(cluster)
     checks.whole(micro_batches, "micro_batches", example=4)
     ranges = layer_ranges(problem, stages, cut)

@@ -31,7 +31,9 @@ def slices_picture(problem, strategy: str = "tensor_parallel", ways: int = 2) ->
 
     Under each worker's colour, the bytes of parameters it holds."""
     from dtflab import checks
+    from dtflab.train.problems import needs_mlp
 
+    needs_mlp(problem, "slices_picture")
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r}: choose one of {', '.join(map(repr, STRATEGIES))}")
     checks.whole(ways, "ways", example=2)

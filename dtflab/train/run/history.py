@@ -38,7 +38,7 @@ class RunHistory:
     workers: list[str] = field(default_factory=lambda: ["all"])  # who adds records
     records: list[StepRecord] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)  # "worker:1 failed: ..." lines
-    recoveries: list = field(default_factory=list)  # train.run.checkpoints.Recovery, one per ps failure
+    recoveries: list = field(default_factory=list)  # train.run.checkpoints.Recovery, one each
     stalls: list = field(default_factory=list)  # train.run.watchdog.Stall, one per stalled step
     stopped_early: bool = False
     wall_s: float = 0.0

@@ -26,6 +26,7 @@ from pathlib import Path
 from dtflab import names
 from dtflab.cluster.task import log_tail
 from dtflab.errors import StallError, TaskError
+from dtflab.train import problems
 from dtflab.train.layouts import tasks as layout
 from dtflab.train.run.checkpoints import Recovery
 from dtflab.train.run.reports import EVERY_INTERFACE, LOOPBACK, Reports, WorkerDied
@@ -149,7 +150,7 @@ def train_in_programs(loop: Loop, problem, options: ProgramOptions, *, flags=Non
     folder = o.checkpoint_dir or (tempfile.mkdtemp(prefix=f"dtflab-{loop.kind}-")
                                   if o.checkpoint_every or o.trace_step is not None else "")
     reports = Reports(o.workers, EVERY_INTERFACE if o.elsewhere else LOOPBACK)
-    args = Flags(problem=json.dumps(dataclasses.asdict(problem)), steps=o.steps, seed=o.seed,
+    args = Flags(problem=problems.to_json(problem), steps=o.steps, seed=o.seed,
                  report=f"{{client_host}}:{reports.port}", slow=json.dumps(o.slow or {}),
                  checkpoint_dir=folder, checkpoint_every=o.checkpoint_every or 0,
                  trace_step=-1 if o.trace_step is None else o.trace_step,

@@ -167,7 +167,8 @@ class Watch:
         """For a step that cannot be renewed (a collective): its stall, once it has lasted
         ``1 + retries`` times its bound (the time a session loop spends on its retries)."""
         stall = self.stalled(worker)
-        if stall is not None and self.waited_s(worker) >= stall.bound_s * (1 + self.settings.retries):
+        waited = self.waited_s(worker)
+        if stall is not None and waited >= stall.bound_s * (1 + self.settings.retries):
             return stall
         return None
 

@@ -23,6 +23,7 @@ from dtflab._quiet import import_tf
 from dtflab.train.formulas import costs
 from dtflab.train.layouts.layers import layer_ranges
 from dtflab.train.measure.bubble import Bubble
+from dtflab.train.problems import needs_mlp
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.run.graphs import TrainGraph, one_multiply_at_a_time, straggler
 from dtflab.train.run.runner import checked_run, new_runner
@@ -154,6 +155,7 @@ def pipeline(problem, cluster, *, stages: int = 2, micro_batches: int = 4,
     straggler. ``trace_step=k`` traces step k: ``history.bubble`` then measures each stage's
     busy and idle time. A dead task ends the run with a TaskError naming it.
     """
+    needs_mlp(problem, "train.pipeline")
     watchdog = checked_run(steps, seed, trace_step, watchdog)
     checks.one_of(schedule, "schedule", costs.SCHEDULES)
     checks.whole(stages, "stages", example=2)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dtflab.train.formulas import costs
+from dtflab.train.problems import needs_mlp
 from dtflab.train.run.programs import (Loop, ProgramOptions, takes_program_options,
                                        train_in_programs)
 
@@ -55,6 +56,7 @@ def sharded_data_parallel(problem, **options):
     ``backend``, ``scheduler`` and ``client`` run the programs on a Dask cluster, as
     ``train.all_reduce``'s do (checkpoints and traces then need a shared ``checkpoint_dir``).
     """
+    needs_mlp(problem, "train.sharded_data_parallel")
     options = ProgramOptions(**options).checked(problem)
     details = {"bytes_per_step_formula": costs.sharded_bytes(problem.parameter_bytes,
                                                              options.workers),

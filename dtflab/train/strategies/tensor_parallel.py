@@ -34,6 +34,7 @@ from dtflab._quiet import import_tf
 from dtflab.train.formulas import costs
 from dtflab.train.layouts.layers import split_layers
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
+from dtflab.train.problems import needs_mlp
 from dtflab.train.run.graphs import TrainGraph, straggler
 from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.run.sessions import run_one_replica
@@ -133,6 +134,7 @@ def tensor_parallel(problem, cluster, *, ways: int = 2, steps: int = 200, seed: 
     ``slow={"worker:1": 0.05}`` makes that worker sleep that long a step: every sum waits for
     it. A dead task ends the run with a TaskError naming it.
     """
+    needs_mlp(problem, "train.tensor_parallel")
     watchdog = checked_run(steps, seed, trace_step, watchdog)
     checks.whole(ways, "ways", example=2)
     enough_workers(cluster, ways, "ways", "each way runs on a worker task")

@@ -34,14 +34,6 @@ CONNECT_TIMEOUT_S = 60.0
 HEARTBEAT_S = 120.0
 
 
-def problem_of(flags):
-    """The Problem the notebook sent as JSON."""
-    from dtflab.train.problems import Problem
-
-    fields = json.loads(flags.problem)
-    return Problem(**{**fields, "layers": tuple(fields["layers"])})
-
-
 @dataclasses.dataclass
 class Worker:
     """One worker program once it has set up: its flags, problem, place among the workers,
@@ -74,7 +66,9 @@ def start(argv, prog: str, communication=lambda flags: {}) -> Worker:
     if flags.threads:
         tf.config.threading.set_intra_op_parallelism_threads(flags.threads)
         tf.config.threading.set_inter_op_parallelism_threads(flags.threads)
-    problem = problem_of(flags)
+    from dtflab.train.problems import from_json
+
+    problem = from_json(flags.problem)
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     report = Report(flags.report)
     options = tf.distribute.experimental.CommunicationOptions(
