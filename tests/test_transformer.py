@@ -144,3 +144,26 @@ def test_layer_norm_and_gelu_keep_less_and_compute_tensorflows_gradients():
                           gradients(lambda v: tf.nn.gelu(v, approximate=True), x))]:
         for a, b in zip(ours, theirs):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("problem", [
+    train.transformer(blocks=1, d_model=64, heads=4, sequence=32, batch_size=16),
+    train.transformer(blocks=2, d_model=128, heads=8, sequence=64, batch_size=8),
+    train.transformer(blocks=3, d_model=96, heads=6, sequence=48, batch_size=6, tied=False)],
+    ids=lambda p: p.name)
+def test_every_byte_the_memory_formula_predicts_is_what_the_traced_step_allocated(problem):
+    report = train.memory(problem)
+    print(report)
+    for kind, error in report.errors.items():
+        assert abs(error) <= 0.01, (kind, report)
+    # what the step held at its peak: at least what the forward kept, and the gradients
+    assert report.measured["peak"] >= report.measured["activations"]
+    # the activation term that grows with the sequence squared is the softmax: a·s²·b floats
+    longer = train.memory(dataclasses.replace(problem, sequence=2 * problem.sequence,
+                                              name=problem.name + "_long"))
+    grown = longer.measured["activations"] - report.measured["activations"]
+    s, b, a, d = problem.sequence, problem.batch_size, problem.heads, problem.d_model
+    v = problem.vocabulary
+    linear = (problem.blocks * (14 * s * b * d + 2 * s * b) + s * b * d + s * b * (2 * v + d + 2))
+    assert grown == 4 * (linear + problem.blocks * a * (4 * s * s - s * s) * b)

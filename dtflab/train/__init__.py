@@ -40,7 +40,7 @@ WHERE = {
     "Callback": "run.callbacks", "WireBytes": "run.callbacks",
     "BackgroundRun": "run.runner", "Runner": "run.runner", "Update": "run.runner",
     "Watchdog": "run.watchdog",
-    "stage_arithmetic_s": "measure.stage_arithmetic",
+    "stage_arithmetic_s": "measure.stage_arithmetic", "memory": "measure.memory",
     "single": "strategies.single", "model_parallel": "strategies.model_parallel",
     "sync_data_parallel": "strategies.sync_data_parallel",
     "async_parameter_server": "strategies.async_parameter_server",
@@ -80,4 +80,4 @@ __all__ = ["Problem", "exp_regression", "classification", "Transformer", "transf
            "RunHistory", "StepRecord", "Callback", "BackgroundRun", "single", "model_parallel",
            "sync_data_parallel", "async_parameter_server", "ps_strategy", "strategy_for",
            "all_reduce", "pipeline", "tensor_parallel", "sharded_data_parallel", "WireBytes",
-           "Runner", "Update", "Watchdog", "stage_arithmetic_s"]
+           "Runner", "Update", "Watchdog", "stage_arithmetic_s", "memory"]

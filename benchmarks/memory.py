@@ -1,0 +1,86 @@
+"""The transformer and its memory, measured in one run.
+
+- transformer_vs_single_max_abs_loss_diff: the worst |loss difference| per step over the loops
+  that train the transformer beside train.single (sync data parallel through a ps, all-reduce
+  in 2 worker programs), same seed and global batch, 20 steps.
+- memory_model_max_rel_error: for each kind (parameters, gradients, optimizer, activations),
+  the worst relative error of formulas.memory's prediction against the bytes a traced step
+  allocated (train.memory), over several shapes (blocks, d_model, heads, sequence, batch).
+- peak_over_activations: the step's measured peak over its kept activations, per shape (the
+  peak is measured only).
+- flops_matmul_over_6n: the matrix multiplies a training step runs, counted from its graph,
+  over the references' 6 N + 12 L S d, per shape.
+- loss_first_last: train.single on train.transformer()'s defaults, 200 steps: the first loss
+  and the mean of the last 20, in nats per token.
+- seconds_per_step_single: the same run's median step time.
+
+    python benchmarks/memory.py [--quick]
+
+Prints one JSON line. --quick uses two shapes and fewer steps (under 2 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+import dtflab  # noqa: E402
+from dtflab import train  # noqa: E402
+from dtflab.train.formulas import transformer as formula  # noqa: E402
+from dtflab.train.measure import flops  # noqa: E402
+
+SHAPES = [dict(blocks=1, d_model=64, heads=4, sequence=32, batch_size=16),
+          dict(blocks=2, d_model=128, heads=8, sequence=64, batch_size=8),
+          dict(blocks=1, d_model=32, heads=2, sequence=128, batch_size=4),
+          dict(blocks=3, d_model=96, heads=6, sequence=48, batch_size=6, tied=False),
+          dict(blocks=2, d_model=256, heads=4, sequence=16, batch_size=32)]
+
+
+def loops_against_single(steps: int) -> float:
+    problem = train.transformer(blocks=1, d_model=32, heads=2, sequence=16, batch_size=8)
+    single = np.array(train.single(problem, steps=steps, seed=4).losses)
+    with dtflab.start_cluster(jobs="ps=1,worker=2") as cluster:
+        sync = np.array(train.sync_data_parallel(problem, cluster, steps=steps, seed=4).losses)
+    reduced = np.array(train.all_reduce(problem, workers=2, steps=steps, seed=4).losses)
+    return float(max(np.max(np.abs(sync - single)), np.max(np.abs(reduced - single))))
+
+
+def flops_ratio(problem) -> float:
+    return flops.training_step(problem) / formula.of(problem)["flops_total"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    shapes = SHAPES[:2] if args.quick else SHAPES
+    errors, peaks, flops = {}, {}, {}
+    for shape in shapes:
+        problem = train.transformer(**shape)
+        report = train.memory(problem)
+        for kind, error in report.errors.items():
+            errors[kind] = max(errors.get(kind, 0.0), abs(error))
+        peaks[problem.name] = round(report.measured["peak"] / report.measured["activations"], 3)
+        flops[problem.name] = round(flops_ratio(problem), 4)
+    steps = 60 if args.quick else 200
+    history = train.single(train.transformer(), steps=steps, seed=0)
+    times = np.diff([r.time_s for r in history.records])
+    print(json.dumps({
+        "transformer_vs_single_max_abs_loss_diff": loops_against_single(8 if args.quick else 20),
+        "memory_model_max_rel_error": {kind: float(f"{e:.2e}") for kind, e in errors.items()},
+        "peak_over_activations": peaks,
+        "flops_matmul_over_6n": flops,
+        "loss_first_last": [round(history.losses[0], 3), round(history.final_loss(), 3)],
+        "seconds_per_step_single": round(statistics.median(times), 4),
+        "steps": steps,
+    }))
+
+
+if __name__ == "__main__":
+    main()
