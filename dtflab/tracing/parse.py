@@ -18,7 +18,7 @@ def _tensor(input_name: str) -> tuple[str, str]:
     return op, f"{op}:{slot or 0}"
 
 
-def _dtype_name(enum_value: int) -> str:
+def dtype_name(enum_value: int) -> str:
     from dtflab._quiet import import_tf
 
     try:
@@ -27,7 +27,7 @@ def _dtype_name(enum_value: int) -> str:
         return "unknown"
 
 
-def _itemsize(dtype: str) -> int | None:
+def itemsize(dtype: str) -> int | None:
     import numpy as np
 
     try:
@@ -75,7 +75,7 @@ def read_timings(metadata):
                 description = output.tensor_description
                 shape = tuple(dim.size for dim in description.shape.dim)
                 outputs[dev.device, stats.node_name, output.slot] = (
-                    _dtype_name(description.dtype), shape,
+                    dtype_name(description.dtype), shape,
                     description.allocation_description.requested_bytes)
     return timings, outputs, rpc
 
@@ -139,14 +139,14 @@ def match_transfers(metadata, outputs, rpc) -> tuple[list[Transfer], list[Transf
         else:  # a feed: the client sends, the graph receives
             node, dtype_enum, client_terminated = recv
             producer, tensor_name = "", name
-        dtype = _dtype_name(dtype_enum)
+        dtype = dtype_name(dtype_enum)
         op_name, _, slot = tensor_name.partition(":")
         recorded = outputs.get((src, op_name, int(slot or 0)))
         shape = recorded[1] if recorded else None
         timing = rpc.get(name)
-        itemsize = _itemsize(dtype)
-        if shape is not None and itemsize is not None:
-            nbytes = math.prod(shape) * itemsize
+        size = itemsize(dtype)
+        if shape is not None and size is not None:
+            nbytes = math.prod(shape) * size
         elif timing is not None:
             nbytes = timing[2]
         else:

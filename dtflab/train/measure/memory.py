@@ -20,21 +20,26 @@ a run without FULL_TRACE.
 
 from __future__ import annotations
 
+import collections
 import math
 import re
 from dataclasses import dataclass
+
+from dtflab import names
+from dtflab.tracing.parse import dtype_name, itemsize
+from dtflab.train.formulas.memory import KINDS, transformer_bytes
 
 #: Ops of the backward pass and the optimizer, by name (``tf.gradients``, ``minimize``).
 BACKWARD = re.compile(r"(^|/)(gradients|Adam)(_\d+)?(/|$)")
 OPTIMIZER_STATE = re.compile(r"(/Adam(_\d+)?|^beta[12]_power(_\d+)?)$")
 APPLY_OPS = {"ResourceApplyAdam": 9, "ApplyAdam": 9}  # the index of the gradient input
-ITEMSIZE = {1: 4, 2: 8, 3: 4, 9: 8, 19: 2, 14: 2}  # float, double, int32, int64, half, bfloat16
 
 
 def step_memory(metadata) -> dict[str, dict[str, int]]:
-    """``{device: {"parameters", "optimizer", "gradients", "activations", "peak"}}`` in bytes
-    for the step ``metadata`` traced (see the module's docstring)."""
-    found: dict[str, dict[str, int]] = {}
+    """``{device: {"parameters", "gradients", "optimizer", "activations", "peak"}}`` in bytes
+    for the step ``metadata`` traced, devices by their short names (``worker:0``; see the
+    module's docstring)."""
+    found = collections.defaultdict(lambda: dict.fromkeys((*KINDS, "peak"), 0))
     producers = {}  # (op, slot) -> bytes, from the step's records
     for dev in metadata.step_stats.dev_stats:
         for stats in dev.node_stats:
@@ -43,8 +48,7 @@ def step_memory(metadata) -> dict[str, dict[str, int]]:
                     output.tensor_description.allocation_description.requested_bytes)
     for graph in metadata.partition_graphs:
         for node in graph.node:
-            held = found.setdefault(node.device, dict.fromkeys(
-                ("parameters", "optimizer", "gradients", "activations", "peak"), 0))
+            held = found[names.short(node.device)]
             if node.op == "VarHandleOp":
                 kind = "optimizer" if OPTIMIZER_STATE.search(node.name) else "parameters"
                 held[kind] += _variable_bytes(node)
@@ -52,9 +56,7 @@ def step_memory(metadata) -> dict[str, dict[str, int]]:
                 op, _, slot = node.input[APPLY_OPS[node.op]].partition(":")
                 held["gradients"] += producers.get((op, int(slot or 0)), 0)
     for dev in metadata.step_stats.dev_stats:
-        device = next((d for d in found if _same_device(d, dev.device)), dev.device)
-        held = found.setdefault(device, dict.fromkeys(
-            ("parameters", "optimizer", "gradients", "activations", "peak"), 0))
+        held = found[names.short(dev.device)]
         activations, peak = _live_bytes(dev)
         held["activations"] += activations
         held["peak"] = max(held["peak"], peak)
@@ -84,14 +86,7 @@ def _live_bytes(dev) -> tuple[int, int]:
 
 def _variable_bytes(node) -> int:
     shape = [dim.size for dim in node.attr["shape"].shape.dim]
-    return math.prod(shape) * ITEMSIZE.get(node.attr["dtype"].type, 4)
-
-
-def _same_device(a: str, b: str) -> bool:
-    return a.lower().replace("device:", "") == b.lower().replace("device:", "")
-
-
-KINDS = ("parameters", "gradients", "optimizer", "activations")
+    return math.prod(shape) * (itemsize(dtype_name(node.attr["dtype"].type)) or 4)
 
 
 @dataclass(frozen=True)
@@ -133,7 +128,6 @@ def memory(problem, *, batch: int | None = None, seed: int = 0) -> MemoryReport:
 
     from dtflab._quiet import import_tf
     from dtflab.tracing.capture import trace
-    from dtflab.train.formulas.memory import transformer_bytes
     from dtflab.train.run import graphs
 
     if batch is not None:
