@@ -38,8 +38,6 @@ class Tower:
 def delay_op(seconds: float):
     """An op that sleeps ``seconds`` on the device it is placed on, without spinning a core
     (a tf.data sleep, pulled once per run). Used for stragglers."""
-    from dtflab import tf_private
-
     tf = import_tf()
     dataset = tf.data.Dataset.from_tensors(0).repeat().apply(tf_private.data_sleep(int(seconds * 1e6)))
     # tf.data would otherwise prefetch the next element in the background: a task with time

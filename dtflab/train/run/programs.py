@@ -85,6 +85,7 @@ class ProgramOptions:
         from dtflab import checks
         from dtflab.cluster import MAX_THREADS
         from dtflab.spec import parse_count
+
         watchdog = checked_run(self.steps, self.seed, self.trace_step, self.watchdog)
         workers = parse_count(self.workers, "workers")
         checks.seconds(self.timeout, "timeout", example=60)

@@ -166,9 +166,8 @@ def new_runner(kind: str, name: str, callbacks, watchdog: Watchdog | None, *, cl
                workers: list[str] | None = None, on_stop=None) -> Runner:
     """The Runner of a new run of ``kind`` (``RunHistory.loop``), its history named ``name``;
     ``watchdog`` is :func:`checked_run`'s."""
-    history = RunHistory(name, kind, cluster=cluster)
-    if workers is not None:
-        history.workers = list(workers)
+    history = RunHistory(name, kind, cluster=cluster,
+                         **({} if workers is None else {"workers": list(workers)}))
     return Runner(history, callbacks, on_stop=on_stop, watchdog=watchdog)
 
 

@@ -17,9 +17,10 @@ from pathlib import Path
 from dtflab.train.run.programs import (Loop, ProgramOptions, takes_program_options,
                                        train_in_programs)
 
-LOOP = Loop(Path(__file__).parents[1] / "worker_programs" / "all_reduce.py", "all_reduce", "all-reduce",
-            "all-reduce", "TF profiler on each worker program, one all-reduce step; "
-                          "CollectiveReduceV2 is the all-reduce")
+LOOP = Loop(Path(__file__).parents[1] / "worker_programs" / "all_reduce.py", "all_reduce",
+            "all-reduce", "all-reduce",
+            "TF profiler on each worker program, one all-reduce step; CollectiveReduceV2 is the "
+            "all-reduce")
 
 
 @takes_program_options

@@ -22,9 +22,9 @@ from dtflab import checks, names
 from dtflab._quiet import import_tf
 from dtflab.train.formulas import costs
 from dtflab.train.layouts.layers import layer_ranges
+from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.measure.bubble import Bubble
 from dtflab.train.problems import needs_mlp
-from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.run.graphs import TrainGraph, one_multiply_at_a_time, straggler
 from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.run.sessions import run_one_replica

@@ -29,7 +29,8 @@ from dtflab.train.problems import needs_mlp
 from dtflab.train.run.programs import (Loop, ProgramOptions, takes_program_options,
                                        train_in_programs)
 
-LOOP = Loop(Path(__file__).parents[1] / "worker_programs" / "sharded_data_parallel.py", "sharded", "sharded", "all-gather",
+LOOP = Loop(Path(__file__).parents[1] / "worker_programs" / "sharded_data_parallel.py",
+            "sharded", "sharded", "all-gather",
             "TF profiler on each worker program, one sharded step; CollectiveGatherV2 is an "
             "all-gather, CollectiveBcastSendV2/RecvV2 the reduce-scatter's exchanges")
 
