@@ -165,5 +165,5 @@ def test_every_byte_the_memory_formula_predicts_is_what_the_traced_step_allocate
     grown = longer.measured["activations"] - report.measured["activations"]
     s, b, a, d = problem.sequence, problem.batch_size, problem.heads, problem.d_model
     v = problem.vocabulary
-    linear = (problem.blocks * (14 * s * b * d + 2 * s * b) + s * b * d + s * b * (2 * v + d + 2))
+    linear = (problem.blocks * (16 * s * b * d + 2 * s * b) + s * b * d + s * b * (2 * v + d + 2))
     assert grown == 4 * (linear + problem.blocks * a * (4 * s * s - s * s) * b)

@@ -11,22 +11,38 @@ With N parameters, float32 and Adam:
   TensorFlow 2.21 keeps them when the backward waits for the forward (one inter-op thread;
   ``measure.memory``):
 
-  - per block, 14·s·b·d + a·s²·b + 2·s·b: the two LayerNorms' outputs, which the qkv and the
-    MLP's first matrix multiply (2·s·b·d), and each row's 1/std (2·s·b); q, k and v
-    (3·s·b·d), the softmax (a·s²·b) and the joined heads the projection multiplies (s·b·d);
-    the MLP's 4d-wide input to GELU and GELU's output (8·s·b·d);
-  - outside the blocks, s·b·d + s·b·(2·V + d + 2): the residual stream, one buffer the
-    residual adds update in place (s·b·d); the one-hot tokens the embedding multiplies
-    (s·b·V); the final LayerNorm's output and 1/std (s·b·d + s·b); the cross-entropy's
+  - per block, 16·s·b·d + a·s²·b + 2·s·b: each LayerNorm's normalised input, which its
+    backward reads, and its output, which the qkv or the MLP's first matrix multiply
+    (4·s·b·d), and each row's 1/std (2·s·b); q, k and v (3·s·b·d), the softmax (a·s²·b) and
+    the joined heads the projection multiplies (s·b·d); the MLP's 4d-wide input to GELU and
+    GELU's output (8·s·b·d);
+  - outside the blocks, s·b·(2·V + 2·d + 2): the residual stream, one buffer the residual
+    adds update in place (s·b·d); the one-hot tokens the embedding multiplies (s·b·V); the
+    final LayerNorm's normalised input and 1/std (s·b·d + s·b); the cross-entropy's
     gradient, computed in its forward (s·b·V), and its losses (s·b).
 
-  That is s·b·d·(56 + 4·a·s/d) bytes per block. Korthikanti et al. 2022 count s·b·h·(34 +
-  5·a·s/h) in 16 bits with dropout: without dropout's masks and outputs, s·b·h·(32 +
-  2·a·s/h), or s·b·h·(64 + 4·a·s/h) in float32. The 8·s·b·d less here are the LayerNorms'
-  inputs, which they count and TensorFlow does not keep: the residual adds run in place, and
-  each LayerNorm's backward reads its output and 1/std. LayerNorm and GELU keep only what
-  fused kernels keep (``problems.transformer``); TensorFlow's autodiff of their formulas would
-  keep every intermediate.
+  That is s·b·d·(64 + 4·a·s/d) + 8·s·b bytes per block: Korthikanti et al. 2022's
+  s·b·h·(34 + 5·a·s/h) for 16 bits with dropout is s·b·h·(32 + 2·a·s/h) without dropout's
+  masks and outputs, twice that in float32, the same count term by term (they keep each
+  LayerNorm's input where this keeps its normalised input; the 1/std is the 8·s·b).
+  LayerNorm and GELU keep only what fused kernels keep (``problems.transformer``);
+  TensorFlow's autodiff of their formulas would keep every intermediate.
+
+The levers (``problems.transformer``), each derived from the ops that keep each term and
+checked against a traced step (``tests/test_memory.py``); p is the bytes of the compute type
+(4 in float32, 2 in bfloat16 or float16):
+
+- **recompute="selective"**: the softmax (a·s²·b per block) is no longer kept; the rest is.
+- **recompute="full"**: per block only its input, s·b·d; the outside terms stay.
+- **16 bits**: every term above in p bytes, except what stays float32: LayerNorm's 1/std
+  (2·s·b per block, s·b outside), the loss's gradient and losses (s·b·(V + 1)). The forward
+  also keeps the 16-bit copies of the weights a backward multiplies by: the output layer's
+  (V·d, tied or not) and each block's four matrices (12·d²), or with full recomputation
+  every block parameter (12·d² + 13·d), which the block's second run reads. On a small model
+  those copies outweigh what 16 bits save: full recomputation in 16 bits can keep more than
+  in float32.
+- **micro-batches** k: the activations of one micro-batch, b/k sequences; parameters,
+  gradients (their running sum) and optimizer state unchanged.
 
 It leaves out what the step allocates and frees while it runs (each op's output before its
 consumer has read it; the transient peak, measured only) and TensorFlow's own buffers.
@@ -38,27 +54,39 @@ from dtflab.train.formulas import transformer as shape_formulas
 
 FLOAT32 = 4
 KINDS = ("parameters", "gradients", "optimizer", "activations")
+#: Bytes per element of each compute type ``train.transformer(precision=)`` takes.
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def activation_elements(blocks: int, d_model: int, heads: int, sequence: int, batch: int,
-                        vocabulary: int) -> dict[str, int]:
-    """Float32 elements the forward keeps for the backward: ``{"per_block", "outside",
+def activation_bytes(blocks: int, d_model: int, heads: int, sequence: int, batch: int,
+                     vocabulary: int, *, recompute: str = "none",
+                     precision: str = "float32") -> dict[str, int]:
+    """Bytes the forward keeps for the backward: ``{"per_block", "outside", "weight_copies",
     "total"}`` (see the module's docstring)."""
-    s, b, d, a = sequence, batch, d_model, heads
-    per_block = 14 * s * b * d + a * s * s * b + 2 * s * b
-    outside = s * b * d + s * b * (2 * vocabulary + d + 2)
-    return {"per_block": per_block, "outside": outside, "total": blocks * per_block + outside}
+    s, b, d, a, v = sequence, batch, d_model, heads, vocabulary
+    p = BYTES[precision]
+    per_block = {"none": p * (16 * s * b * d + a * s * s * b) + FLOAT32 * 2 * s * b,
+                 "selective": p * 16 * s * b * d + FLOAT32 * 2 * s * b,
+                 "full": p * s * b * d}[recompute]
+    outside = p * s * b * (v + 2 * d) + FLOAT32 * s * b * (v + 2)
+    weight_copies = 0
+    if precision != "float32":
+        block = 12 * d * d + (13 * d if recompute == "full" else 0)
+        weight_copies = p * (v * d + blocks * block)
+    return {"per_block": per_block, "outside": outside, "weight_copies": weight_copies,
+            "total": blocks * per_block + outside + weight_copies}
 
 
-def transformer_bytes(problem, batch: int | None = None) -> dict[str, int]:
+def transformer_bytes(problem, batch: int | None = None, micro_batches: int = 1) -> dict[str, int]:
     """Bytes one device holds to train ``problem`` (a ``Transformer``) on ``batch`` sequences
-    (default: its batch), by kind: ``parameters``, ``gradients``, ``optimizer``,
-    ``activations``."""
+    (default: its batch) in ``micro_batches`` micro-batches, by kind: ``parameters``,
+    ``gradients``, ``optimizer``, ``activations``."""
     n = shape_formulas.parameters(problem.blocks, problem.d_model, problem.vocabulary,
                                   problem.sequence, problem.tied)
-    activations = activation_elements(problem.blocks, problem.d_model, problem.heads,
-                                      problem.sequence, batch or problem.batch_size,
-                                      problem.vocabulary)
+    activations = activation_bytes(problem.blocks, problem.d_model, problem.heads,
+                                   problem.sequence, (batch or problem.batch_size) // micro_batches,
+                                   problem.vocabulary, recompute=problem.recompute,
+                                   precision=problem.precision)
     return {"parameters": FLOAT32 * n, "gradients": FLOAT32 * n,
             "optimizer": 2 * FLOAT32 * n + 2 * FLOAT32,
-            "activations": FLOAT32 * activations["total"]}
+            "activations": activations["total"]}

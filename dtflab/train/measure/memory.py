@@ -11,7 +11,8 @@ records (each op's allocations and frees, with their times) on each device.
 - **gradients**: the tensors the optimizer's apply ops read, as the step allocated them.
 - **activations**: the bytes forward ops had allocated and not yet freed when the forward
   pass ended (the end of the last forward op that allocated more than a scalar): what the
-  forward keeps for the backward, and the last forward op's outputs.
+  forward keeps for the backward, and the last forward op's outputs. With micro-batches, the
+  most one micro-batch's forward ops held at the end of its forward.
 - **peak**: the most bytes the step's ops held at once (the variables not counted).
 
 Cannot see: memory TensorFlow allocates outside its allocator (Eigen's thread pools, gRPC), or
@@ -30,7 +31,8 @@ from dtflab.tracing.parse import dtype_name, itemsize
 from dtflab.train.formulas.memory import KINDS, transformer_bytes
 
 #: Ops of the backward pass and the optimizer, by name (``tf.gradients``, ``minimize``).
-BACKWARD = re.compile(r"(^|/)(gradients|Adam)(_\d+)?(/|$)")
+BACKWARD = re.compile(r"(^|/)(gradients|Adam|accumulate)(_\d+)?(/|$)")
+MICRO_BATCH = re.compile(r"^micro_batch(\d+)/")
 OPTIMIZER_STATE = re.compile(r"(/Adam(_\d+)?|^beta[12]_power(_\d+)?)$")
 APPLY_OPS = {"ResourceApplyAdam": 9, "ApplyAdam": 9}  # the index of the gradient input
 
@@ -64,23 +66,30 @@ def step_memory(metadata) -> dict[str, dict[str, int]]:
 
 
 def _live_bytes(dev) -> tuple[int, int]:
-    """(forward bytes live when the forward ended, the most bytes live at once)."""
-    records, forward_end = [], 0
+    """(forward bytes live when the forward ended, the most bytes live at once); with
+    micro-batches, the most one micro-batch's forward ops held at the end of its forward."""
+    records, forward_ends = [], collections.defaultdict(int)  # micro-batch -> its forward's end
     for stats in dev.node_stats:
-        forward = not BACKWARD.search(stats.node_name)
+        micro_batch = MICRO_BATCH.match(stats.node_name)
+        forward = None if BACKWARD.search(stats.node_name) else (
+            micro_batch.group(1) if micro_batch else "")
         allocated = 0
         for memory in stats.memory:
             for record in memory.allocation_records:
                 records.append((record.alloc_micros, record.alloc_bytes, forward))
                 allocated += max(record.alloc_bytes, 0)
-        if forward and allocated > 64:
-            forward_end = max(forward_end, stats.all_start_micros + stats.op_end_rel_micros)
-    records.sort()
+        if forward is not None and allocated > 64:
+            forward_ends[forward] = max(forward_ends[forward],
+                                        stats.all_start_micros + stats.op_end_rel_micros)
+    records.sort(key=lambda record: record[0])
     live = peak = 0
     for _, change, _ in records:
         live += change
         peak = max(peak, live)
-    kept = sum(change for when, change, forward in records if forward and when <= forward_end)
+    # One batch: every forward op's bytes; micro-batches: each one's own forward ops'.
+    kept = max((sum(change for when, change, part in records
+                    if when <= end and part is not None and (part == key or not key))
+                for key, end in forward_ends.items()), default=0)
     return kept, peak
 
 
@@ -114,11 +123,13 @@ class MemoryReport:
         return "\n".join(rows)
 
 
-def memory(problem, *, batch: int | None = None, seed: int = 0) -> MemoryReport:
+def memory(problem, *, batch: int | None = None, micro_batches: int = 1,
+           seed: int = 0) -> MemoryReport:
     """Train ``problem`` (a ``Transformer``) one step in this process, trace the next and
-    report its memory by kind beside ``formulas.memory``'s prediction.
+    report its memory by kind beside ``formulas.memory``'s prediction: a batch of ``batch``
+    sequences (default: the problem's) in ``micro_batches`` micro-batches.
 
-    In [1]: print(train.memory(train.transformer()))
+    In [1]: print(train.memory(train.transformer(recompute="selective"), micro_batches=2))
 
     The step runs with one inter-op thread, so the backward starts once the forward has
     ended: with more, TensorFlow starts parts of the backward early and frees some of what the
@@ -130,12 +141,13 @@ def memory(problem, *, batch: int | None = None, seed: int = 0) -> MemoryReport:
     from dtflab.tracing.capture import trace
     from dtflab.train.run import graphs
 
-    if batch is not None:
-        from dtflab import checks
+    from dtflab import checks
 
+    if batch is not None:
         problem = dataclasses.replace(problem, batch_size=checks.whole(batch, "batch", example=8))
+    checks.micro_batches(micro_batches, problem.batch_size)
     tf = import_tf()
-    built = graphs.single_graph(problem, seed)
+    built = graphs.single_graph(problem, seed, micro_batches=micro_batches)
     x, t = built.inputs
     # A pool of its own: sessions share the process's first pool otherwise, whatever its size.
     config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1,
@@ -147,4 +159,5 @@ def memory(problem, *, batch: int | None = None, seed: int = 0) -> MemoryReport:
         xs, ts = problem.batch(1, seed)
         step = trace(session, [built.train, built.loss], {x: xs, t: ts})
     (measured,) = step_memory(step.metadata).values()
-    return MemoryReport(problem.name, measured, transformer_bytes(problem))
+    name = problem.name + (f" in {micro_batches} micro-batches" if micro_batches > 1 else "")
+    return MemoryReport(name, measured, transformer_bytes(problem, micro_batches=micro_batches))

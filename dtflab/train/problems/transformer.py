@@ -16,7 +16,20 @@ reads the first ``sequence`` and predicts each next one. The model, GPT-2's shap
 
 The loss of a batch is the sum over its sequences of each sequence's mean cross-entropy per
 token, so a batch's loss and gradients are the sums of its slices' (what data parallelism
-needs) and the loss per example a loop reports is the mean loss per token, in nats.
+and gradient accumulation need) and the loss per example a loop reports is the mean loss per
+token, in nats.
+
+Two memory levers are part of the problem, so every loop that trains it uses them:
+
+- ``recompute``: ``"none"``; ``"selective"``, the attention's core (scores, softmax, the
+  weighted sum of the values) run again in the backward instead of keeping the softmax
+  (Korthikanti et al. 2022); ``"full"``, each block run again, only its input kept. The
+  recomputation waits for the gradient that reaches it (a control dependency), so TensorFlow's
+  common-subexpression pass cannot merge it back into the forward.
+- ``precision``: ``"float32"``; ``"bfloat16"`` or ``"float16"``, the forward and backward in
+  16 bits (matmul inputs, activations) with float32 master weights, Adam and loss;
+  LayerNorm's statistics in float32. float16 scales the loss by :data:`LOSS_SCALE` (static:
+  a long run would lower it where a gradient overflows, as Keras's LossScaleOptimizer does).
 """
 
 from __future__ import annotations
@@ -32,6 +45,13 @@ from dtflab.train.problems import text
 
 #: LayerNorm's epsilon, GPT-2's.
 EPSILON = 1e-5
+#: What ``recompute=`` takes; what ``precision=`` takes.
+RECOMPUTE = ("none", "selective", "full")
+PRECISIONS = ("float32", "bfloat16", "float16")
+#: float16's static loss scale: the backward runs on gradients this many times larger, so the
+#: small ones do not underflow float16 (smallest normal 6.1e-5); the weights' gradients are
+#: divided back in float32.
+LOSS_SCALE = 1024.0
 
 
 @dataclass(frozen=True)
@@ -47,10 +67,16 @@ class Transformer:
     batch_size: int
     tied: bool = True
     learning_rate: float = 0.001  # Adam's default
+    recompute: str = "none"
+    precision: str = "float32"
 
     @property
     def head_size(self) -> int:
         return self.d_model // self.heads
+
+    @property
+    def loss_scale(self) -> float:
+        return LOSS_SCALE if self.precision == "float16" else 1.0
 
     # -- the parameters ------------------------------------------------------------------------
 
@@ -126,46 +152,60 @@ class Transformer:
     # -- the model -----------------------------------------------------------------------------
 
     def forward(self, variables, x):
-        """Logits for every position of ``x`` ([batch, sequence, vocabulary]), from
+        """Logits for every position of ``x`` ([batch, sequence, vocabulary], float32), from
         ``variables`` in :meth:`shapes`' order."""
         tf = import_tf()
-        named = dict(zip((name for name, _ in self.shapes()), variables))
+        compute = tf.as_dtype(self.precision)
+        named = dict(zip((name for name, _ in self.shapes()),
+                         (_to_compute(tf, compute, v) for v in variables)))
         with tf.name_scope("embedding"):
-            h = tf.matmul(tf.one_hot(x, self.vocabulary, dtype=tf.float32), named["wte"])
+            h = tf.matmul(tf.one_hot(x, self.vocabulary, dtype=compute), named["wte"])
             h = h + named["wpe"]
         for b in range(1, self.blocks + 1):
             with tf.name_scope(f"block{b}"):
-                h = h + self.attention(tf, named, b, self.layer_norm(tf, named, f"h{b}_ln1", h))
-                h = h + self.mlp(tf, named, b, self.layer_norm(tf, named, f"h{b}_ln2", h))
+                weights = [named[name] for name, _ in self.shapes() if name.startswith(f"h{b}_")]
+                if self.recompute == "full":
+                    h = _recomputed(tf, lambda h, *w, b=b: self.block(tf, b, h, w))(h, *weights)
+                else:
+                    h = self.block(tf, b, h, weights)
         with tf.name_scope("output"):
-            h = self.layer_norm(tf, named, "lnf", h)
+            h = self.layer_norm(tf, named["lnf_scale"], named["lnf_bias"], h)
             out = tf.transpose(named["wte"]) if self.tied else named["lm_head"]
-            return tf.matmul(h, out)
+            logits = tf.matmul(h, out)
+            return logits if compute == tf.float32 else _to_float32(tf, logits, self.loss_scale)
+
+    def block(self, tf, b, h, weights):
+        """Block ``b`` on the residual stream ``h``, with its weights in :meth:`shapes`'
+        order."""
+        (ln1_scale, ln1_bias, qkv_w, qkv_b, proj_w, proj_b,
+         ln2_scale, ln2_bias, fc_w, fc_b, out_w, out_b) = weights
+        h = h + self.attention(tf, self.layer_norm(tf, ln1_scale, ln1_bias, h, "ln1"),
+                               qkv_w, qkv_b, proj_w, proj_b)
+        return h + self.mlp(tf, self.layer_norm(tf, ln2_scale, ln2_bias, h, "ln2"),
+                            fc_w, fc_b, out_w, out_b)
 
     @staticmethod
-    def layer_norm(tf, named, prefix, h):
-        with tf.name_scope(prefix.split("_")[-1]):
-            return _layer_norm(tf)(h, named[f"{prefix}_scale"], named[f"{prefix}_bias"])
+    def layer_norm(tf, scale, bias, h, name="lnf"):
+        with tf.name_scope(name):
+            return _layer_norm(tf)(h, scale, bias)
 
-    def attention(self, tf, named, b, a):
-        """Causal multi-head self-attention of block ``b`` on its normalised input ``a``."""
+    def attention(self, tf, a, qkv_w, qkv_b, proj_w, proj_b):
+        """Causal multi-head self-attention on a block's normalised input ``a``."""
         s, heads, size = self.sequence, self.heads, self.head_size
         with tf.name_scope("attention"):
-            qkv = tf.matmul(a, named[f"h{b}_qkv_w"]) + named[f"h{b}_qkv_b"]
+            qkv = tf.matmul(a, qkv_w) + qkv_b
             q, k, v = (tf.transpose(tf.reshape(part, [-1, s, heads, size]), [0, 2, 1, 3])
                        for part in tf.split(qkv, 3, axis=-1))
-            scores = tf.matmul(q, k, transpose_b=True) * (1.0 / math.sqrt(size))
-            future = 1.0 - tf.linalg.band_part(tf.ones([s, s]), -1, 0)  # 1 above the diagonal
-            weights = tf.nn.softmax(scores - 1e9 * future, axis=-1)
-            joined = tf.reshape(tf.transpose(tf.matmul(weights, v), [0, 2, 1, 3]),
-                                [-1, s, self.d_model])
-            return tf.matmul(joined, named[f"h{b}_proj_w"]) + named[f"h{b}_proj_b"]
+            core = _attention_core(tf, s, size, a.dtype)
+            out = (_recomputed(tf, core) if self.recompute == "selective" else core)(q, k, v)
+            joined = tf.reshape(tf.transpose(out, [0, 2, 1, 3]), [-1, s, self.d_model])
+            return tf.matmul(joined, proj_w) + proj_b
 
     @staticmethod
-    def mlp(tf, named, b, m):
+    def mlp(tf, m, fc_w, fc_b, out_w, out_b):
         with tf.name_scope("mlp"):
-            hidden = _gelu(tf)(tf.matmul(m, named[f"h{b}_fc_w"]) + named[f"h{b}_fc_b"])
-            return tf.matmul(hidden, named[f"h{b}_out_w"]) + named[f"h{b}_out_b"]
+            hidden = _gelu(tf)(tf.matmul(m, fc_w) + fc_b)
+            return tf.matmul(hidden, out_w) + out_b
 
     def loss(self, output, t):
         """The sum over sequences of each sequence's mean cross-entropy per token."""
@@ -178,27 +218,96 @@ class Transformer:
 
 
 def _layer_norm(tf):
-    """LayerNorm over the last axis that keeps for its backward what a fused kernel keeps (its
-    input, and each row's mean and 1/std), not every intermediate of its formula: the memory
-    the activation formula counts (``formulas.memory``)."""
+    """LayerNorm over the last axis that keeps for its backward what a fused kernel keeps (the
+    normalised input, and each row's 1/std), not every intermediate of its formula: the memory
+    the activation formula counts (``formulas.memory``). Its backward reads those two tensors
+    by name, not by TensorFlow merging its arithmetic with the forward's (which Grappler did
+    in some graphs and not others). In 16 bits, its statistics are float32 and it keeps the
+    normalised input in 16 bits."""
 
     @tf.custom_gradient
     def layer_norm(x, scale, bias):
-        mean = tf.reduce_mean(x, axis=-1, keepdims=True)
-        rstd = tf.math.rsqrt(tf.reduce_mean(tf.square(x - mean), axis=-1, keepdims=True) + EPSILON)
-        y = (x - mean) * rstd * scale + bias
+        wide = x.dtype != tf.float32
+        x32 = tf.cast(x, tf.float32) if wide else x
+        mean = tf.reduce_mean(x32, axis=-1, keepdims=True)
+        rstd = tf.math.rsqrt(tf.reduce_mean(tf.square(x32 - mean), axis=-1, keepdims=True)
+                             + EPSILON)
+        normal = (x32 - mean) * rstd
+        normal = tf.cast(normal, x.dtype) if wide else normal
 
         def backward(dy):
-            normal = (x - mean) * rstd
+            with tf.control_dependencies([dy]):  # not before the gradient comes: see _gelu
+                n32 = tf.cast(normal, tf.float32) if wide else tf.identity(normal)
+            dy32 = tf.cast(dy, tf.float32) if wide else dy
             rows = list(range(len(x.shape) - 1))
-            dnormal = dy * scale
+            dnormal = dy32 * (tf.cast(scale, tf.float32) if wide else scale)
             dx = rstd * (dnormal - tf.reduce_mean(dnormal, axis=-1, keepdims=True)
-                         - normal * tf.reduce_mean(dnormal * normal, axis=-1, keepdims=True))
-            return dx, tf.reduce_sum(dy * normal, axis=rows), tf.reduce_sum(dy, axis=rows)
+                         - n32 * tf.reduce_mean(dnormal * n32, axis=-1, keepdims=True))
+            grads = dx, tf.reduce_sum(dy32 * n32, axis=rows), tf.reduce_sum(dy32, axis=rows)
+            return [tf.cast(g, x.dtype) for g in grads] if wide else grads
 
-        return y, backward
+        return normal * scale + bias, backward
 
     return layer_norm
+
+
+def _attention_core(tf, s, size, dtype):
+    """The attention's core on q, k and v ([batch, heads, sequence, size]): scores scaled by
+    1/sqrt(size), the future masked, softmax, the weighted sum of the values."""
+    future = np.triu(np.ones([s, s], np.float32), 1)  # 1 above the diagonal
+    # -1e9 is -inf in float16: exp(-inf) is 0, as the mask means.
+    mask = tf.constant((-1e9 * future).astype(np.float32), dtype=tf.float32)
+
+    def core(q, k, v):
+        scores = tf.matmul(q, k, transpose_b=True) * tf.cast(1.0 / math.sqrt(size), dtype)
+        return tf.matmul(tf.nn.softmax(scores + tf.cast(mask, dtype), axis=-1), v)
+
+    return core
+
+
+def _recomputed(tf, function):
+    """``function`` (tensors in, one tensor out) whose backward runs it again from its inputs
+    instead of keeping what it computed: only the inputs stay alive for the backward.
+
+    The second run waits for the incoming gradient (control dependencies on its inputs'
+    copies), so TensorFlow's common-subexpression pass does not merge it with the first."""
+
+    @tf.custom_gradient
+    def run(*inputs):
+        def backward(dy):
+            with tf.control_dependencies([dy]):
+                again = [tf.identity(value) for value in inputs]
+            return tf.gradients(function(*again), again, grad_ys=dy)
+
+        return function(*inputs), backward
+
+    return run
+
+
+def _to_compute(tf, compute, variable):
+    """A float32 variable as the ``compute`` type the forward uses; its gradient comes back
+    float32, divided by float16's loss scale (``_to_float32``)."""
+    if compute == tf.float32:
+        return variable
+    scale = LOSS_SCALE if compute == tf.float16 else 1.0
+
+    @tf.custom_gradient
+    def cast(value):
+        return tf.cast(value, compute), lambda dy: tf.cast(dy, tf.float32) / scale
+
+    return cast(tf.convert_to_tensor(variable))
+
+
+def _to_float32(tf, logits, scale: float):
+    """16-bit logits as float32 for the loss; the loss's gradient goes back into the 16-bit
+    backward multiplied by ``scale`` (float16's loss scale, 1 otherwise)."""
+    dtype = logits.dtype
+
+    @tf.custom_gradient
+    def cast(value):
+        return tf.cast(value, tf.float32), lambda dy: tf.cast(dy * scale, dtype)
+
+    return cast(logits)
 
 
 def _gelu(tf):
@@ -212,9 +321,14 @@ def _gelu(tf):
         y = 0.5 * x * (1.0 + tf.tanh(inner))
 
         def backward(dy):
-            tanh = tf.tanh(c * (x + 0.044715 * x * x * x))
-            slope = 0.5 * (1.0 + tanh) + 0.5 * x * (1.0 - tanh * tanh) * c * (
-                1.0 + 3 * 0.044715 * x * x)
+            # Once the gradient has come, not before: an op that needs only forward tensors
+            # would otherwise run during the forward (or merge into it), and what the forward
+            # keeps would change from one graph to the next.
+            with tf.control_dependencies([dy]):
+                x_ = tf.identity(x)
+            tanh = tf.tanh(c * (x_ + 0.044715 * x_ * x_ * x_))
+            slope = 0.5 * (1.0 + tanh) + 0.5 * x_ * (1.0 - tanh * tanh) * c * (
+                1.0 + 3 * 0.044715 * x_ * x_)
             return dy * slope
 
         return y, backward
@@ -224,13 +338,16 @@ def _gelu(tf):
 
 def transformer(blocks: int = 2, d_model: int = 64, heads: int = 4, sequence: int = 32,
                 vocabulary: int | None = None, batch_size: int = 16, *, tied: bool = True,
-                learning_rate: float = 0.003) -> Transformer:
+                learning_rate: float = 0.003, recompute: str = "none",
+                precision: str = "float32") -> Transformer:
     """A decoder-only transformer on dtflab's generated text (see ``problems.transformer``).
 
     In [1]: problem = train.transformer(blocks=2, d_model=64, heads=4, sequence=32)
     In [2]: history = train.single(problem, steps=200)    # mean loss per token, in nats
 
     ``vocabulary`` defaults to the text's 23 characters (a larger one leaves the rest unused).
+    ``recompute`` (none, selective, full) and ``precision`` (float32, bfloat16, float16) are
+    the memory levers the module's docstring describes.
     The defaults (0.1 M parameters) train in a few seconds a hundred steps here; the loss
     falls from ln(23) = 3.1 nats to about 1.3 in 200 steps.
     """
@@ -254,6 +371,10 @@ def transformer(blocks: int = 2, d_model: int = 64, heads: int = 4, sequence: in
     if not isinstance(learning_rate, (int, float)) or not learning_rate > 0:
         raise ValueError(f"learning_rate={learning_rate!r}: use a positive number, e.g. "
                          f"learning_rate=0.003")
+    checks.one_of(recompute, "recompute", RECOMPUTE)
+    checks.one_of(precision, "precision", PRECISIONS)
     name = f"transformer_{blocks}x{d_model}_h{heads}_s{sequence}"
+    name += "".join(f"_{lever}" for lever, usual in ((recompute, "none"), (precision, "float32"))
+                    if lever != usual)
     return Transformer(name, blocks, d_model, heads, sequence, vocabulary, batch_size, tied,
-                       float(learning_rate))
+                       float(learning_rate), recompute, precision)
