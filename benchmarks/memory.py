@@ -5,7 +5,8 @@
   in 2 worker programs), same seed and global batch, 20 steps.
 - memory_model_max_rel_error: for each kind (parameters, gradients, optimizer, activations),
   the worst relative error of formulas.memory's prediction against the bytes a traced step
-  allocated (train.memory), over several shapes (blocks, d_model, heads, sequence, batch).
+  allocated (train.memory), over several shapes (blocks, d_model, heads, sequence, batch) and
+  the levers (recompute, precision) on the last of them.
 - peak_over_activations: the step's measured peak over its kept activations, per shape (the
   peak is measured only).
 - flops_matmul_over_6n: the matrix multiplies a training step runs, counted from its graph,
@@ -13,6 +14,14 @@
 - loss_first_last: train.single on train.transformer()'s defaults, 200 steps: the first loss
   and the mean of the last 20, in nats per token.
 - seconds_per_step_single: the same run's median step time.
+- recompute_activation_ratio: activations kept with recompute="selective" and "full" over
+  none, measured and by the formula, for LEVER_SHAPE in float32.
+- mixed_precision_activation_ratio: bfloat16's and float16's activations over float32's,
+  measured and by the formula, LEVER_SHAPE, no recomputation.
+- accumulation_vs_big_batch_max_abs_diff: the worst |loss difference| per step between
+  micro_batches=4 and one batch of the same sequences, 20 steps.
+- lever_step_time_over_none: each lever's median step time over float32 without
+  recomputation (train.transformer()'s defaults otherwise, 100 steps each, in turn).
 
     python benchmarks/memory.py [--quick]
 
@@ -40,6 +49,10 @@ SHAPES = [dict(blocks=1, d_model=64, heads=4, sequence=32, batch_size=16),
           dict(blocks=1, d_model=32, heads=2, sequence=128, batch_size=4),
           dict(blocks=3, d_model=96, heads=6, sequence=48, batch_size=6, tied=False),
           dict(blocks=2, d_model=256, heads=4, sequence=16, batch_size=32)]
+#: the shape the levers' ratios are measured on: the softmax a fair share of the activations
+LEVER_SHAPE = dict(blocks=2, d_model=128, heads=8, sequence=64, batch_size=8)
+LEVERS = [dict(recompute="selective"), dict(recompute="full"), dict(precision="bfloat16"),
+          dict(precision="float16"), dict(recompute="selective", precision="bfloat16")]
 
 
 def loops_against_single(steps: int) -> float:
@@ -49,6 +62,34 @@ def loops_against_single(steps: int) -> float:
         sync = np.array(train.sync_data_parallel(problem, cluster, steps=steps, seed=4).losses)
     reduced = np.array(train.all_reduce(problem, workers=2, steps=steps, seed=4).losses)
     return float(max(np.max(np.abs(sync - single)), np.max(np.abs(reduced - single))))
+
+
+def lever_ratios() -> tuple[dict, dict]:
+    """(recompute ratios, 16-bit ratios), each ``{name: [measured, formula]}``."""
+    reports = {(r, p): train.memory(train.transformer(**LEVER_SHAPE, recompute=r, precision=p))
+               for r, p in [("none", "float32"), ("selective", "float32"), ("full", "float32"),
+                            ("none", "bfloat16"), ("none", "float16")]}
+
+    def ratio(key):
+        return [round(reports[key].measured["activations"]
+                      / reports["none", "float32"].measured["activations"], 4),
+                round(reports[key].predicted["activations"]
+                      / reports["none", "float32"].predicted["activations"], 4)]
+
+    return ({r: ratio((r, "float32")) for r in ("selective", "full")},
+            {p: ratio(("none", p)) for p in ("bfloat16", "float16")})
+
+
+def accumulation_diff(steps: int) -> float:
+    problem = train.transformer(batch_size=16)
+    one = np.array(train.single(problem, steps=steps, seed=5).losses)
+    four = np.array(train.single(problem, steps=steps, seed=5, micro_batches=4).losses)
+    return float(np.max(np.abs(four - one)))
+
+
+def step_time(problem, steps: int) -> float:
+    history = train.single(problem, steps=steps, seed=0)
+    return statistics.median(np.diff([r.time_s for r in history.records]))
 
 
 def flops_ratio(problem) -> float:
@@ -68,6 +109,15 @@ def main() -> None:
             errors[kind] = max(errors.get(kind, 0.0), abs(error))
         peaks[problem.name] = round(report.measured["peak"] / report.measured["activations"], 3)
         flops[problem.name] = round(flops_ratio(problem), 4)
+    for levers in LEVERS[: 2 if args.quick else None]:
+        report = train.memory(train.transformer(**shapes[-1], **levers))
+        for kind, error in report.errors.items():
+            errors[kind] = max(errors.get(kind, 0.0), abs(error))
+    recompute, precision = lever_ratios()
+    lever_steps = 30 if args.quick else 100
+    base = step_time(train.transformer(), lever_steps)
+    times_over_none = {"_".join(levers.values()): round(
+        step_time(train.transformer(**levers), lever_steps) / base, 3) for levers in LEVERS}
     steps = 60 if args.quick else 200
     history = train.single(train.transformer(), steps=steps, seed=0)
     times = np.diff([r.time_s for r in history.records])
@@ -79,6 +129,10 @@ def main() -> None:
         "loss_first_last": [round(history.losses[0], 3), round(history.final_loss(), 3)],
         "seconds_per_step_single": round(statistics.median(times), 4),
         "steps": steps,
+        "recompute_activation_ratio": recompute,
+        "mixed_precision_activation_ratio": precision,
+        "accumulation_vs_big_batch_max_abs_diff": accumulation_diff(8 if args.quick else 20),
+        "lever_step_time_over_none": times_over_none,
     }))
 
 
