@@ -47,6 +47,10 @@ def __getattr__(name):
         from dtflab.ui.placement_editor import PlacementEditor
 
         return PlacementEditor
+    if name in ("memory_planner", "MemoryPlanner"):
+        from dtflab.ui import memory_planner
+
+        return getattr(memory_planner, name)
     if name == "Dashboard":
         from dtflab.viz.dashboard import Dashboard
 
@@ -127,7 +131,7 @@ def load_ipython_extension(ipython) -> None:
 
 __all__ = ["Cluster", "PlacementPlan", "PlacementEditor", "Dashboard", "architectures",
            "ScalingModel", "scaling_figure", "curves_figure", *PICTURES, "slices_picture",
-           "bytes_sent",
+           "bytes_sent", "memory_planner", "MemoryPlanner",
            "short_device", "show", "compare", "train", "TaskInfo", "TaskState", "start_cluster", "run",
            "trace", "profile", "tf_log", "DtflabError",
            "NotSupportedError", "TaskError", "__version__"]

@@ -1,0 +1,177 @@
+"""What each device holds to train a transformer of any size, by kind, in bytes: the memory
+planner's arithmetic (``dtflab.memory_planner``), pure Python and instant.
+
+A :class:`Plan` is a shape (``train.transformer``'s: blocks, d_model, heads, sequence,
+vocabulary, tied), a global batch in sequences, and how it is trained: ``micro_batches`` per
+step, ``precision``, ``recompute``, and the ways it is split: ``data`` replicas, ``tensor``
+(Megatron's: the attention's heads and the MLP's hidden units), ``pipeline`` stages (blocks
+cut evenly; 1F1B), and a ZeRO ``stage`` over the data replicas (1: Adam's state sharded; 2: and
+the gradients; 3: and the parameters).
+
+Measured here and what is not. With ``tensor = pipeline = 1`` and ``stage = 0`` a device holds
+one replica training on ``batch / data`` sequences: exactly ``formulas.memory``'s count, which
+``train.memory`` checks to the byte (``tests/test_memory.py``), and the planner's **Measure**
+runs. The rest is the references' arithmetic applied to that count, not yet measured by
+dtflab:
+
+- **tensor** t (Megatron, without sequence parallelism): each block's matrices, the qkv and
+  first MLP biases, and what lies between the two matrices of the attention and of the MLP
+  (q, k, v, the softmax, the joined heads, the MLP's 4d-wide tensors) are cut t ways; the
+  LayerNorms, the residual stream and the other biases are whole on every device; the
+  embedding and output layer are cut over the vocabulary.
+- **pipeline** p: a stage holds its blocks (L/p); the first holds the embedding, the last the
+  final LayerNorm and the output layer (a copy of the embedding when tied). Under 1F1B the
+  first stage keeps the activations of min(p, m) micro-batches at once, the last of one.
+  :func:`per_device` reports the stage that holds the most.
+- **ZeRO** over d data replicas: optimizer state / d from stage 1, gradients / d from stage
+  2, parameters / d at stage 3 (Rajbhandari et al. 2020: (2 + 2 + K)·Ψ/N_d in their 16-bit
+  terms; here float32 master weights, so (4 + 4 + 8)·Ψ/d).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from dtflab.train.formulas import memory
+
+KINDS = memory.KINDS
+RECOMPUTE = ("none", "selective", "full")
+STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A transformer, its global batch, and how it is trained and split (the module's
+    docstring)."""
+
+    blocks: int = 2
+    d_model: int = 64
+    heads: int = 4
+    sequence: int = 32
+    vocabulary: int = 23
+    batch: int = 16
+    micro_batches: int = 1
+    precision: str = "float32"
+    recompute: str = "none"
+    data: int = 1
+    tensor: int = 1
+    pipeline: int = 1
+    stage: int = 0
+    tied: bool = True
+
+    def __post_init__(self):
+        from dtflab import checks
+
+        for name in ("blocks", "d_model", "heads", "sequence", "vocabulary", "batch",
+                     "micro_batches", "data", "tensor", "pipeline"):
+            checks.whole(getattr(self, name), name)
+        checks.one_of(self.precision, "precision", tuple(memory.BYTES))
+        checks.one_of(self.recompute, "recompute", RECOMPUTE)
+        checks.one_of(self.stage, "stage", STAGES)
+        if self.d_model % self.heads:
+            raise ValueError(f"heads={self.heads}: d_model={self.d_model} does not split into "
+                             f"{self.heads} equal heads; use a heads that divides it")
+        if self.heads % self.tensor:
+            raise ValueError(f"tensor={self.tensor}: {self.heads} heads do not split over "
+                             f"{self.tensor} devices; use a tensor that divides heads")
+        if self.blocks % self.pipeline:
+            raise ValueError(f"pipeline={self.pipeline}: {self.blocks} blocks do not split into "
+                             f"{self.pipeline} equal stages; use a pipeline that divides blocks")
+        if self.batch % (self.data * self.micro_batches):
+            raise ValueError(f"micro_batches={self.micro_batches}: a batch of {self.batch} "
+                             f"sequences over data={self.data} replicas does not split into "
+                             f"{self.micro_batches} equal micro-batches; use a batch divisible "
+                             f"by {self.data * self.micro_batches}")
+
+    @property
+    def devices(self) -> int:
+        return self.data * self.tensor * self.pipeline
+
+    @property
+    def micro_batch(self) -> int:
+        """Sequences in one micro-batch on one replica."""
+        return self.batch // (self.data * self.micro_batches)
+
+    @property
+    def measurable(self) -> bool:
+        """One device is one replica of ``train.transformer``: ``train.memory`` measures it."""
+        return self.tensor == 1 and self.pipeline == 1 and self.stage == 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def stage_parameters(plan: Plan, first: bool, last: bool) -> dict[str, int]:
+    """Parameters on one device of a stage: ``{"total", "matrices"}`` (``matrices``: those a
+    backward multiplies by, whose 16-bit copies the forward keeps)."""
+    d, v, t = plan.d_model, plan.vocabulary, plan.tensor
+    blocks = plan.blocks // plan.pipeline
+    block_matrices = 12 * d * d // t
+    block = block_matrices + (3 * d + 4 * d) // t + 2 * d + 4 * d  # split biases; whole ones
+    total, matrices = blocks * block, blocks * block_matrices
+    embedding = math.ceil(v / t) * d
+    if first:
+        total += embedding + plan.sequence * d
+    if last:
+        total += 2 * d
+        if not plan.tied or not first:  # the output layer, or the tied embedding's copy
+            total += embedding
+        matrices += embedding
+    return {"total": total, "matrices": matrices, "blocks": blocks, "block": block}
+
+
+def stage_activations(plan: Plan, first: bool, last: bool) -> int:
+    """Bytes one device of a stage keeps for its backward (``formulas.memory``'s count,
+    split as the module's docstring says)."""
+    s, b, d, a, t = plan.sequence, plan.micro_batch, plan.d_model, plan.heads, plan.tensor
+    p = memory.BYTES[plan.precision]
+    f32 = memory.FLOAT32
+    v = math.ceil(plan.vocabulary / t)
+    per_block = {"none": p * (4 * s * b * d + (12 * s * b * d + a * s * s * b) // t) + f32 * 2 * s * b,
+                 "selective": p * (4 * s * b * d + 12 * s * b * d // t) + f32 * 2 * s * b,
+                 "full": p * s * b * d}[plan.recompute]
+    parameters = stage_parameters(plan, first, last)
+    in_flight = min(plan.pipeline, plan.micro_batches) if first else 1
+    kept = in_flight * parameters["blocks"] * per_block
+    if first:
+        kept += in_flight * p * s * b * v  # the one-hot tokens
+    if last:
+        kept += p * s * b * 2 * d + f32 * s * b * (v + 2)  # residual, final LN, the loss's
+    if plan.precision != "float32":
+        block_extra = 13 * d * parameters["blocks"] if plan.recompute == "full" else 0
+        kept += p * (parameters["matrices"] + block_extra)
+    return kept
+
+
+def per_device(plan: Plan) -> dict[str, int]:
+    """Bytes on the device that holds the most, by kind (``parameters``, ``gradients``,
+    ``optimizer``, ``activations``), and ``total``."""
+    stages = [(True, plan.pipeline == 1)] + ([(False, True)] if plan.pipeline > 1 else [])
+    found = []
+    for first, last in stages:
+        n = stage_parameters(plan, first, last)["total"]
+        d = plan.data
+        held = {"parameters": memory.FLOAT32 * n // (d if plan.stage >= 3 else 1),
+                "gradients": memory.FLOAT32 * n // (d if plan.stage >= 2 else 1),
+                "optimizer": (2 * memory.FLOAT32 * n + 2 * memory.FLOAT32)
+                // (d if plan.stage >= 1 else 1),
+                "activations": stage_activations(plan, first, last)}
+        held["total"] = sum(held.values())
+        found.append(held)
+    return max(found, key=lambda held: held["total"])
+
+
+#: Shapes a learner may start from: this laptop's, GPT-2 small as published, and GPT-shaped
+#: models of Llama 2's two sizes (its blocks, width, heads, vocabulary and sequence; a GELU MLP
+#: of 4d where Llama has SwiGLU, so 6.7 B and 65 B parameters here).
+PRESETS = {
+    "dtflab default (0.1 M)": dict(blocks=2, d_model=64, heads=4, sequence=32, vocabulary=23,
+                                    batch=16),
+    "GPT-2 small (124 M)": dict(blocks=12, d_model=768, heads=12, sequence=1024,
+                                vocabulary=50257, batch=8),
+    "GPT, 32 x 4096 (6.7 B)": dict(blocks=32, d_model=4096, heads=32, sequence=4096,
+                             vocabulary=32000, batch=8, tied=False),
+    "GPT, 80 x 8192 (65 B)": dict(blocks=80, d_model=8192, heads=64, sequence=4096,
+                              vocabulary=32000, batch=8, tied=False),
+}

@@ -1,0 +1,255 @@
+"""The memory planner: fields and sliders for a transformer and how it is trained and split,
+each device's predicted bytes drawn as stacked bars by kind against a budget, redrawn as a
+field changes; **Measure** runs the plan's step here when one device is one replica small
+enough to run, and draws the measured bars beside the predicted ones.
+
+In [1]: planner = dtflab.memory_planner("GPT-2 small (124 M)", budget_gb=80)
+In [2]: planner                       # the widget
+In [3]: planner.set(tensor=4, pipeline=2, precision="bfloat16")
+In [4]: planner.measure()             # or the button; planner.measured, planner.errors
+
+The arithmetic is ``dtflab.train.formulas.plan``'s (its docstring says which terms dtflab has
+measured and which are the references' and not yet measured here). Measure cannot run a plan
+split by tensor, pipeline or ZeRO: the transformer's loops that split it are not built yet; it
+says so instead of drawing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dtflab.train.formulas import plan as formulas
+
+#: The colours of the kinds, bottom to top.
+COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868",
+           "activations": "#c44e52"}
+#: The largest plan Measure runs here, in predicted bytes on its device.
+MEASURABLE_BYTES = 1 << 30
+WAYS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+
+
+def _unit(largest: float) -> tuple[str, float]:
+    for name, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if largest >= size:
+            return name, size
+    return "bytes", 1.0
+
+
+class MemoryPlanner:
+    """See the module's docstring. ``plan`` holds the current :class:`~formulas.Plan`;
+    ``predicted`` and ``measured`` the bytes by kind (``measured`` empty until Measure);
+    ``status`` the line under the bars."""
+
+    def __init__(self, plan: formulas.Plan | None = None, *, budget_gb: float = 80.0):
+        import ipywidgets as w
+
+        self.plan = plan or formulas.Plan()
+        self.budget_gb = float(budget_gb)
+        self.measured: dict = {}
+        self.errors: dict = {}
+        self.status = ""
+        self._updating = False
+        fields = {}
+        for name in ("blocks", "d_model", "heads", "sequence", "vocabulary", "batch"):
+            fields[name] = w.BoundedIntText(value=getattr(self.plan, name), min=1, max=10**7,
+                                            description=name, layout=w.Layout(width="190px"))
+        fields["micro_batches"] = w.IntSlider(value=self.plan.micro_batches, min=1, max=64,
+                                              description="micro_batches")
+        for name in ("data", "tensor", "pipeline"):
+            fields[name] = w.Dropdown(options=WAYS, value=getattr(self.plan, name),
+                                      description=f"{name} ways", layout=w.Layout(width="190px"))
+        fields["precision"] = w.ToggleButtons(options=list(formulas.memory.BYTES),
+                                              value=self.plan.precision, description="precision")
+        fields["recompute"] = w.ToggleButtons(options=list(formulas.RECOMPUTE),
+                                              value=self.plan.recompute, description="recompute")
+        fields["stage"] = w.ToggleButtons(options=list(formulas.STAGES), value=self.plan.stage,
+                                          description="ZeRO stage")
+        fields["tied"] = w.Checkbox(value=self.plan.tied, description="tied output layer")
+        self.fields = fields
+        self.preset = w.Dropdown(options=["(your own)", *formulas.PRESETS], description="preset")
+        self.budget = w.BoundedFloatText(value=self.budget_gb, min=0.001, max=1e6, step=1,
+                                         description="budget GB", layout=w.Layout(width="190px"))
+        self.measure_button = w.Button(description="Measure", icon="play",
+                                       tooltip="run this plan's step here and draw what it held")
+        self.line = w.HTML()
+        for control in (*fields.values(), self.budget):
+            control.observe(self._changed, names="value")
+        self.preset.observe(self._preset, names="value")
+        self.measure_button.on_click(lambda _: self.measure())
+        self.source, self.figure = self._figure()
+        self.widget = None
+        self._draw()
+
+    # -- what a learner calls ------------------------------------------------------------------
+
+    @property
+    def predicted(self) -> dict[str, int]:
+        return formulas.per_device(self.plan)
+
+    def set(self, **changes) -> MemoryPlanner:
+        """Change the plan's fields (``tensor=4``, ``precision="bfloat16"``...) as the controls
+        would; a bad value raises its one-line error and changes nothing."""
+        plan = dataclasses.replace(self.plan, **changes)
+        self._updating = True
+        try:
+            for name, value in changes.items():
+                self.fields[name].value = value
+        finally:
+            self._updating = False
+        self._apply(plan)
+        return self
+
+    def measure(self) -> dict:
+        """Run one traced step of the plan here (``train.memory``) and draw it beside the
+        prediction; returns the measured bytes by kind ({} with the reason in ``status`` when
+        the plan cannot run here)."""
+        plan = self.plan
+        if not plan.measurable:
+            self.status = ("Measure runs one replica: set tensor and pipeline ways to 1 and ZeRO "
+                           "stage to 0 (the transformer's loops that split those are not built "
+                           "yet)")
+        elif self.predicted["total"] > MEASURABLE_BYTES:
+            self.status = (f"Measure runs here only plans under {MEASURABLE_BYTES >> 20} MB per "
+                           f"device; this one is predicted at {self.predicted['total'] / 1e9:.1f}"
+                           f" GB: make it smaller to measure its shape")
+        else:
+            from dtflab import train
+
+            self.status = "measuring one step…"
+            self._draw()
+            try:
+                problem = train.transformer(plan.blocks, plan.d_model, plan.heads,
+                                            plan.sequence, plan.vocabulary,
+                                            plan.batch // plan.data, tied=plan.tied,
+                                            recompute=plan.recompute, precision=plan.precision)
+            except ValueError as error:  # a vocabulary under the text's, a sequence too long
+                self.status = f"cannot measure this shape here: {error}"
+                self._draw()
+                return {}
+            report = train.memory(problem, micro_batches=plan.micro_batches)
+            self.measured = {kind: report.measured[kind] for kind in formulas.KINDS}
+            self.measured["total"] = sum(self.measured.values())
+            self.errors = {kind: (self.predicted[kind] - value) / value
+                           for kind, value in self.measured.items() if value}
+            worst = max(self.errors.items(), key=lambda item: abs(item[1]))
+            self.status = (f"measured one step here: worst error {worst[1]:+.2%} "
+                           f"({worst[0]}); peak {report.measured['peak'] / 1e6:.2f} MB")
+        self._draw()
+        return dict(self.measured)
+
+    # -- the widget ----------------------------------------------------------------------------
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.view())
+
+    def view(self):
+        """The widget: controls, the bars, the status line."""
+        if self.widget is None:
+            import ipywidgets as w
+            from jupyter_bokeh import BokehModel
+
+            from dtflab.viz.output import load_bokehjs
+
+            load_bokehjs()
+            f = self.fields
+            self.widget = w.VBox([
+                w.HBox([self.preset, self.budget, self.measure_button]),
+                w.HBox([f["blocks"], f["d_model"], f["heads"]]),
+                w.HBox([f["sequence"], f["vocabulary"], f["batch"]]),
+                w.HBox([f["data"], f["tensor"], f["pipeline"]]),
+                f["micro_batches"], f["precision"], f["recompute"], f["stage"], f["tied"],
+                BokehModel(self.figure), self.line], layout=w.Layout(width="760px"))
+            self.widget.add_class("dtflab-memory-planner")
+        return self.widget
+
+    def _figure(self):
+        from bokeh.models import ColumnDataSource, HoverTool, Span
+        from bokeh.plotting import figure
+
+        source = ColumnDataSource({"bar": [], **{kind: [] for kind in COLOURS}})
+        fig = figure(x_range=["predicted", "measured"], height=320, width=720,
+                     title="bytes per device", toolbar_location=None, name="memory_planner")
+        fig.vbar_stack(list(COLOURS), x="bar", width=0.6, source=source,
+                       color=list(COLOURS.values()), legend_label=list(COLOURS))
+        self.budget_line = Span(location=0, dimension="width", line_color="black",
+                                line_dash="dashed", line_width=2)
+        fig.add_layout(self.budget_line)
+        fig.add_tools(HoverTool(tooltips=[(kind, f"@{kind}{{0.000}}") for kind in COLOURS]))
+        fig.legend.location = "top_left"
+        fig.y_range.start = 0
+        return source, fig
+
+    def _changed(self, change):
+        if self._updating:
+            return
+        values = {name: control.value for name, control in self.fields.items()}
+        try:
+            plan = formulas.Plan(**values)
+        except ValueError as error:
+            self.status = str(error)
+            self._draw()
+            return
+        self.budget_gb = float(self.budget.value)
+        self._apply(plan)
+
+    def _preset(self, change):
+        if change["new"] in formulas.PRESETS:
+            shape = dict(tied=True, **formulas.PRESETS[change["new"]])
+            try:
+                self.set(**shape)
+            except ValueError as error:  # the ways set do not split this shape
+                self.status = str(error)
+                self._draw()
+
+    def _apply(self, plan: formulas.Plan):
+        if plan != self.plan:
+            self.measured, self.errors = {}, {}
+        self.plan = plan
+        self.status = ""
+        self._draw()
+
+    def _draw(self):
+        predicted = self.predicted
+        budget = self.budget_gb * 1e9
+        unit, size = _unit(max(predicted["total"], self.measured.get("total", 0)))
+        bars = ["predicted"] + (["measured"] if self.measured else [])
+        data = {"bar": bars}
+        for kind in COLOURS:
+            data[kind] = [predicted[kind] / size] + (
+                [self.measured[kind] / size] if self.measured else [])
+        self.source.data = data
+        self.figure.yaxis.axis_label = unit
+        shown = budget / size
+        self.budget_line.location = shown
+        self.budget_line.visible = shown <= 3 * predicted["total"] / size
+        fits = predicted["total"] <= budget
+        verdict = (f"fits in {self.budget_gb:g} GB with {(budget - predicted['total']) / 1e9:.3g}"
+                   f" GB to spare" if fits else
+                   f"does not fit in {self.budget_gb:g} GB: {predicted['total'] / budget:.2f}x")
+        kinds = ", ".join(f"{kind} {predicted[kind] / size:.4g}" for kind in COLOURS)
+        text = (f"<b>{self.plan.devices} device(s); the fullest holds "
+                f"{predicted['total'] / size:.4g} {unit}</b>: {kinds} {unit}; {verdict}")
+        if self.errors:
+            text += "<br>measured vs predicted: " + ", ".join(
+                f"{kind} {error:+.2%}" for kind, error in self.errors.items())
+        if not self.plan.measurable:
+            text += "<br><i>predicted only: the tensor, pipeline and ZeRO terms are the " \
+                    "references' arithmetic, not yet measured by dtflab</i>"
+        if self.status:
+            text += f"<br>{self.status}"
+        self.line.value = text
+
+
+def memory_planner(preset: str | None = None, *, budget_gb: float = 80.0, **fields):
+    """A :class:`MemoryPlanner` starting from ``preset`` (a name in
+    ``formulas.plan.PRESETS``) and/or ``fields`` of ``formulas.plan.Plan``."""
+    from dtflab import checks
+
+    start = {}
+    if preset is not None:
+        checks.one_of(preset, "preset", tuple(formulas.PRESETS))
+        start.update(formulas.PRESETS[preset])
+    start.update(fields)
+    return MemoryPlanner(formulas.Plan(**start), budget_gb=budget_gb)

@@ -1,0 +1,102 @@
+"""The memory planner: its arithmetic for one replica against a traced step, and the widget a
+learner drives (fields move the bars; Measure draws measured bars beside the predicted; a plan
+it cannot run says why)."""
+
+import pytest
+
+import dtflab
+from dtflab import train
+from dtflab.train.formulas import plan as formulas
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fields", [
+    dict(blocks=2, d_model=64, heads=4, sequence=32, batch=16, data=2, micro_batches=2,
+         recompute="selective", precision="bfloat16"),
+    dict(blocks=1, d_model=32, heads=2, sequence=64, batch=8, recompute="full", tied=False),
+], ids=["2x64_data2_selective_bf16", "1x32_full_untied"])
+def test_one_replica_is_predicted_as_a_traced_step_holds_it(fields):
+    planner = dtflab.memory_planner(budget_gb=0.004, **fields)
+    measured = planner.measure()
+    print(planner.line.value)
+    assert set(measured) == {"parameters", "gradients", "optimizer", "activations", "total"}
+    for kind, error in planner.errors.items():
+        assert abs(error) <= 0.01, (kind, planner.errors)
+    # what the planner ran is a replica's share of the batch: half of it with data=2
+    problem = train.transformer(fields["blocks"], fields["d_model"], fields["heads"],
+                                fields["sequence"], batch_size=fields["batch"])
+    if fields.get("data") == 2:
+        whole = train.memory(dataclass_replace(problem, recompute=fields["recompute"],
+                                               precision=fields["precision"]),
+                             micro_batches=fields["micro_batches"])
+        assert measured["activations"] < 0.6 * whole.measured["activations"]
+    # the bars: predicted and measured, each stacked by kind
+    assert list(planner.source.data["bar"]) == ["predicted", "measured"]
+    assert "measured vs predicted" in planner.line.value
+
+
+def dataclass_replace(problem, **changes):
+    import dataclasses
+
+    return dataclasses.replace(problem, **changes)
+
+
+def test_the_fields_move_the_bars_and_a_plan_it_cannot_run_says_why():
+    planner = dtflab.memory_planner("GPT-2 small (124 M)", budget_gb=80)
+    bars = dict(planner.source.data)
+    before = planner.predicted
+    assert planner.figure.yaxis.axis_label == "GB"
+    planner.fields["tensor"].value = 4  # as the dropdown does
+    after = planner.predicted
+    assert after["activations"] < before["activations"]
+    assert after["parameters"] < before["parameters"]
+    assert planner.source.data["activations"][0] < bars["activations"][0]  # the bar moved
+    planner.fields["stage"].value = 1  # ZeRO 1 over one replica changes nothing
+    assert planner.predicted["optimizer"] == after["optimizer"]
+    planner.fields["data"].value = 8
+    assert planner.predicted["optimizer"] < after["optimizer"] / 7
+    assert "32 device(s)" in planner.line.value
+    assert planner.measure() == {}
+    assert "set tensor and pipeline ways to 1 and ZeRO stage to 0" in planner.status
+    assert list(planner.source.data["bar"]) == ["predicted"]
+    # a value that does not split: the line says so and the bars stay
+    bars = dict(planner.source.data)
+    planner.fields["heads"].value = 5
+    assert "heads=5: d_model=768 does not split into 5 equal heads" in planner.line.value
+    assert planner.source.data == bars
+    # too big to run here
+    planner.set(heads=12, tensor=1, pipeline=1, stage=0, data=1)
+    assert planner.measure() == {} and "only plans under 1024 MB" in planner.status
+
+
+def test_the_ways_split_what_the_references_say_they_split():
+    """A pipeline's first stage under 1F1B keeps the activations of min(p, m) micro-batches
+    of its blocks; ZeRO stage s shards one more kind over the data replicas."""
+    shape = dict(formulas.PRESETS["GPT, 32 x 4096 (6.7 B)"], precision="bfloat16")
+    one = formulas.per_device(formulas.Plan(**shape))
+    staged = formulas.per_device(formulas.Plan(**shape, pipeline=4, micro_batches=8))
+    # a quarter of the blocks, 4 micro-batches of an eighth of the batch in flight: an eighth
+    # of the blocks' activations, and half the one-hot tokens (the loss's are the last stage's)
+    assert 0.125 < staged["activations"] / one["activations"] < 0.2
+    assert 0.24 < staged["parameters"] / one["parameters"] < 0.27
+    sharded = [formulas.per_device(formulas.Plan(**shape, data=8, stage=stage))
+               for stage in (0, 1, 2, 3)]
+    assert [s["optimizer"] for s in sharded[1:]] == [sharded[0]["optimizer"] // 8] * 3
+    assert sharded[2]["gradients"] == sharded[3]["gradients"] == sharded[0]["gradients"] // 8
+    assert sharded[3]["parameters"] == sharded[0]["parameters"] // 8
+    assert sharded[1]["parameters"] == sharded[0]["parameters"]
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(heads=4, tensor=3), r"tensor=3: 4 heads do not split over 3 devices"),
+    (dict(blocks=2, pipeline=4), r"pipeline=4: 2 blocks do not split into 4 equal stages"),
+    (dict(batch=16, data=4, micro_batches=8), r"micro_batches=8: a batch of 16 sequences over "
+                                               r"data=4 replicas does not split"),
+    (dict(stage=4), r"stage=4: stage must be one of 0, 1, 2, 3"),
+    (dict(recompute="some"), r"recompute='some': recompute must be one of"),
+    (dict(precision="fp8"), r"precision='fp8': precision must be one of"),
+    (dict(preset="GPT-5"), r"preset='GPT-5': preset must be one of 'dtflab default"),
+])
+def test_bad_plans_are_refused_with_the_fix(fields, message):
+    with pytest.raises(ValueError, match=message):
+        dtflab.memory_planner(**fields)
