@@ -432,6 +432,38 @@ def test_tensor_and_sharded_parallelism_draws_the_slices_and_the_bytes_against_t
     assert page.console_errors == []
 
 
+def test_the_memory_planner_draws_moves_with_a_field_and_measures(lab, page):
+    url, token, _ = lab
+    open_and_run_all(page, url, token, "11_transformer_memory.ipynb")
+    big = cell_containing(page, "planner = dtflab.memory_planner(").locator(".jp-OutputArea")
+    reveal(big)
+    assert ink(painted(page, big, 5_000, SHOTS / "memory_planner.png")) > 5_000
+    big.locator("button", has_text="Measure").click()
+    assert wait_until(lambda: "Measure runs one replica" in big.inner_text(), timeout=30), \
+        big.inner_text()[-500:]
+    # the small plan, measured in its cell: predicted and measured bars, on the page
+    small = cell_containing(page, "small.measure()").locator(".jp-OutputArea")
+    reveal(small)
+    painted(page, small, 5_000)
+    bars = page.evaluate(DATA, "planner_activations")  # the last planner on the page
+    assert list(bars["bar"]) == ["predicted", "measured"], bars
+    # a field moves the bars: full recomputation keeps less; the old measurement goes
+    small.locator(".widget-toggle-buttons", has_text="recompute").locator(
+        "button", has_text="full").click()
+
+    def moved():
+        now = page.evaluate(DATA, "planner_activations")
+        return list(now["bar"]) == ["predicted"] and now["activations"][0] < bars["activations"][0]
+
+    assert wait_until(moved, timeout=30), page.evaluate(DATA, "planner_activations")
+    small.locator("button", has_text="Measure").click()
+    assert wait_until(lambda: len(page.evaluate(DATA, "planner_activations")["bar"]) == 2,
+                      timeout=90), small.inner_text()[-500:]
+    assert "measured vs predicted" in small.inner_text()
+    shot(page, small, str(SHOTS / "memory_planner_measured.png"))
+    assert page.console_errors == []
+
+
 KERNEL_PRINT = """async (code) => {
     const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
     const future = kernel.requestExecute({code, store_history: false});

@@ -65,6 +65,8 @@ class MemoryPlanner:
         fields["stage"] = w.ToggleButtons(options=list(formulas.STAGES), value=self.plan.stage,
                                           description="ZeRO stage")
         fields["tied"] = w.Checkbox(value=self.plan.tied, description="tied output layer")
+        for control in fields.values():
+            control.style.description_width = "initial"
         self.fields = fields
         self.preset = w.Dropdown(options=["(your own)", *formulas.PRESETS], description="preset")
         self.budget = w.BoundedFloatText(value=self.budget_gb, min=0.001, max=1e6, step=1,
@@ -170,14 +172,16 @@ class MemoryPlanner:
 
         source = ColumnDataSource({"bar": [], **{kind: [] for kind in COLOURS}})
         fig = figure(x_range=["predicted", "measured"], height=320, width=720,
-                     title="bytes per device", toolbar_location=None, name="memory_planner")
-        fig.vbar_stack(list(COLOURS), x="bar", width=0.6, source=source,
-                       color=list(COLOURS.values()), legend_label=list(COLOURS))
+                     title="bytes on the fullest device (dashed: the budget)", toolbar_location=None, name="memory_planner")
+        bars = fig.vbar_stack(list(COLOURS), x="bar", width=0.6, source=source,
+                              color=list(COLOURS.values()), legend_label=list(COLOURS))
+        for renderer, kind in zip(bars, COLOURS):
+            renderer.name = f"planner_{kind}"
         self.budget_line = Span(location=0, dimension="width", line_color="black",
                                 line_dash="dashed", line_width=2)
         fig.add_layout(self.budget_line)
         fig.add_tools(HoverTool(tooltips=[(kind, f"@{kind}{{0.000}}") for kind in COLOURS]))
-        fig.legend.location = "top_left"
+        fig.add_layout(fig.legend[0], "right")
         fig.y_range.start = 0
         return source, fig
 
@@ -222,8 +226,10 @@ class MemoryPlanner:
         self.source.data = data
         self.figure.yaxis.axis_label = unit
         shown = budget / size
+        tallest = max(predicted["total"], self.measured.get("total", 0)) / size
         self.budget_line.location = shown
-        self.budget_line.visible = shown <= 3 * predicted["total"] / size
+        self.budget_line.visible = shown <= 3 * tallest  # a far budget would flatten the bars
+        self.figure.y_range.end = 1.08 * max(tallest, shown if self.budget_line.visible else 0)
         fits = predicted["total"] <= budget
         verdict = (f"fits in {self.budget_gb:g} GB with {(budget - predicted['total']) / 1e9:.3g}"
                    f" GB to spare" if fits else
