@@ -10,7 +10,7 @@ reads the first ``sequence`` and predicts each next one. The model, GPT-2's shap
   d x 3d, then heads of d/heads; scores scaled by 1/sqrt(d/heads), the future masked, softmax,
   the heads joined and projected, d x d), a residual; LayerNorm, an MLP d -> 4d -> d with
   GELU (tanh form), a residual. LayerNorm and GELU keep for their backward only what fused
-  kernels keep (their input; LayerNorm each row's mean and 1/std too);
+  kernels keep (GELU its input; LayerNorm its normalised input and each row's 1/std);
 - a final LayerNorm and the output layer: ``wte`` transposed (``tied=True``) or its own
   ``lm_head`` (d x vocabulary).
 

@@ -107,6 +107,8 @@ def accumulated(optimizer, problem, variables, x, t, micro_batches: int):
             with tf.control_dependencies(sums or []):
                 xs, ts = tf.identity(xs), tf.identity(ts)
             part = problem.loss(problem.forward(variables, xs), ts)
+            # As minimize computes them (each op's gradients gated together): with plain
+            # tf.gradients the slice's forward kept a different set of buffers from run to run.
             gradients = [g for g, _ in optimizer.compute_gradients(part, variables)]
         if sums is None:
             loss, sums = part, gradients
