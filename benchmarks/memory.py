@@ -22,6 +22,11 @@
   micro_batches=4 and one batch of the same sequences, 20 steps.
 - lever_step_time_over_none: each lever's median step time over float32 without
   recomputation (train.transformer()'s defaults otherwise, 100 steps each, in turn).
+- zero_state_bytes_over_formula, zero_wire_bytes_over_formula: per worker of 2, the bytes its
+  variables hold and the bytes it sent per step (counted at the transport, WireBytes), over
+  the formula, for plain all-reduce and ZeRO stages 1 and 2 on the transformer (M + 2M, and
+  M + 2M/N; 2 (N-1)/N M on the wire) and stage 3 on an MLP
+  (train.sharded_data_parallel: 3M/N; 3 (N-1)/N M).
 
     python benchmarks/memory.py [--quick]
 
@@ -87,6 +92,30 @@ def accumulation_diff(steps: int) -> float:
     return float(np.max(np.abs(four - one)))
 
 
+def zero_figures(steps: int) -> tuple[dict, dict]:
+    """({loop: state bytes over formula}, {loop: wire bytes over formula}), worker 0 of 2."""
+    from dtflab.train.formulas import costs
+
+    problem = train.transformer(blocks=2, d_model=64, heads=4, sequence=32, batch_size=16)
+    mlp = train.classification(width=256, batch_size=256)
+    runs = {"all_reduce": (problem, lambda p, **o: train.all_reduce(p, **o)),
+            "stage_1": (problem, lambda p, **o: train.zero(p, stage=1, **o)),
+            "stage_2": (problem, lambda p, **o: train.zero(p, stage=2, **o)),
+            "stage_3": (mlp, lambda p, **o: train.zero(p, stage=3, **o))}
+    state, wire = {}, {}
+    for name, (model, loop) in runs.items():
+        counter = train.WireBytes(after_step=2, steps=steps)
+        history = loop(model, workers=2, steps=steps + 4, callbacks=[counter])
+        m = model.parameter_bytes
+        held = sum(history.details["state_bytes"]["worker:0"].values())
+        formula_state = {"all_reduce": 3 * m, "stage_3": costs.sharded_state_bytes(m, 2)}.get(
+            name, m + 2 * m / 2)
+        formula_wire = history.details.get("bytes_per_step_formula", costs.all_reduce_bytes(m, 2))
+        state[name] = round(held / formula_state, 4)
+        wire[name] = round(counter.per_step.sent_by()["worker:0"] / formula_wire, 4)
+    return state, wire
+
+
 def step_time(problem, steps: int) -> float:
     history = train.single(problem, steps=steps, seed=0)
     return statistics.median(np.diff([r.time_s for r in history.records]))
@@ -114,6 +143,7 @@ def main() -> None:
         for kind, error in report.errors.items():
             errors[kind] = max(errors.get(kind, 0.0), abs(error))
     recompute, precision = lever_ratios()
+    zero_state, zero_wire = zero_figures(4 if args.quick else 8)
     lever_steps = 30 if args.quick else 100
     base = step_time(train.transformer(), lever_steps)
     times_over_none = {"_".join(levers.values()): round(
@@ -133,6 +163,8 @@ def main() -> None:
         "mixed_precision_activation_ratio": precision,
         "accumulation_vs_big_batch_max_abs_diff": accumulation_diff(8 if args.quick else 20),
         "lever_step_time_over_none": times_over_none,
+        "zero_state_bytes_over_formula": zero_state,
+        "zero_wire_bytes_over_formula": zero_wire,
     }))
 
 

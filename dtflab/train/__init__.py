@@ -14,7 +14,8 @@ The rooms, top to bottom (each imports only the rooms below it; ``tests/test_lay
   through a ps), ``async_parameter_server`` (Downpour), ``ps_strategy`` (TF2's
   ParameterServerStrategy), ``all_reduce`` (worker programs), ``pipeline`` (stages and
   micro-batches), ``tensor_parallel`` (layer pairs split by columns and rows, Megatron-style),
-  ``sharded_data_parallel`` (ZeRO-3 / FSDP in worker programs).
+  ``sharded_data_parallel`` (ZeRO-3 / FSDP in worker programs), ``zero`` (ZeRO's stages 1
+  and 2 in worker programs; stage 3 is ``sharded_data_parallel``).
 - ``measure/``: measurements on a traced step (the bubble, a stage's arithmetic).
 - ``run/``: the machinery every strategy shares (the one :class:`Runner`, ``RunHistory``,
   callbacks, the watchdog, checkpoints, sessions, starting worker programs).
@@ -47,7 +48,7 @@ WHERE = {
     "ps_strategy": "strategies.ps_strategy", "strategy_for": "strategies.ps_strategy",
     "all_reduce": "strategies.all_reduce", "pipeline": "strategies.pipeline",
     "tensor_parallel": "strategies.tensor_parallel",
-    "sharded_data_parallel": "strategies.sharded_data_parallel",
+    "sharded_data_parallel": "strategies.sharded_data_parallel", "zero": "strategies.zero",
 }
 
 
@@ -79,5 +80,5 @@ def __dir__():
 __all__ = ["Problem", "exp_regression", "classification", "Transformer", "transformer",
            "RunHistory", "StepRecord", "Callback", "BackgroundRun", "single", "model_parallel",
            "sync_data_parallel", "async_parameter_server", "ps_strategy", "strategy_for",
-           "all_reduce", "pipeline", "tensor_parallel", "sharded_data_parallel", "WireBytes",
+           "all_reduce", "pipeline", "tensor_parallel", "sharded_data_parallel", "zero", "WireBytes",
            "Runner", "Update", "Watchdog", "stage_arithmetic_s", "memory"]

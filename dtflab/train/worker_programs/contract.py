@@ -34,6 +34,7 @@ class Flags:
     check_every: int = 10  # steps between agreeing on Stop and fingerprinting the weights
     timeout: float = 0.0  # seconds a collective may wait for the others (0: no limit)
     bucket_bytes: int = 0  # train.all_reduce: gradients packed into all-reduces of this size
+    zero_stage: int = 0  # train.zero: ZeRO's stage, 1 or 2
 
     def argv(self) -> list[str]:
         """The flags as ``--name=value`` arguments for ``dtflab.run``, braces doubled (it reads

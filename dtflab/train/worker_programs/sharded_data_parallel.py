@@ -36,68 +36,8 @@ import sys
 import numpy as np
 
 from dtflab.train.formulas import costs
+from dtflab.train.worker_programs.collectives import BETA1, BETA2, Collectives, adam_on_shards
 from dtflab.train.worker_programs.loop import run_steps, start, variable_bytes, write_checkpoint
-
-#: Group keys of this program's collectives: far above MultiWorkerMirroredStrategy's own, which
-#: count from 1. The whole group is GROUP_BASE; the pair (i, j) is GROUP_BASE + 1 + i x N + j.
-GROUP_BASE = 1_000_000
-#: tf.compat.v1.train.AdamOptimizer's defaults.
-BETA1, BETA2, EPSILON = 0.9, 0.999, 1e-8
-
-
-class Collectives:
-    """TensorFlow's collective ops among the N workers. Keys are handed out as a function is
-    traced: every worker traces the same functions in the same order, so every worker's k-th
-    collective gets the same key."""
-
-    def __init__(self, tf, index: int, workers: int, timeout_s: float):
-        self.tf, self.index, self.workers, self.timeout_s = tf, index, workers, timeout_s
-        self.next_key = 1
-
-    def _keys(self, count: int = 1) -> int:
-        first, self.next_key = self.next_key, self.next_key + count
-        return first
-
-    def all_gather(self, shard):
-        """``[k]`` from every worker -> ``[N x k]``, in worker order."""
-        if self.workers == 1:
-            return self.tf.identity(shard)
-        return self.tf.raw_ops.CollectiveGatherV2(
-            input=shard, group_size=self.workers, group_key=GROUP_BASE, instance_key=self._keys(),
-            ordering_token=[], communication_hint="ring", timeout_seconds=self.timeout_s)
-
-    def all_reduce(self, value):
-        """The sum over every worker."""
-        if self.workers == 1:
-            return self.tf.identity(value)
-        return self.tf.raw_ops.CollectiveReduceV2(
-            input=value, group_size=self.workers, group_key=GROUP_BASE, instance_key=self._keys(),
-            ordering_token=[], merge_op="Add", final_op="Id", communication_hint="ring",
-            timeout_seconds=self.timeout_s)
-
-    def reduce_scatter(self, flat, k: int):
-        """``[N x k]`` from every worker -> ``[k]``: chunk i of their sum, on worker i."""
-        tf, n, i = self.tf, self.workers, self.index
-        if n == 1:
-            return tf.identity(flat)
-        first = self._keys(n * n)  # key of the chunk worker a sends worker b: first + a x n + b
-        chunks = tf.split(tf.reshape(flat, [n * k]), n)
-        parts, sends = [], []
-        for j in range(n):
-            if j == i:
-                parts.append(chunks[i])
-                continue
-            group = GROUP_BASE + 1 + min(i, j) * n + max(i, j)
-            sends.append(tf.raw_ops.CollectiveBcastSendV2(
-                input=chunks[j], group_size=2, group_key=group, instance_key=first + i * n + j,
-                communication_hint="auto", timeout_seconds=self.timeout_s))
-            parts.append(tf.raw_ops.CollectiveBcastRecvV2(
-                group_size=2, group_key=group, instance_key=first + j * n + i,
-                shape=[k], T=flat.dtype, communication_hint="auto",
-                timeout_seconds=self.timeout_s))
-        with tf.control_dependencies(sends):  # a send nothing reads would be pruned
-            return tf.add_n(parts)
-
 
 class Unit:
     """One layer's weights and bias as one flat vector padded to a multiple of N."""
@@ -167,18 +107,9 @@ def main(argv=None) -> int:
     layers = [sharded_layer(tf, problem, collectives, unit, n) for n, unit in enumerate(units, 1)]
 
     def adam(gradients):
-        """tf.compat.v1.train.AdamOptimizer's update of each shard, then its beta powers."""
-        lr, beta1, beta2, epsilon = (tf.constant(value, tf.float32) for value in
-                                     (problem.learning_rate, BETA1, BETA2, EPSILON))
-        alpha = lr * tf.sqrt(1.0 - beta2_power) / (1.0 - beta1_power)
-        updates = []
-        for shard, m, v, g in zip(shards, ms, vs, gradients):
-            m_t = m.assign_add((g - m) * (1.0 - beta1))
-            v_t = v.assign_add((tf.square(g) - v) * (1.0 - beta2))
-            updates.append(shard.assign_sub(m_t * alpha / (tf.sqrt(v_t) + epsilon)))
-        with tf.control_dependencies(updates):
-            return tf.group(beta1_power.assign(beta1_power * beta1),
-                            beta2_power.assign(beta2_power * beta2))
+        _, done = adam_on_shards(tf, problem.learning_rate, shards, ms, vs, gradients,
+                                 beta1_power, beta2_power)
+        return done
 
     @tf.function
     def train_step(x, t):

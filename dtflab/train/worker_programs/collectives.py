@@ -1,0 +1,90 @@
+"""What the worker programs that shard (``sharded_data_parallel``, ``zero``) share:
+TensorFlow's collective ops among the N workers, and Adam applied to shards.
+
+TensorFlow 2.21 has no CPU implementation of ``CollectiveReduceScatterV2`` ("CollectiveRegistry::
+Lookup did not find collective implementation"), so :meth:`Collectives.reduce_scatter` is built
+from broadcasts in groups of two (``CollectiveBcastSendV2`` / ``CollectiveBcastRecvV2``, one
+group per pair of workers): worker i sends chunk j of its tensor to worker j and adds the
+chunks it receives, in worker order. Each worker sends (N-1)/N of the tensor, as a ring
+reduce-scatter does.
+"""
+
+from __future__ import annotations
+
+#: Group keys of this program's collectives: far above MultiWorkerMirroredStrategy's own, which
+#: count from 1. The whole group is GROUP_BASE; the pair (i, j) is GROUP_BASE + 1 + i x N + j.
+GROUP_BASE = 1_000_000
+#: tf.compat.v1.train.AdamOptimizer's defaults.
+BETA1, BETA2, EPSILON = 0.9, 0.999, 1e-8
+
+
+class Collectives:
+    """TensorFlow's collective ops among the N workers. Keys are handed out as a function is
+    traced: every worker traces the same functions in the same order, so every worker's k-th
+    collective gets the same key."""
+
+    def __init__(self, tf, index: int, workers: int, timeout_s: float):
+        self.tf, self.index, self.workers, self.timeout_s = tf, index, workers, timeout_s
+        self.next_key = 1
+
+    def _keys(self, count: int = 1) -> int:
+        first, self.next_key = self.next_key, self.next_key + count
+        return first
+
+    def all_gather(self, shard):
+        """``[k]`` from every worker -> ``[N x k]``, in worker order."""
+        if self.workers == 1:
+            return self.tf.identity(shard)
+        return self.tf.raw_ops.CollectiveGatherV2(
+            input=shard, group_size=self.workers, group_key=GROUP_BASE, instance_key=self._keys(),
+            ordering_token=[], communication_hint="ring", timeout_seconds=self.timeout_s)
+
+    def all_reduce(self, value):
+        """The sum over every worker."""
+        if self.workers == 1:
+            return self.tf.identity(value)
+        return self.tf.raw_ops.CollectiveReduceV2(
+            input=value, group_size=self.workers, group_key=GROUP_BASE, instance_key=self._keys(),
+            ordering_token=[], merge_op="Add", final_op="Id", communication_hint="ring",
+            timeout_seconds=self.timeout_s)
+
+    def reduce_scatter(self, flat, k: int):
+        """``[N x k]`` from every worker -> ``[k]``: chunk i of their sum, on worker i."""
+        tf, n, i = self.tf, self.workers, self.index
+        if n == 1:
+            return tf.identity(flat)
+        first = self._keys(n * n)  # key of the chunk worker a sends worker b: first + a x n + b
+        chunks = tf.split(tf.reshape(flat, [n * k]), n)
+        parts, sends = [], []
+        for j in range(n):
+            if j == i:
+                parts.append(chunks[i])
+                continue
+            group = GROUP_BASE + 1 + min(i, j) * n + max(i, j)
+            sends.append(tf.raw_ops.CollectiveBcastSendV2(
+                input=chunks[j], group_size=2, group_key=group, instance_key=first + i * n + j,
+                communication_hint="auto", timeout_seconds=self.timeout_s))
+            parts.append(tf.raw_ops.CollectiveBcastRecvV2(
+                group_size=2, group_key=group, instance_key=first + j * n + i,
+                shape=[k], T=flat.dtype, communication_hint="auto",
+                timeout_seconds=self.timeout_s))
+        with tf.control_dependencies(sends):  # a send nothing reads would be pruned
+            return tf.add_n(parts)
+
+
+def adam_on_shards(tf, learning_rate, shards, ms, vs, gradients, beta1_power, beta2_power):
+    """tf.compat.v1.train.AdamOptimizer's update of each shard (in the order its
+    ``ResourceApplyAdam`` kernel computes it), then its beta powers: ``(updated, done)``, each
+    shard's new value (a variable shard is assigned it) and the op that ends the update."""
+    lr, beta1, beta2, epsilon = (tf.constant(value, tf.float32) for value in
+                                 (learning_rate, BETA1, BETA2, EPSILON))
+    alpha = lr * tf.sqrt(1.0 - beta2_power) / (1.0 - beta1_power)
+    updated = []
+    for shard, m, v, g in zip(shards, ms, vs, gradients):
+        m_t = m.assign_add((g - m) * (1.0 - beta1))
+        v_t = v.assign_add((tf.square(g) - v) * (1.0 - beta2))
+        step = m_t * alpha / (tf.sqrt(v_t) + epsilon)
+        updated.append(shard.assign_sub(step) if isinstance(shard, tf.Variable) else shard - step)
+    with tf.control_dependencies(updated):
+        return updated, tf.group(beta1_power.assign(beta1_power * beta1),
+                                 beta2_power.assign(beta2_power * beta2))

@@ -1,0 +1,109 @@
+"""The program every worker of ``train.zero`` with stage 1 or 2 runs (one process per worker,
+started by ``dtflab.run`` with ``TF_CONFIG`` set): ZeRO's first two stages (Rajbhandari et al.
+2020) with TensorFlow's collective ops over gRPC, for any problem.
+
+Every worker holds the whole model (its working copy) and trains on its slice of each global
+batch, as in ``train.all_reduce``. Each parameter, flattened and padded with zeros to a
+multiple of N, is cut into N equal shards; worker i owns shard i of every parameter: Adam's m
+and v for it, which no one else keeps, and the update of that shard. (In float32 the working
+copy is the master copy; the paper's K = 12 bytes of state per parameter in mixed precision
+include a float32 master copy besides Adam's two slots.) A step:
+
+- forward and backward on the worker's slice: every parameter's gradient;
+- each gradient reduce-scattered (``collectives.Collectives.reduce_scatter``): worker i gets
+  the sum over the workers of its own shard. **Stage 1** waits for the whole backward before
+  the first reduce-scatter (every full gradient is alive at once, as in data parallelism);
+  **stage 2** sends each gradient as soon as it is computed, and its full copy can go;
+- Adam on the owned shards of the working copy (``collectives.adam_on_shards``);
+- each parameter's updated shards all-gathered into the working copy.
+
+Per step each worker sends (N-1)/N of the gradients and (N-1)/N of the parameters: the bytes
+of one ring all-reduce (``costs.all_reduce_bytes``). Its start, the step loop, the reports and
+Stop are ``dtflab.train.worker_programs.loop``'s.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from dtflab.train.formulas import costs
+from dtflab.train.worker_programs.collectives import BETA1, BETA2, Collectives, adam_on_shards
+from dtflab.train.worker_programs.loop import run_steps, start, variable_bytes, write_checkpoint
+from dtflab.train.worker_programs.sharded_data_parallel import resume
+
+
+def padded(tf, value, shard: int, workers: int):
+    """``value`` flattened and padded with zeros to ``shard x workers`` values."""
+    flat = tf.reshape(value, [-1])
+    return tf.concat([flat, tf.zeros([shard * workers - flat.shape[0]], flat.dtype)], 0)
+
+
+def main(argv=None) -> int:
+    worker = start(sys.argv[1:] if argv is None else argv, "worker_programs/zero.py")
+    import tensorflow as tf
+
+    flags, problem, index, workers = worker.flags, worker.problem, worker.index, worker.workers
+    stage = flags.zero_stage
+    device = worker.strategy.extended.worker_devices[0]
+    collectives = Collectives(tf, index, workers, flags.timeout)
+    values = problem.initial_values(flags.seed)
+    sizes = [costs.shard_size(value.size, workers) for _, value in values]
+    with tf.device(device):
+        params = [tf.Variable(value, name=name) for name, value in values]
+        names = [name for name, _ in values]
+        ms = [tf.Variable(tf.zeros([size]), name=f"{name}_m") for name, size in zip(names, sizes)]
+        vs = [tf.Variable(tf.zeros([size]), name=f"{name}_v") for name, size in zip(names, sizes)]
+        beta1_power = tf.Variable(BETA1, dtype=tf.float32, name="beta1_power")
+        beta2_power = tf.Variable(BETA2, dtype=tf.float32, name="beta2_power")
+
+    @tf.function
+    def train_step(x, t):
+        with tf.device(device):
+            with tf.GradientTape() as tape:
+                loss = problem.loss(problem.forward(params, x), t)
+            gradients = tape.gradient(loss, params)
+            # Stage 1: no gradient leaves before the whole backward has ended.
+            with tf.control_dependencies(gradients if stage == 1 else []):
+                owned = [collectives.reduce_scatter(padded(tf, g, size, workers), size)
+                         for g, size in zip(gradients, sizes)]
+            mine = [padded(tf, param, size, workers)[index * size:(index + 1) * size]
+                    for param, size in zip(params, sizes)]
+            updated, done = adam_on_shards(tf, problem.learning_rate, mine, ms, vs, owned,
+                                           beta1_power, beta2_power)
+            assigned = [done]
+            for param, shard in zip(params, updated):
+                count = int(param.shape.num_elements())
+                gathered = collectives.all_gather(shard)
+                assigned.append(param.assign(tf.reshape(gathered[:count], param.shape)))
+            with tf.control_dependencies(assigned):
+                return tf.identity(loss)
+
+    @tf.function
+    def check(stop_vote):
+        with tf.device(device):
+            mine = tf.add_n([tf.reduce_sum(tf.cast(param, tf.float64)) for param in params])
+            # every worker's working copy is the same: the sum over workers is N times one
+            total = collectives.all_reduce(tf.stack([tf.cast(stop_vote, tf.float64), mine]))
+            return total[0], total[1] / workers
+
+    checkpoint = tf.train.Checkpoint(params=params, m=ms, v=vs, beta1_power=beta1_power,
+                                     beta2_power=beta2_power)
+    first = resume(checkpoint, flags, index, workers)
+    check(tf.constant(0.0))  # traced and its collective set up now, not inside a timed step
+    worker.hello(first)
+
+    def state_bytes():
+        return {"parameters": variable_bytes(params),
+                "slots": variable_bytes(ms + vs)}  # Adam's m and v, as all_reduce counts them
+
+    folder = os.path.join(flags.checkpoint_dir, f"worker-{index}")
+    run_steps(worker, first, train_step, check,
+              lambda next_step: write_checkpoint(checkpoint, folder, next_step,
+                                                 f"saved-{next_step}.json"),
+              state_bytes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
