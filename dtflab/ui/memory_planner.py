@@ -241,8 +241,10 @@ class MemoryPlanner:
             text += "<br>measured vs predicted: " + ", ".join(
                 f"{kind} {error:+.2%}" for kind, error in self.errors.items())
         if not self.plan.measurable:
-            text += "<br><i>predicted only: the tensor, pipeline and ZeRO terms are the " \
-                    "references' arithmetic, not yet measured by dtflab</i>"
+            text += ("<br><i>predicted only: the tensor and pipeline terms, and ZeRO's sharded "
+                     "gradients and parameters on a transformer, are the references' arithmetic, "
+                     "not yet measured by dtflab (ZeRO's sharded optimizer state is: "
+                     "train.zero)</i>")
         if self.status:
             text += f"<br>{self.status}"
         self.line.value = text

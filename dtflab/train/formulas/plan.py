@@ -25,7 +25,10 @@ dtflab:
   :func:`per_device` reports the stage that holds the most.
 - **ZeRO** over d data replicas: optimizer state / d from stage 1, gradients / d from stage
   2, parameters / d at stage 3 (Rajbhandari et al. 2020: (2 + 2 + K)·Ψ/N_d in their 16-bit
-  terms; here float32 master weights, so (4 + 4 + 8)·Ψ/d).
+  terms; here float32 master weights, so (4 + 4 + 8)·Ψ/d). The optimizer state's share is
+  measured by ``train.zero`` (stages 1 and 2, its workers' variables: ``tests/test_zero.py``),
+  the parameters' by ``train.sharded_data_parallel`` on an MLP; the gradients' (memory during
+  the step) is not measured.
 """
 
 from __future__ import annotations
