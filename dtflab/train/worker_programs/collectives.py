@@ -1,5 +1,6 @@
 """What the worker programs that shard (``sharded_data_parallel``, ``zero``) share:
-TensorFlow's collective ops among the N workers, and Adam applied to shards.
+TensorFlow's collective ops among the N workers, Adam applied to shards, and their end of
+``main``: each worker saves and resumes its own part of the state.
 
 TensorFlow 2.21 has no CPU implementation of ``CollectiveReduceScatterV2`` ("CollectiveRegistry::
 Lookup did not find collective implementation"), so :meth:`Collectives.reduce_scatter` is built
@@ -10,6 +11,12 @@ reduce-scatter does.
 """
 
 from __future__ import annotations
+
+import glob
+import json
+import os
+
+from dtflab.train.worker_programs.loop import run_steps, write_checkpoint
 
 #: Group keys of this program's collectives: far above MultiWorkerMirroredStrategy's own, which
 #: count from 1. The whole group is GROUP_BASE; the pair (i, j) is GROUP_BASE + 1 + i x N + j.
@@ -88,3 +95,38 @@ def adam_on_shards(tf, learning_rate, shards, ms, vs, gradients, beta1_power, be
     with tf.control_dependencies(updated):
         return updated, tf.group(beta1_power.assign(beta1_power * beta1),
                                  beta2_power.assign(beta2_power * beta2))
+
+
+def run_with_own_checkpoints(worker, checkpoint, train_step, check, state_bytes) -> None:
+    """Resume ``checkpoint`` (this worker's own part) from the newest step every worker saved,
+    set up ``check``'s collective, say hello, and run the steps, saving every
+    ``--checkpoint-every`` steps as ``saved-<step>.json`` in this worker's folder."""
+    import tensorflow as tf
+
+    flags, index = worker.flags, worker.index
+    first = resume(checkpoint, flags, index, worker.workers)
+    check(tf.constant(0.0))  # traced and its collective set up now, not inside a timed step
+    worker.hello(first)
+    folder = os.path.join(flags.checkpoint_dir, f"worker-{index}")
+    run_steps(worker, first, train_step, check,
+              lambda next_step: write_checkpoint(checkpoint, folder, next_step,
+                                                 f"saved-{next_step}.json"),
+              state_bytes)
+
+
+def resume(checkpoint, flags, index: int, workers: int) -> int:
+    """Restore this worker's shards from the newest step every worker saved (each holds a
+    different part, so all must go back to the same step); the step to start from."""
+    if not flags.checkpoint_every and flags.trace_step < 0:
+        return 0
+    saved = []
+    for worker in range(workers):
+        files = glob.glob(os.path.join(flags.checkpoint_dir, f"worker-{worker}", "saved-*.json"))
+        saved.append({int(os.path.basename(f)[len("saved-"):-len(".json")]) for f in files})
+    common = set.intersection(*saved)
+    if not common:
+        return 0
+    step = max(common)
+    with open(os.path.join(flags.checkpoint_dir, f"worker-{index}", f"saved-{step}.json")) as file:
+        checkpoint.read(json.load(file)["path"]).assert_consumed()
+    return step

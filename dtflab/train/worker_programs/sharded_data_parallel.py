@@ -28,16 +28,14 @@ worker's shards (a fingerprint the same on every worker).
 
 from __future__ import annotations
 
-import glob
-import json
-import os
 import sys
 
 import numpy as np
 
 from dtflab.train.formulas import costs
-from dtflab.train.worker_programs.collectives import BETA1, BETA2, Collectives, adam_on_shards
-from dtflab.train.worker_programs.loop import run_steps, start, variable_bytes, write_checkpoint
+from dtflab.train.worker_programs.collectives import (BETA1, BETA2, Collectives, adam_on_shards,
+                                                      run_with_own_checkpoints)
+from dtflab.train.worker_programs.loop import start, variable_bytes
 
 class Unit:
     """One layer's weights and bias as one flat vector padded to a multiple of N."""
@@ -131,38 +129,10 @@ def main(argv=None) -> int:
 
     checkpoint = tf.train.Checkpoint(shards=shards, m=ms, v=vs, beta1_power=beta1_power,
                                      beta2_power=beta2_power)
-    first = resume(checkpoint, flags, index, workers)
-    check(tf.constant(0.0))  # traced and its collective set up now, not inside a timed step
-    worker.hello(first)
-
-    def state_bytes():
-        return {"parameters": variable_bytes(shards),
-                "slots": variable_bytes(ms + vs)}  # Adam's m and v, as all_reduce counts them
-
-    folder = os.path.join(flags.checkpoint_dir, f"worker-{index}")
-    run_steps(worker, first, train_step, check,
-              lambda next_step: write_checkpoint(checkpoint, folder, next_step,
-                                                 f"saved-{next_step}.json"),
-              state_bytes)
+    run_with_own_checkpoints(worker, checkpoint, train_step, check,
+                             lambda: {"parameters": variable_bytes(shards),
+                                      "slots": variable_bytes(ms + vs)})  # Adam's m and v
     return 0
-
-
-def resume(checkpoint, flags, index: int, workers: int) -> int:
-    """Restore this worker's shards from the newest step every worker saved (each holds a
-    different part, so all must go back to the same step); the step to start from."""
-    if not flags.checkpoint_every and flags.trace_step < 0:
-        return 0
-    saved = []
-    for worker in range(workers):
-        files = glob.glob(os.path.join(flags.checkpoint_dir, f"worker-{worker}", "saved-*.json"))
-        saved.append({int(os.path.basename(f)[len("saved-"):-len(".json")]) for f in files})
-    common = set.intersection(*saved)
-    if not common:
-        return 0
-    step = max(common)
-    with open(os.path.join(flags.checkpoint_dir, f"worker-{index}", f"saved-{step}.json")) as file:
-        checkpoint.read(json.load(file)["path"]).assert_consumed()
-    return step
 
 
 if __name__ == "__main__":

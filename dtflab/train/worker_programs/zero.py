@@ -24,13 +24,12 @@ Stop are ``dtflab.train.worker_programs.loop``'s.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from dtflab.train.formulas import costs
-from dtflab.train.worker_programs.collectives import BETA1, BETA2, Collectives, adam_on_shards
-from dtflab.train.worker_programs.loop import run_steps, start, variable_bytes, write_checkpoint
-from dtflab.train.worker_programs.sharded_data_parallel import resume
+from dtflab.train.worker_programs.collectives import (BETA1, BETA2, Collectives, adam_on_shards,
+                                                      run_with_own_checkpoints)
+from dtflab.train.worker_programs.loop import start, variable_bytes
 
 
 def padded(tf, value, shard: int, workers: int):
@@ -89,19 +88,9 @@ def main(argv=None) -> int:
 
     checkpoint = tf.train.Checkpoint(params=params, m=ms, v=vs, beta1_power=beta1_power,
                                      beta2_power=beta2_power)
-    first = resume(checkpoint, flags, index, workers)
-    check(tf.constant(0.0))  # traced and its collective set up now, not inside a timed step
-    worker.hello(first)
-
-    def state_bytes():
-        return {"parameters": variable_bytes(params),
-                "slots": variable_bytes(ms + vs)}  # Adam's m and v, as all_reduce counts them
-
-    folder = os.path.join(flags.checkpoint_dir, f"worker-{index}")
-    run_steps(worker, first, train_step, check,
-              lambda next_step: write_checkpoint(checkpoint, folder, next_step,
-                                                 f"saved-{next_step}.json"),
-              state_bytes)
+    run_with_own_checkpoints(worker, checkpoint, train_step, check,
+                             lambda: {"parameters": variable_bytes(params),
+                                      "slots": variable_bytes(ms + vs)})  # Adam's m and v
     return 0
 
 
