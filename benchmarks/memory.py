@@ -1,8 +1,9 @@
 """The transformer and its memory, measured in one run.
 
 - transformer_vs_single_max_abs_loss_diff: the worst |loss difference| per step over the loops
-  that train the transformer beside train.single (sync data parallel through a ps, all-reduce
-  in 2 worker programs), same seed and global batch, 20 steps.
+  that train the transformer beside train.single (sync data parallel through a ps, a 2-stage
+  1F1B pipeline with blocks as stages, heads split 2 ways, all-reduce in 2 worker programs),
+  same seed and global batch, 20 steps; transformer_vs_single_by_loop gives each.
 - memory_model_max_rel_error: for each kind (parameters, gradients, optimizer, activations),
   the worst relative error of formulas.memory's prediction against the bytes a traced step
   allocated (train.memory), over several shapes (blocks, d_model, heads, sequence, batch) and
@@ -60,13 +61,21 @@ LEVERS = [dict(recompute="selective"), dict(recompute="full"), dict(precision="b
           dict(precision="float16"), dict(recompute="selective", precision="bfloat16")]
 
 
-def loops_against_single(steps: int) -> float:
-    problem = train.transformer(blocks=1, d_model=32, heads=2, sequence=16, batch_size=8)
+def loops_against_single(steps: int) -> dict:
+    """The worst |loss difference| per step against train.single, for each loop."""
+    problem = train.transformer(blocks=2, d_model=32, heads=2, sequence=16, batch_size=8)
     single = np.array(train.single(problem, steps=steps, seed=4).losses)
-    with dtflab.start_cluster(jobs="ps=1,worker=2") as cluster:
-        sync = np.array(train.sync_data_parallel(problem, cluster, steps=steps, seed=4).losses)
-    reduced = np.array(train.all_reduce(problem, workers=2, steps=steps, seed=4).losses)
-    return float(max(np.max(np.abs(sync - single)), np.max(np.abs(reduced - single))))
+    runs = {}
+    with dtflab.start_cluster(jobs="ps=1,worker=2", inter_op_threads=2,
+                              intra_op_threads=1) as cluster:
+        runs["sync_data_parallel"] = train.sync_data_parallel(problem, cluster, steps=steps, seed=4)
+        runs["pipeline_1f1b"] = train.pipeline(problem, cluster, stages=2, micro_batches=4,
+                                               schedule="1f1b", steps=steps, seed=4)
+        runs["tensor_parallel"] = train.tensor_parallel(problem, cluster, ways=2, steps=steps,
+                                                        seed=4)
+    runs["all_reduce"] = train.all_reduce(problem, workers=2, steps=steps, seed=4)
+    return {loop: float(np.max(np.abs(np.array(history.losses) - single)))
+            for loop, history in runs.items()}
 
 
 def lever_ratios() -> tuple[dict, dict]:
@@ -142,6 +151,7 @@ def main() -> None:
         report = train.memory(train.transformer(**shapes[-1], **levers))
         for kind, error in report.errors.items():
             errors[kind] = max(errors.get(kind, 0.0), abs(error))
+    by_loop = loops_against_single(8 if args.quick else 20)
     recompute, precision = lever_ratios()
     zero_state, zero_wire = zero_figures(4 if args.quick else 8)
     lever_steps = 30 if args.quick else 100
@@ -152,7 +162,8 @@ def main() -> None:
     history = train.single(train.transformer(), steps=steps, seed=0)
     times = np.diff([r.time_s for r in history.records])
     print(json.dumps({
-        "transformer_vs_single_max_abs_loss_diff": loops_against_single(8 if args.quick else 20),
+        "transformer_vs_single_max_abs_loss_diff": max(by_loop.values()),
+        "transformer_vs_single_by_loop": {loop: float(f"{d:.2e}") for loop, d in by_loop.items()},
         "memory_model_max_rel_error": {kind: float(f"{e:.2e}") for kind, e in errors.items()},
         "peak_over_activations": peaks,
         "flops_matmul_over_6n": flops,

@@ -177,6 +177,42 @@ def tensor_parallel_bytes(ways: int, batch: int, layers, dtype_bytes: int = 4) -
     return [{way: values * dtype_bytes for way, values in worker.items()} for worker in sent]
 
 
+def transformer_tensor_parallel_bytes(ways: int, problem) -> list[dict]:
+    """Bytes each of ``ways`` workers sends the others in one tensor-parallel step of a
+    transformer (``strategies.tensor_parallel_blocks``), worker 0 first, as
+    :func:`tensor_parallel_bytes` counts an MLP's.
+
+    With k ways, L blocks and A = batch x sequence x d_model activations (float32 or 16-bit):
+
+    - every half-block but the last ends in an all-reduce: each worker sends ``k - 1`` copies
+      of its partial output forward, and of its sum's gradient backward: ``(2L - 1)(k - 1) A``
+      each way;
+    - the last block's MLP sums on worker 0: each other worker sends it A forward, and worker 0
+      sends the gradient back, ``(k - 1) A``;
+    - worker 0 sends the embedded batch to the others, ``(k - 1) A``, and each sends back its
+      copy's gradient, A;
+    - worker 0 lends each other worker, per block, the two LayerNorms' scales and biases and
+      the projection's bias (and the MLP's output bias, but the last block's): ``6L - 1``
+      float32 vectors of d_model, whose gradients come back.
+
+    It leaves out gRPC's framing, the requests for each tensor and the optimizer's scalars."""
+    k, sent = ways, [{"forward": 0, "backward": 0} for _ in range(ways)]
+    if k == 1:
+        return sent
+    blocks, d = problem.blocks, problem.d_model
+    a = problem.batch_size * problem.sequence * d * (4 if problem.precision == "float32" else 2)
+    vectors = (6 * blocks - 1) * d * 4
+    for worker in sent:
+        worker["forward"] += (2 * blocks - 1) * (k - 1) * a
+        worker["backward"] += (2 * blocks - 1) * (k - 1) * a
+    sent[0]["forward"] += (k - 1) * (a + vectors)
+    sent[0]["backward"] += (k - 1) * a
+    for worker in sent[1:]:
+        worker["forward"] += a
+        worker["backward"] += a + vectors
+    return sent
+
+
 # -- data parallelism: bytes per step and what each worker holds -------------------------------
 
 def all_reduce_bytes(parameter_bytes: float, workers: int) -> float:

@@ -1,6 +1,6 @@
-"""Which layers go where: a pipeline's stages (contiguous layer ranges, balanced by work) and
-tensor parallelism's layer pairs (the first of each split by columns, the second by rows).
-Layers are numbered from 1, as ``Problem.forward`` numbers them."""
+"""Which layers go where: a pipeline's stages (contiguous ranges of an MLP's layers or a
+transformer's blocks, balanced by work) and tensor parallelism's layer pairs (the first of each
+split by columns, the second by rows). Layers and blocks are numbered from 1."""
 
 from __future__ import annotations
 
@@ -34,9 +34,10 @@ def split_layers(problem, ways: int, available: int):
 
 
 def balanced_cut(problem, stages: int) -> tuple[int, ...]:
-    """Where stages 2..p start (1-based layer numbers) so that each stage's multiply-adds per
-    example, ``n_in x n_out`` summed over its layers, are as even as a contiguous cut allows."""
-    work = [a * b for a, b in zip(problem.layers, problem.layers[1:])]
+    """Where stages 2..p start (1-based layer or block numbers) so that each stage's
+    multiply-adds (``problem.unit_work()`` summed over its layers or blocks) are as even as a
+    contiguous cut allows."""
+    work = problem.unit_work()
     depth = len(work)
     best = None
     # Exhaustive over contiguous cuts: a model here has at most a few dozen layers.
@@ -59,11 +60,12 @@ def _cuts(depth: int, stages: int, first: int = 2):
 
 def layer_ranges(problem, stages: int, cut=None) -> tuple[tuple[int, int], ...]:
     """Each stage's ``(first, last)`` layer, from ``cut`` (where stages 2..p start) or balanced."""
-    depth = problem.depth
+    depth, unit = problem.depth, problem.unit
     if stages > depth:
-        raise ValueError(f"stages={stages}: the model has {depth} layers, so at most {depth} "
-                         f"stages; use stages={depth} or a deeper model, e.g. "
-                         f"train.classification(hidden_layers={stages})")
+        deeper = (f"train.transformer(blocks={stages})" if unit == "block"
+                  else f"train.classification(hidden_layers={stages})")
+        raise ValueError(f"stages={stages}: the model has {depth} {unit}s, so at most {depth} "
+                         f"stages; use stages={depth} or a deeper model, e.g. {deeper}")
     if cut is None:
         cut = balanced_cut(problem, stages)
     else:
@@ -72,8 +74,8 @@ def layer_ranges(problem, stages: int, cut=None) -> tuple[tuple[int, int], ...]:
                  and all(isinstance(c, int) and not isinstance(c, bool) for c in cut)
                  and list(cut) == sorted(set(cut)) and all(1 < c <= depth for c in cut))
         if not valid:
-            raise ValueError(f"cut={given!r}: cut lists the first layer of each stage after the "
-                             f"first, {stages - 1} increasing layer number(s) from 2 to {depth}; "
+            raise ValueError(f"cut={given!r}: cut lists the first {unit} of each stage after the "
+                             f"first, {stages - 1} increasing {unit} number(s) from 2 to {depth}; "
                              f"for example cut={list(balanced_cut(problem, stages))!r}")
     bounds = (1, *cut, depth + 1)
     return tuple((a, b - 1) for a, b in zip(bounds, bounds[1:]))

@@ -23,6 +23,7 @@ KINDS = {"mlp": Problem, "transformer": Transformer}
 #: The loops that train a Transformer today; the others cut an MLP's layers.
 TRANSFORMER_LOOPS = ("train.single", "train.model_parallel", "train.sync_data_parallel",
                      "train.async_parameter_server", "train.ps_strategy", "train.all_reduce",
+                     "train.pipeline (blocks as stages)", "train.tensor_parallel (heads split)",
                      "train.zero (stages 1 and 2)")
 
 

@@ -117,6 +117,22 @@ class Problem:
                 h = self.activate(tf.matmul(h, w) + b, i)
         return h
 
+    #: What a pipeline cuts this model into (``layouts.layers``).
+    unit = "layer"
+
+    def unit_work(self) -> list[int]:
+        """Each layer's multiply-adds per example, what a balanced pipeline cut evens out."""
+        return [a * b for a, b in zip(self.layers, self.layers[1:])]
+
+    def stage_parameters(self, first: int, last: int) -> list[str]:
+        """The names of the parameters a pipeline stage of layers ``first`` to ``last`` reads."""
+        return [f"{kind}{i}" for i in range(first, last + 1) for kind in "wb"]
+
+    def stage_forward(self, variables, h, first: int, last: int):
+        """Layers ``first`` to ``last`` on ``h``, from the variables :meth:`stage_parameters`
+        names."""
+        return self.forward(variables, h, first_layer=first)
+
     def activate(self, h, layer: int):
         """Layer ``layer``'s activation of ``h`` (none on the last layer of a softmax model)."""
         tf = import_tf()

@@ -42,16 +42,12 @@ import numpy as np
 from dtflab import checks
 from dtflab._quiet import import_tf
 from dtflab.train.problems import text
+from dtflab.train.problems import transformer_ops as ops
+from dtflab.train.problems.transformer_ops import LOSS_SCALE
 
-#: LayerNorm's epsilon, GPT-2's.
-EPSILON = 1e-5
 #: What ``recompute=`` takes; what ``precision=`` takes.
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("float32", "bfloat16", "float16")
-#: float16's static loss scale: the backward runs on gradients this many times larger, so the
-#: small ones do not underflow float16 (smallest normal 6.1e-5); the weights' gradients are
-#: divided back in float32.
-LOSS_SCALE = 1024.0
 
 
 @dataclass(frozen=True)
@@ -154,25 +150,79 @@ class Transformer:
     def forward(self, variables, x):
         """Logits for every position of ``x`` ([batch, sequence, vocabulary], float32), from
         ``variables`` in :meth:`shapes`' order."""
+        return self.stage_forward(variables, x, 1, self.blocks)
+
+    # -- the model cut into pipeline stages ------------------------------------------------------
+
+    #: What a pipeline cuts this model into (``layouts.layers``).
+    unit = "block"
+
+    @property
+    def depth(self) -> int:
+        return self.blocks
+
+    def unit_work(self) -> list[int]:
+        """Each block's multiply-adds per token (its matrices' 12 d^2 and the attention's 2 s d
+        at most), the first with the embedding's and the last with the output layer's V d:
+        what a balanced pipeline cut evens out."""
+        d, v = self.d_model, self.vocabulary
+        work = [12 * d * d + 2 * self.sequence * d] * self.blocks
+        work[0] += v * d
+        work[-1] += v * d
+        return work
+
+    def stage_parameters(self, first: int, last: int) -> list[str]:
+        """The names of the parameters that blocks ``first`` to ``last`` read, in
+        :meth:`shapes`' order: the first stage also holds the embeddings, the last the final
+        LayerNorm and the output layer (tied: the token embedding again, read from the first
+        stage, where it lives)."""
+        def read(name):
+            if name.startswith("h"):
+                return first <= int(name[1:name.index("_")]) <= last
+            if name in ("lnf_scale", "lnf_bias", "lm_head"):
+                return last == self.blocks
+            return first == 1 or (name == "wte" and self.tied and last == self.blocks)
+        return [name for name, _ in self.shapes() if read(name)]
+
+    def stage_forward(self, variables, h, first: int, last: int):
+        """Blocks ``first`` to ``last`` on ``h`` (token ids if ``first`` is 1; logits out if
+        ``last`` is the last block), from the variables :meth:`stage_parameters` names. A range
+        with no block is the embedding alone, ``(1, 0)``, or the output alone,
+        ``(blocks + 1, blocks)``."""
         tf = import_tf()
         compute = tf.as_dtype(self.precision)
-        named = dict(zip((name for name, _ in self.shapes()),
-                         (_to_compute(tf, compute, v) for v in variables)))
-        with tf.name_scope("embedding"):
-            h = tf.matmul(tf.one_hot(x, self.vocabulary, dtype=compute), named["wte"])
-            h = h + named["wpe"]
-        for b in range(1, self.blocks + 1):
+        named = dict(zip(self.stage_parameters(first, last),
+                         (ops.to_compute(tf, compute, v) for v in variables)))
+        if first == 1:
+            with tf.name_scope("embedding"):
+                h = tf.matmul(tf.one_hot(h, self.vocabulary, dtype=compute), named["wte"])
+                h = h + named["wpe"]
+        for b in range(first, last + 1):
             with tf.name_scope(f"block{b}"):
                 weights = [named[name] for name, _ in self.shapes() if name.startswith(f"h{b}_")]
                 if self.recompute == "full":
-                    h = _recomputed(tf, lambda h, *w, b=b: self.block(tf, b, h, w))(h, *weights)
+                    h = ops.recomputed(tf, lambda h, *w, b=b: self.block(tf, b, h, w))(h, *weights)
                 else:
                     h = self.block(tf, b, h, weights)
+        if last < self.blocks:
+            return h
         with tf.name_scope("output"):
             h = self.layer_norm(tf, named["lnf_scale"], named["lnf_bias"], h)
             out = tf.transpose(named["wte"]) if self.tied else named["lm_head"]
             logits = tf.matmul(h, out)
-            return logits if compute == tf.float32 else _to_float32(tf, logits, self.loss_scale)
+            return logits if compute == tf.float32 else ops.to_float32(tf, logits, self.loss_scale)
+
+    def compute_view(self, variable):
+        """``variable`` as the type the forward computes in (a cast in 16 bits, whose gradient
+        comes back float32 and unscaled)."""
+        tf = import_tf()
+        return ops.to_compute(tf, tf.as_dtype(self.precision), variable)
+
+    @staticmethod
+    def recomputed(function):
+        """``function`` (tensors in, one tensor out) run again in the backward, only its inputs
+        kept: what ``recompute="full"`` does to a block."""
+        return ops.recomputed(import_tf(), function)
 
     def block(self, tf, b, h, weights):
         """Block ``b`` on the residual stream ``h``, with its weights in :meth:`shapes`'
@@ -187,25 +237,32 @@ class Transformer:
     @staticmethod
     def layer_norm(tf, scale, bias, h, name="lnf"):
         with tf.name_scope(name):
-            return _layer_norm(tf)(h, scale, bias)
+            return ops.layer_norm(tf)(h, scale, bias)
 
-    def attention(self, tf, a, qkv_w, qkv_b, proj_w, proj_b):
-        """Causal multi-head self-attention on a block's normalised input ``a``."""
-        s, heads, size = self.sequence, self.heads, self.head_size
+    def attention(self, tf, a, qkv_w, qkv_b, proj_w, proj_b, heads: int | None = None):
+        """Causal multi-head self-attention on a block's normalised input ``a``. Tensor
+        parallelism gives a worker ``heads`` of the heads (its columns of ``qkv_w``, its rows of
+        ``proj_w``) and ``proj_b=None``: the bias is added once, after the workers' sum."""
+        s, size = self.sequence, self.head_size
+        heads = heads or self.heads
         with tf.name_scope("attention"):
             qkv = tf.matmul(a, qkv_w) + qkv_b
             q, k, v = (tf.transpose(tf.reshape(part, [-1, s, heads, size]), [0, 2, 1, 3])
                        for part in tf.split(qkv, 3, axis=-1))
-            core = _attention_core(tf, s, size, a.dtype)
-            out = (_recomputed(tf, core) if self.recompute == "selective" else core)(q, k, v)
-            joined = tf.reshape(tf.transpose(out, [0, 2, 1, 3]), [-1, s, self.d_model])
-            return tf.matmul(joined, proj_w) + proj_b
+            core = ops.attention_core(tf, s, size, a.dtype)
+            out = (ops.recomputed(tf, core) if self.recompute == "selective" else core)(q, k, v)
+            joined = tf.reshape(tf.transpose(out, [0, 2, 1, 3]), [-1, s, heads * size])
+            projected = tf.matmul(joined, proj_w)
+            return projected if proj_b is None else projected + proj_b
 
     @staticmethod
     def mlp(tf, m, fc_w, fc_b, out_w, out_b):
+        """The block's MLP on its normalised input ``m``; ``out_b=None`` leaves the output's
+        bias to be added after tensor parallelism's sum."""
         with tf.name_scope("mlp"):
-            hidden = _gelu(tf)(tf.matmul(m, fc_w) + fc_b)
-            return tf.matmul(hidden, out_w) + out_b
+            hidden = ops.gelu(tf)(tf.matmul(m, fc_w) + fc_b)
+            output = tf.matmul(hidden, out_w)
+            return output if out_b is None else output + out_b
 
     def loss(self, output, t):
         """The sum over sequences of each sequence's mean cross-entropy per token."""
@@ -215,125 +272,6 @@ class Transformer:
 
     def optimizer(self):
         return import_tf().compat.v1.train.AdamOptimizer(self.learning_rate)
-
-
-def _layer_norm(tf):
-    """LayerNorm over the last axis that keeps for its backward what a fused kernel keeps (the
-    normalised input, and each row's 1/std), not every intermediate of its formula: the memory
-    the activation formula counts (``formulas.memory``). Its backward reads those two tensors
-    by name, not by TensorFlow merging its arithmetic with the forward's (which Grappler did
-    in some graphs and not others). In 16 bits, its statistics are float32 and it keeps the
-    normalised input in 16 bits."""
-
-    @tf.custom_gradient
-    def layer_norm(x, scale, bias):
-        wide = x.dtype != tf.float32
-        x32 = tf.cast(x, tf.float32) if wide else x
-        mean = tf.reduce_mean(x32, axis=-1, keepdims=True)
-        rstd = tf.math.rsqrt(tf.reduce_mean(tf.square(x32 - mean), axis=-1, keepdims=True)
-                             + EPSILON)
-        normal = (x32 - mean) * rstd
-        normal = tf.cast(normal, x.dtype) if wide else normal
-
-        def backward(dy):
-            with tf.control_dependencies([dy]):  # not before the gradient comes: see _gelu
-                n32 = tf.cast(normal, tf.float32) if wide else tf.identity(normal)
-            dy32 = tf.cast(dy, tf.float32) if wide else dy
-            rows = list(range(len(x.shape) - 1))
-            dnormal = dy32 * (tf.cast(scale, tf.float32) if wide else scale)
-            dx = rstd * (dnormal - tf.reduce_mean(dnormal, axis=-1, keepdims=True)
-                         - n32 * tf.reduce_mean(dnormal * n32, axis=-1, keepdims=True))
-            grads = dx, tf.reduce_sum(dy32 * n32, axis=rows), tf.reduce_sum(dy32, axis=rows)
-            return [tf.cast(g, x.dtype) for g in grads] if wide else grads
-
-        return normal * scale + bias, backward
-
-    return layer_norm
-
-
-def _attention_core(tf, s, size, dtype):
-    """The attention's core on q, k and v ([batch, heads, sequence, size]): scores scaled by
-    1/sqrt(size), the future masked, softmax, the weighted sum of the values."""
-    future = np.triu(np.ones([s, s], np.float32), 1)  # 1 above the diagonal
-    # -1e9 is -inf in float16: exp(-inf) is 0, as the mask means.
-    mask = tf.constant((-1e9 * future).astype(np.float32), dtype=tf.float32)
-
-    def core(q, k, v):
-        scores = tf.matmul(q, k, transpose_b=True) * tf.cast(1.0 / math.sqrt(size), dtype)
-        return tf.matmul(tf.nn.softmax(scores + tf.cast(mask, dtype), axis=-1), v)
-
-    return core
-
-
-def _recomputed(tf, function):
-    """``function`` (tensors in, one tensor out) whose backward runs it again from its inputs
-    instead of keeping what it computed: only the inputs stay alive for the backward.
-
-    The second run waits for the incoming gradient (control dependencies on its inputs'
-    copies), so TensorFlow's common-subexpression pass does not merge it with the first."""
-
-    @tf.custom_gradient
-    def run(*inputs):
-        def backward(dy):
-            with tf.control_dependencies([dy]):
-                again = [tf.identity(value) for value in inputs]
-            return tf.gradients(function(*again), again, grad_ys=dy)
-
-        return function(*inputs), backward
-
-    return run
-
-
-def _to_compute(tf, compute, variable):
-    """A float32 variable as the ``compute`` type the forward uses; its gradient comes back
-    float32, divided by float16's loss scale (``_to_float32``)."""
-    if compute == tf.float32:
-        return variable
-    scale = LOSS_SCALE if compute == tf.float16 else 1.0
-
-    @tf.custom_gradient
-    def cast(value):
-        return tf.cast(value, compute), lambda dy: tf.cast(dy, tf.float32) / scale
-
-    return cast(tf.convert_to_tensor(variable))
-
-
-def _to_float32(tf, logits, scale: float):
-    """16-bit logits as float32 for the loss; the loss's gradient goes back into the 16-bit
-    backward multiplied by ``scale`` (float16's loss scale, 1 otherwise)."""
-    dtype = logits.dtype
-
-    @tf.custom_gradient
-    def cast(value):
-        return tf.cast(value, tf.float32), lambda dy: tf.cast(dy * scale, dtype)
-
-    return cast(logits)
-
-
-def _gelu(tf):
-    """GELU, tanh form (GPT-2's), keeping only its input for the backward, as a fused kernel
-    does."""
-    c = math.sqrt(2.0 / math.pi)
-
-    @tf.custom_gradient
-    def gelu(x):
-        inner = c * (x + 0.044715 * x * x * x)
-        y = 0.5 * x * (1.0 + tf.tanh(inner))
-
-        def backward(dy):
-            # Once the gradient has come, not before: an op that needs only forward tensors
-            # would otherwise run during the forward (or merge into it), and what the forward
-            # keeps would change from one graph to the next.
-            with tf.control_dependencies([dy]):
-                x_ = tf.identity(x)
-            tanh = tf.tanh(c * (x_ + 0.044715 * x_ * x_ * x_))
-            slope = 0.5 * (1.0 + tanh) + 0.5 * x_ * (1.0 - tanh * tanh) * c * (
-                1.0 + 3 * 0.044715 * x_ * x_)
-            return dy * slope
-
-        return y, backward
-
-    return gelu
 
 
 def transformer(blocks: int = 2, d_model: int = 64, heads: int = 4, sequence: int = 32,

@@ -24,7 +24,6 @@ from dtflab.train.formulas import costs
 from dtflab.train.layouts.layers import layer_ranges
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.measure.bubble import Bubble
-from dtflab.train.problems import needs_mlp
 from dtflab.train.run.graphs import TrainGraph, one_multiply_at_a_time, straggler
 from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.run.sessions import run_one_replica
@@ -51,16 +50,18 @@ def pipeline_graph(problem, stages: Stages, seed: int, slow: dict | None = None)
     micro-batch that passes it)."""
     tf = import_tf()
     p, m = stages.count, stages.micro_batches
-    initial = problem.initial_values(seed)
+    initial = dict(problem.initial_values(seed))
     graph = tf.Graph()
     with graph.as_default():
-        stage_variables = []
+        created, stage_variables = {}, []
         for device, (first, last) in zip(stages.devices, stages.layers):
-            with tf.device(device):
-                stage_variables.append([tf.compat.v1.get_variable(name, initializer=value)
-                                        for name, value in initial[2 * (first - 1):2 * last]])
+            wanted = problem.stage_parameters(first, last)
+            with tf.device(device):  # a parameter lives on the first stage that reads it
+                created.update({name: tf.compat.v1.get_variable(name, initializer=initial[name])
+                                for name in wanted if name not in created})
+            stage_variables.append([created[name] for name in wanted])
         with tf.device(stages.devices[0]):
-            x = tf.compat.v1.placeholder(tf.float32, [None, problem.layers[0]], name="x")
+            x = problem.placeholders()[0]
             xs = tf.split(x, m, name="micro_batches")
         with tf.device(stages.devices[-1]):
             t = problem.placeholders()[1]
@@ -69,8 +70,15 @@ def pipeline_graph(problem, stages: Stages, seed: int, slow: dict | None = None)
         for s, kind, j, _, _ in sorted(costs.pipeline_timeline(stages.schedule, p, m),
                                        key=lambda slot: (slot[3], slot[0])):
             step.forward(s, j) if kind == "F" else step.backward(s, j)
-        variables = [v for vs in stage_variables for v in vs]
-        gradients = [g for s in range(p) for g in step.sums[s]]
+        variables = list(created.values())
+        totals = {}  # a parameter two stages read (a tied embedding) gets both stages' sums
+        for stage_vars, sums in zip(stage_variables, step.sums):
+            for variable, gradient in zip(stage_vars, sums):
+                if variable.name in totals:
+                    with tf.device(variable.device), tf.name_scope("tied"):
+                        gradient = totals[variable.name] + gradient
+                totals[variable.name] = gradient
+        gradients = [totals[v.name] for v in variables]
         train = problem.optimizer().apply_gradients(list(zip(gradients, variables)))
         with tf.device(stages.devices[-1]):
             loss = tf.add_n(step.losses, name="loss")
@@ -100,14 +108,17 @@ class _StepBuilder:
 
     def forward(self, s, j):
         tf, problem = self.tf, self.problem
-        device, (first, _) = self.stages.devices[s], self.stages.layers[s]
+        device, (first, last) = self.stages.devices[s], self.stages.layers[s]
         with tf.device(device), tf.name_scope(f"stage{s}/forward{j}"):
-            incoming = self.xs[j] if s == 0 else self.outputs[s - 1][j]
+            # A stage's gradients stop at its input (the stage before backpropagates from
+            # there): without the stop, a parameter two stages read, a tied embedding, would get
+            # the first stage's share twice.
+            incoming = self.xs[j] if s == 0 else tf.stop_gradient(self.outputs[s - 1][j])
             # a slow stage sleeps after its previous work, as a slower machine
             waits = straggler(self.slow, device, self.last[s], 1 / self.stages.micro_batches)
             with tf.control_dependencies(waits):
                 h_in = tf.identity(incoming, name="input")
-            h = problem.forward(self.variables[s], h_in, first_layer=first)
+            h = problem.stage_forward(self.variables[s], h_in, first, last)
             if s == self.stages.count - 1:
                 h = problem.loss(h, self.ts[j])
                 self.losses.append(h)
@@ -155,7 +166,6 @@ def pipeline(problem, cluster, *, stages: int = 2, micro_batches: int = 4,
     straggler. ``trace_step=k`` traces step k: ``history.bubble`` then measures each stage's
     busy and idle time. A dead task ends the run with a TaskError naming it.
     """
-    needs_mlp(problem, "train.pipeline")
     watchdog = checked_run(steps, seed, trace_step, watchdog)
     checks.one_of(schedule, "schedule", costs.SCHEDULES)
     checks.whole(stages, "stages", example=2)

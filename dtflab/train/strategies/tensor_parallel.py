@@ -1,4 +1,5 @@
-"""Tensor parallelism as Megatron-LM splits an MLP: every pair of layers cut across k worker
+"""Tensor parallelism as Megatron-LM splits an MLP (a transformer's blocks:
+:mod:`~dtflab.train.strategies.tensor_parallel_blocks`): every pair of layers cut across k worker
 tasks, the first matrix by columns and the second by rows, one sum of activations forward and
 one of gradients backward per pair.
 
@@ -34,9 +35,10 @@ from dtflab._quiet import import_tf
 from dtflab.train.formulas import costs
 from dtflab.train.layouts.layers import split_layers
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
-from dtflab.train.problems import needs_mlp
+from dtflab.train.problems import Transformer
 from dtflab.train.run.graphs import TrainGraph, straggler
 from dtflab.train.run.runner import checked_run, new_runner
+from dtflab.train.strategies.tensor_parallel_blocks import blocks_graph, heads_per_worker
 from dtflab.train.run.sessions import run_one_replica
 
 
@@ -119,36 +121,45 @@ def tensor_parallel_graph(problem, split: Split, seed: int, slow: dict | None = 
 def tensor_parallel(problem, cluster, *, ways: int = 2, steps: int = 200, seed: int = 0,
                     slow: dict | None = None, background: bool = False, callbacks=(),
                     name: str | None = None, trace_step: int | None = None, watchdog=True):
-    """Train ``problem`` with every layer pair split ``ways`` ways over the first worker tasks
-    (Megatron-style tensor parallelism).
+    """Train ``problem`` with every layer pair of an MLP, or every block of a transformer,
+    split ``ways`` ways over the first worker tasks (Megatron-style tensor parallelism).
 
     In [1]: run = train.tensor_parallel(train.classification(hidden_layers=3), cluster, ways=2,
        ...:                             trace_step=5, background=True)
     In [2]: run.wait().trace.show()      # step 5: the partial outputs crossing to the sums
 
     Layers 1 and 2, 3 and 4, ... are pairs (an odd depth leaves the output layer whole on
-    worker:0); each pair's hidden width must split into ``ways`` equal slices. The losses are
+    worker:0); each pair's hidden width must split into ``ways`` equal slices. A transformer's
+    heads split into ``ways`` equal groups, its MLP's hidden units too
+    (:mod:`~dtflab.train.strategies.tensor_parallel_blocks`). The losses are
     ``train.single``'s up to float rounding (the partial outputs are summed in another order).
     ``history.details["bytes_formula"]`` holds what :func:`dtflab.train.formulas.costs.
-    tensor_parallel_bytes` says each worker sends per step; ``train.WireBytes`` counts it.
+    tensor_parallel_bytes` (a transformer: ``transformer_tensor_parallel_bytes``) says each
+    worker sends per step; ``train.WireBytes`` counts it.
     ``slow={"worker:1": 0.05}`` makes that worker sleep that long a step: every sum waits for
     it. A dead task ends the run with a TaskError naming it.
     """
-    needs_mlp(problem, "train.tensor_parallel")
     watchdog = checked_run(steps, seed, trace_step, watchdog)
     checks.whole(ways, "ways", example=2)
     enough_workers(cluster, ways, "ways", "each way runs on a worker task")
-    pairs, whole = split_layers(problem, ways, len(cluster.addresses["worker"]))
+    available = len(cluster.addresses["worker"])
     devices, slow_devices = worker_devices(cluster, ways, slow)
-    split = Split(tuple(devices), pairs, whole)
-    built = tensor_parallel_graph(problem, split, seed, slow_devices)
+    if isinstance(problem, Transformer):
+        heads_per_worker(problem, ways, available)
+        built = blocks_graph(problem, tuple(devices), seed, slow_devices)
+        split = Split(tuple(devices), (), ())
+        formula = costs.transformer_tensor_parallel_bytes(ways, problem)
+    else:
+        pairs, whole = split_layers(problem, ways, available)
+        split = Split(tuple(devices), pairs, whole)
+        built = tensor_parallel_graph(problem, split, seed, slow_devices)
+        formula = costs.tensor_parallel_bytes(ways, problem.batch_size, problem.layers)
     runner = new_runner("tensor_parallel", name or f"tensor parallel ({ways} ways)", callbacks,
                         watchdog, cluster=cluster)
     history = runner.history
     history.details["split"] = split
-    history.details["bytes_formula"] = {
-        names.task(device): sent for device, sent in
-        zip(devices, costs.tensor_parallel_bytes(ways, problem.batch_size, problem.layers))}
+    history.details["bytes_formula"] = {names.task(device): sent
+                                        for device, sent in zip(devices, formula)}
     return run_one_replica(built, cluster.target(*names.split(devices[0])),
                            runner,
                            problem, steps, seed, cluster, background, trace_step)

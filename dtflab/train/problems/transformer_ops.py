@@ -1,0 +1,135 @@
+"""The transformer's ops that decide what its backward keeps (``problems.transformer``):
+LayerNorm and GELU keeping what fused kernels keep, the attention's core, recomputation, and
+the casts of 16-bit training with float16's loss scale."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+#: LayerNorm's epsilon, GPT-2's.
+EPSILON = 1e-5
+#: float16's static loss scale: the backward runs on gradients this many times larger, so the
+#: small ones do not underflow float16 (smallest normal 6.1e-5); the weights' gradients are
+#: divided back in float32.
+LOSS_SCALE = 1024.0
+
+
+def layer_norm(tf):
+    """LayerNorm over the last axis that keeps for its backward what a fused kernel keeps (the
+    normalised input, and each row's 1/std), not every intermediate of its formula: the memory
+    the activation formula counts (``formulas.memory``). Its backward reads those two tensors
+    by name, not by TensorFlow merging its arithmetic with the forward's (which Grappler did
+    in some graphs and not others). In 16 bits, its statistics are float32 and it keeps the
+    normalised input in 16 bits."""
+
+    @tf.custom_gradient
+    def layer_norm(x, scale, bias):
+        wide = x.dtype != tf.float32
+        x32 = tf.cast(x, tf.float32) if wide else x
+        mean = tf.reduce_mean(x32, axis=-1, keepdims=True)
+        rstd = tf.math.rsqrt(tf.reduce_mean(tf.square(x32 - mean), axis=-1, keepdims=True)
+                             + EPSILON)
+        normal = (x32 - mean) * rstd
+        normal = tf.cast(normal, x.dtype) if wide else normal
+
+        def backward(dy):
+            with tf.control_dependencies([dy]):  # not before the gradient comes: see gelu
+                n32 = tf.cast(normal, tf.float32) if wide else tf.identity(normal)
+            dy32 = tf.cast(dy, tf.float32) if wide else dy
+            rows = list(range(len(x.shape) - 1))
+            dnormal = dy32 * (tf.cast(scale, tf.float32) if wide else scale)
+            dx = rstd * (dnormal - tf.reduce_mean(dnormal, axis=-1, keepdims=True)
+                         - n32 * tf.reduce_mean(dnormal * n32, axis=-1, keepdims=True))
+            grads = dx, tf.reduce_sum(dy32 * n32, axis=rows), tf.reduce_sum(dy32, axis=rows)
+            return [tf.cast(g, x.dtype) for g in grads] if wide else grads
+
+        return normal * scale + bias, backward
+
+    return layer_norm
+
+
+def attention_core(tf, s, size, dtype):
+    """The attention's core on q, k and v ([batch, heads, sequence, size]): scores scaled by
+    1/sqrt(size), the future masked, softmax, the weighted sum of the values."""
+    future = np.triu(np.ones([s, s], np.float32), 1)  # 1 above the diagonal
+    # -1e9 is -inf in float16: exp(-inf) is 0, as the mask means.
+    mask = tf.constant((-1e9 * future).astype(np.float32), dtype=tf.float32)
+
+    def core(q, k, v):
+        scores = tf.matmul(q, k, transpose_b=True) * tf.cast(1.0 / math.sqrt(size), dtype)
+        return tf.matmul(tf.nn.softmax(scores + tf.cast(mask, dtype), axis=-1), v)
+
+    return core
+
+
+def recomputed(tf, function):
+    """``function`` (tensors in, one tensor out) whose backward runs it again from its inputs
+    instead of keeping what it computed: only the inputs stay alive for the backward.
+
+    The second run waits for the incoming gradient (control dependencies on its inputs'
+    copies), so TensorFlow's common-subexpression pass does not merge it with the first."""
+
+    @tf.custom_gradient
+    def run(*inputs):
+        def backward(dy):
+            with tf.control_dependencies([dy]):
+                again = [tf.identity(value) for value in inputs]
+            return tf.gradients(function(*again), again, grad_ys=dy)
+
+        return function(*inputs), backward
+
+    return run
+
+
+def to_compute(tf, compute, variable):
+    """A float32 variable as the ``compute`` type the forward uses; its gradient comes back
+    float32, divided by float16's loss scale (``to_float32``)."""
+    if compute == tf.float32:
+        return variable
+    scale = LOSS_SCALE if compute == tf.float16 else 1.0
+
+    @tf.custom_gradient
+    def cast(value):
+        return tf.cast(value, compute), lambda dy: tf.cast(dy, tf.float32) / scale
+
+    return cast(tf.convert_to_tensor(variable))
+
+
+def to_float32(tf, logits, scale: float):
+    """16-bit logits as float32 for the loss; the loss's gradient goes back into the 16-bit
+    backward multiplied by ``scale`` (float16's loss scale, 1 otherwise)."""
+    dtype = logits.dtype
+
+    @tf.custom_gradient
+    def cast(value):
+        return tf.cast(value, tf.float32), lambda dy: tf.cast(dy * scale, dtype)
+
+    return cast(logits)
+
+
+def gelu(tf):
+    """GELU, tanh form (GPT-2's), keeping only its input for the backward, as a fused kernel
+    does."""
+    c = math.sqrt(2.0 / math.pi)
+
+    @tf.custom_gradient
+    def gelu(x):
+        inner = c * (x + 0.044715 * x * x * x)
+        y = 0.5 * x * (1.0 + tf.tanh(inner))
+
+        def backward(dy):
+            # Once the gradient has come, not before: an op that needs only forward tensors
+            # would otherwise run during the forward (or merge into it), and what the forward
+            # keeps would change from one graph to the next.
+            with tf.control_dependencies([dy]):
+                x_ = tf.identity(x)
+            tanh = tf.tanh(c * (x_ + 0.044715 * x_ * x_ * x_))
+            slope = 0.5 * (1.0 + tanh) + 0.5 * x_ * (1.0 - tanh * tanh) * c * (
+                1.0 + 3 * 0.044715 * x_ * x_)
+            return dy * slope
+
+        return y, backward
+
+    return gelu
