@@ -28,6 +28,12 @@
   the formula, for plain all-reduce and ZeRO stages 1 and 2 on the transformer (M + 2M, and
   M + 2M/N; 2 (N-1)/N M on the wire) and stage 3 on an MLP
   (train.sharded_data_parallel: 3M/N; 3 (N-1)/N M).
+- zero_step_peak: the step's peak beyond what a worker held before it (the CPU allocator's
+  count in each worker program), median over steps and the 2 workers, over the model's bytes
+  M, for all-reduce and ZeRO stages 1 and 2 on a model whose parameters outweigh its
+  activations; stage 1's over costs.zero_stage1_step_peak_bytes ((1 + 2/N) M), stage 2's
+  saving over ZeRO's (1 - 1/N) M of gradients, and each loop's median step time over
+  all-reduce's.
 
     python benchmarks/memory.py [--quick]
 
@@ -125,6 +131,33 @@ def zero_figures(steps: int) -> tuple[dict, dict]:
     return state, wire
 
 
+def zero_peaks(steps: int) -> dict:
+    """The step's measured peak (beyond what the worker held before it; median over steps 1..
+    and both workers) over the model's bytes, for all-reduce and ZeRO stages 1 and 2, on a
+    model whose parameters outweigh its activations; stage 1's over its formula, and stage 2's
+    saving over ZeRO's (1 - 1/N) x M of gradients it no longer keeps."""
+    from dtflab.train.formulas import costs
+
+    problem = train.transformer(blocks=2, d_model=512, heads=4, sequence=16, batch_size=4)
+    m = problem.parameter_bytes
+    runs = {"all_reduce": lambda: train.all_reduce(problem, workers=2, steps=steps),
+            "stage_1": lambda: train.zero(problem, stage=1, workers=2, steps=steps),
+            "stage_2": lambda: train.zero(problem, stage=2, workers=2, steps=steps)}
+    peaks, times = {}, {}
+    for name, run in runs.items():
+        history = run()
+        peaks[name] = statistics.median(p for worker in history.details["step_peak_bytes"].values()
+                                        for p in worker[1:])
+        times[name] = statistics.median(np.diff([r.time_s for r in history.step_records])[1:])
+    return {"over_parameter_bytes": {name: round(p / m, 3) for name, p in peaks.items()},
+            "stage_1_over_formula": round(peaks["stage_1"] / costs.zero_stage1_step_peak_bytes(
+                m, 2), 4),
+            "stage_2_saving_over_formula": round((peaks["stage_1"] - peaks["stage_2"]) / (m / 2),
+                                                 3),
+            "step_s_over_all_reduce": {name: round(t / times["all_reduce"], 3)
+                                       for name, t in times.items()}}
+
+
 def step_time(problem, steps: int) -> float:
     history = train.single(problem, steps=steps, seed=0)
     return statistics.median(np.diff([r.time_s for r in history.records]))
@@ -154,6 +187,7 @@ def main() -> None:
     by_loop = loops_against_single(8 if args.quick else 20)
     recompute, precision = lever_ratios()
     zero_state, zero_wire = zero_figures(4 if args.quick else 8)
+    zero_peak = zero_peaks(6 if args.quick else 16)
     lever_steps = 30 if args.quick else 100
     base = step_time(train.transformer(), lever_steps)
     times_over_none = {"_".join(levers.values()): round(
@@ -176,6 +210,7 @@ def main() -> None:
         "lever_step_time_over_none": times_over_none,
         "zero_state_bytes_over_formula": zero_state,
         "zero_wire_bytes_over_formula": zero_wire,
+        "zero_step_peak": zero_peak,
     }))
 
 

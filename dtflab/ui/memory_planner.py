@@ -10,8 +10,10 @@ In [4]: planner.measure()             # or the button; planner.measured, planner
 
 The arithmetic is ``dtflab.train.formulas.plan``'s (its docstring says which terms dtflab has
 measured and which are the references' and not yet measured here). Measure cannot run a plan
-split by tensor, pipeline or ZeRO: the transformer's loops that split it are not built yet; it
-says so instead of drawing.
+split by tensor, pipeline or ZeRO: ``train.memory`` measures one replica's traced step, and the
+loops that split a transformer (``train.pipeline``, ``train.tensor_parallel``, ``train.zero``)
+report losses and bytes on the wire, not bytes per device by kind; it says so instead of
+drawing.
 """
 
 from __future__ import annotations
@@ -108,8 +110,8 @@ class MemoryPlanner:
         plan = self.plan
         if not plan.measurable:
             self.status = ("Measure runs one replica: set tensor and pipeline ways to 1 and ZeRO "
-                           "stage to 0 (the transformer's loops that split those are not built "
-                           "yet)")
+                           "stage to 0 (bytes per device by kind are measured on one replica "
+                           "only)")
         elif self.predicted["total"] > MEASURABLE_BYTES:
             self.status = (f"Measure runs here only plans under {MEASURABLE_BYTES >> 20} MB per "
                            f"device; this one is predicted at {self.predicted['total'] / 1e9:.1f}"

@@ -239,6 +239,17 @@ def sharded_state_bytes(parameter_bytes: float, workers: int, slots: int = 2) ->
     return (1 + slots) * parameter_bytes / workers
 
 
+def zero_stage1_step_peak_bytes(parameter_bytes: float, workers: int) -> float:
+    """What a ZeRO stage-1 worker's step holds at its peak beyond what it held before the step,
+    once its activations are gone: every full gradient (M), then, the exchange starting only
+    when the backward has ended, every received chunk and every summed shard at once
+    (``2 M / N``): ``(1 + 2 / N) x M``. Stage 2 sends each gradient as it is made, so it never
+    holds them all: ZeRO's saving is the ``(1 - 1/N) x M`` of gradients it no longer keeps
+    (Rajbhandari et al. 2020, the gradients' share of 2Ψ + 2Ψ + KΨ); what else it holds at its
+    peak, the gradients made faster than the wire takes them, is measured, not predicted."""
+    return (1 + 2 / workers) * parameter_bytes
+
+
 def shard_size(values: int, workers: int) -> int:
     """Values in each of ``workers`` equal shards of a flat vector of ``values``, padded with
     zeros to a multiple of ``workers`` (how ``train.sharded_data_parallel`` cuts a layer)."""

@@ -179,6 +179,7 @@ def train_in_programs(loop: Loop, problem, options: ProgramOptions, *, flags=Non
     history.details["fingerprints"] = {worker: [] for worker in history.workers}
     history.details["state_bytes"] = {}
     history.details["memory"] = {}
+    history.details["step_peak_bytes"] = {}
     history.reads["overlap_share"] = overlap_share
     history.details["report_port"] = reports.port
     history.details.update(details or {})
@@ -258,6 +259,9 @@ class _Job:
                 for key in ("state_bytes", "memory"):  # what the worker holds, when it says
                     if message.get(key):
                         self.history.details[key][message["worker"]] = message[key]
+                if message.get("step_peak_bytes") is not None:
+                    self.history.details["step_peak_bytes"].setdefault(
+                        message["worker"], []).append(message["step_peak_bytes"])
             self.last_step, self.recorded = messages[0]["step"], True
             return updates
 

@@ -17,6 +17,9 @@ Per worker and step, the bytes sent: stages 1 and 2, a reduce-scatter of the gra
 all-gather of the parameters, 2 (N-1)/N x M, an all-reduce's; stage 3, 3 (N-1)/N x M.
 What stage 2 saves over stage 1 is the full gradients' memory during the step, which the
 state bytes (variables) do not show: ``history.details["state_bytes"]`` is the same for both.
+``history.details["step_peak_bytes"]`` shows it: each worker's peak per step beyond what it
+held before the step, counted by TensorFlow's allocator (stage 1:
+``costs.zero_stage1_step_peak_bytes``).
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ def zero(problem, *, stage: int = 1, **options):
     The losses are ``train.single``'s up to the rounding of the sums. ``history.details``:
     ``state_bytes`` (what each worker's variables take: the parameters, whole, and Adam's m
     and v for its shards, in bytes), ``memory`` (each
-    worker process's ``rss`` and ``pss``), ``fingerprints``, ``bytes_per_step_formula`` and
+    worker process's ``rss`` and ``pss``), ``step_peak_bytes`` (each worker's peak per step
+    beyond what it held before it), ``fingerprints``, ``bytes_per_step_formula`` and
     ``state_bytes_formula``. Stage 3 is ``train.sharded_data_parallel`` (an MLP's layers).
     The other arguments are ``train.all_reduce``'s.
     """

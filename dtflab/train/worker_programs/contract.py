@@ -70,7 +70,7 @@ TYPES = {"str": str, "int": int, "float": float}
 MESSAGES = {
     "hello": ("worker", "pid", "workers", "resumed_at", "reached"),
     "step": ("worker", "step", "loss_sum", "examples", "fingerprint", "step_s", "state_bytes",
-             "memory"),
+             "memory", "step_peak_bytes"),
     "done": ("worker",),
 }
 #: What the notebook writes back, one bare line each.

@@ -59,6 +59,9 @@ def start(argv, prog: str, communication=lambda flags: {}) -> Worker:
     from ``TF_CONFIG``, reach the notebook and set up MultiWorkerMirroredStrategy's collectives
     (ring; ``communication(flags)`` adds to its ``CommunicationOptions``)."""
     flags = Flags.parse(argv, prog)
+    # TensorFlow's best-fit allocator on the CPU: it counts the bytes in use and their peak
+    # (``step_peak_bytes``); the default CPU allocator counts nothing.
+    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     import tensorflow as tf
 
     from dtflab.tf_private import patient_coordination
@@ -141,6 +144,17 @@ def memory() -> dict | None:
     return {key.lower(): int(fields[key].split()[0]) * 1024 for key in ("Rss", "Pss") if key in fields}
 
 
+def _bytes_in_use(tf, *, reset_peak: bool = False, peak: bool = False) -> int | None:
+    """The CPU allocator's bytes in use (or their peak since the last reset); ``None`` where it
+    does not count them (a process whose allocator was made before ``start`` chose it)."""
+    try:
+        if reset_peak:
+            tf.config.experimental.reset_memory_stats("CPU:0")
+        return tf.config.experimental.get_memory_info("CPU:0")["peak" if peak else "current"]
+    except ValueError:
+        return None
+
+
 #: Seconds a traced step waits before the profiler stops: its collectives' events are recorded.
 TRACE_SETTLE_S = 0.2
 
@@ -176,7 +190,10 @@ def run_steps(worker: Worker, first: int, train_step, check, save, state_bytes) 
             # first, the notebook can restart every worker at this step and trace it again.
             save(step)
             tf.profiler.experimental.start(trace_folder(args.trace_dir, name))
-        loss = float(train_step(tf.constant(x), tf.constant(t)).numpy())  # the step is over
+        x, t = tf.constant(x), tf.constant(t)
+        before = _bytes_in_use(tf, reset_peak=True)
+        loss = float(train_step(x, t).numpy())  # the step is over
+        step_peak = None if before is None else _bytes_in_use(tf, peak=True) - before
         if traced:
             # An asynchronous collective's event is recorded after its result is handed on,
             # so the step can end first: without this wait the profiler lost some of them
@@ -190,7 +207,8 @@ def run_steps(worker: Worker, first: int, train_step, check, save, state_bytes) 
                                   check(tf.constant(1.0 if report.stop.is_set() else 0.0)))
         report.send("step", worker=name, step=step, loss_sum=loss, examples=share,
                     fingerprint=fingerprint, step_s=time.perf_counter() - began,
-                    state_bytes=state_bytes(), memory=memory() if checking else None)
+                    state_bytes=state_bytes(), memory=memory() if checking else None,
+                    step_peak_bytes=step_peak)
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
             save(step + 1)
         if votes:
