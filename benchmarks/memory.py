@@ -25,12 +25,12 @@
   recomputation (train.transformer()'s defaults otherwise, 100 steps each, in turn).
 - zero_state_bytes_over_formula, zero_wire_bytes_over_formula: per worker of 2, the bytes its
   variables hold and the bytes it sent per step (counted at the transport, WireBytes), over
-  the formula, for plain all-reduce and ZeRO stages 1 and 2 on the transformer (M + 2M, and
-  M + 2M/N; 2 (N-1)/N M on the wire) and stage 3 on an MLP
-  (train.sharded_data_parallel: 3M/N; 3 (N-1)/N M).
+  the formula, for plain all-reduce and ZeRO stages 1, 2 and 3 on the transformer (M + 2M,
+  M + 2M/N and 3M/N; 2 (N-1)/N M on the wire, 3 (N-1)/N M for stage 3, its tied embedding
+  gathered by two blocks) and stage 3 on an MLP (stage_3_mlp).
 - zero_step_peak: the step's peak beyond what a worker held before it (the CPU allocator's
   count in each worker program), median over steps and the 2 workers, over the model's bytes
-  M, for all-reduce and ZeRO stages 1 and 2 on a model whose parameters outweigh its
+  M, for all-reduce and ZeRO stages 1, 2 and 3 on a model whose parameters outweigh its
   activations; stage 1's over costs.zero_stage1_step_peak_bytes ((1 + 2/N) M), stage 2's
   saving over ZeRO's (1 - 1/N) M of gradients, and each loop's median step time over
   all-reduce's.
@@ -116,15 +116,16 @@ def zero_figures(steps: int) -> tuple[dict, dict]:
     runs = {"all_reduce": (problem, lambda p, **o: train.all_reduce(p, **o)),
             "stage_1": (problem, lambda p, **o: train.zero(p, stage=1, **o)),
             "stage_2": (problem, lambda p, **o: train.zero(p, stage=2, **o)),
-            "stage_3": (mlp, lambda p, **o: train.zero(p, stage=3, **o))}
+            "stage_3": (problem, lambda p, **o: train.zero(p, stage=3, **o)),
+            "stage_3_mlp": (mlp, lambda p, **o: train.zero(p, stage=3, **o))}
     state, wire = {}, {}
     for name, (model, loop) in runs.items():
         counter = train.WireBytes(after_step=2, steps=steps)
         history = loop(model, workers=2, steps=steps + 4, callbacks=[counter])
         m = model.parameter_bytes
         held = sum(history.details["state_bytes"]["worker:0"].values())
-        formula_state = {"all_reduce": 3 * m, "stage_3": costs.sharded_state_bytes(m, 2)}.get(
-            name, m + 2 * m / 2)
+        formula_state = (3 * m if name == "all_reduce" else costs.sharded_state_bytes(m, 2)
+                         if name.startswith("stage_3") else m + 2 * m / 2)
         formula_wire = history.details.get("bytes_per_step_formula", costs.all_reduce_bytes(m, 2))
         state[name] = round(held / formula_state, 4)
         wire[name] = round(counter.per_step.sent_by()["worker:0"] / formula_wire, 4)
@@ -133,7 +134,7 @@ def zero_figures(steps: int) -> tuple[dict, dict]:
 
 def zero_peaks(steps: int) -> dict:
     """The step's measured peak (beyond what the worker held before it; median over steps 1..
-    and both workers) over the model's bytes, for all-reduce and ZeRO stages 1 and 2, on a
+    and both workers) over the model's bytes, for all-reduce and ZeRO stages 1, 2 and 3, on a
     model whose parameters outweigh its activations; stage 1's over its formula, and stage 2's
     saving over ZeRO's (1 - 1/N) x M of gradients it no longer keeps."""
     from dtflab.train.formulas import costs
@@ -142,7 +143,8 @@ def zero_peaks(steps: int) -> dict:
     m = problem.parameter_bytes
     runs = {"all_reduce": lambda: train.all_reduce(problem, workers=2, steps=steps),
             "stage_1": lambda: train.zero(problem, stage=1, workers=2, steps=steps),
-            "stage_2": lambda: train.zero(problem, stage=2, workers=2, steps=steps)}
+            "stage_2": lambda: train.zero(problem, stage=2, workers=2, steps=steps),
+            "stage_3": lambda: train.zero(problem, stage=3, workers=2, steps=steps)}
     peaks, times = {}, {}
     for name, run in runs.items():
         history = run()

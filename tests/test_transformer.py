@@ -107,8 +107,7 @@ def test_bad_shapes_are_refused_with_the_fix(kwargs, message):
         train.transformer(**kwargs)
 
 
-@pytest.mark.parametrize("loop", [
-    lambda p: train.sharded_data_parallel(p), lambda p: dtflab.slices_picture(p)])
+@pytest.mark.parametrize("loop", [lambda p: dtflab.slices_picture(p)])
 def test_the_loops_that_cut_an_mlps_layers_refuse_a_transformer_naming_those_that_train_it(loop):
     with pytest.raises(NotSupportedError, match=r"works on an MLP's layers and transformer_1x32_h2"
                                                 r"_s16 is a Transformer; train it with one of "

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from dtflab import train
-from dtflab.errors import NotSupportedError
 from dtflab.train.formulas import costs
 
 pytestmark = pytest.mark.slow
@@ -59,9 +58,29 @@ def test_stage_one_shards_adams_state_and_sends_an_all_reduces_bytes():
 def test_bad_stages_are_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"stage=4: stage must be one of 1, 2, 3"):
         train.zero(PROBLEM, stage=4)
-    with pytest.raises(NotSupportedError, match=r"train.sharded_data_parallel works on an MLP's "
-                                                r"layers.*train.zero \(stages 1 and 2\)"):
-        train.zero(PROBLEM, stage=3)
+
+
+def test_stage_three_shards_the_transformers_parameters_too():
+    """Stage 3 (train.sharded_data_parallel) on the transformer: each parameter sharded,
+    gathered block by block; the losses are one process's, each worker holds 3M/N, and it
+    sends 3 (N-1)/N of the bytes it gathers per step (a tied embedding, read by the first and
+    the last block, twice)."""
+    problem = train.transformer(blocks=2, d_model=64, heads=4, sequence=16, batch_size=8)
+    alone = train.single(problem, steps=8, seed=3)
+    wire = train.WireBytes(after_step=2, steps=4)
+    history = train.zero(problem, stage=3, workers=2, steps=8, seed=3, callbacks=[wire])
+    assert worst_loss_diff(history, alone) <= TOLERANCE
+    model = problem.parameter_bytes
+    embedding = 4 * problem.vocabulary * problem.d_model
+    formula = history.details["bytes_per_step_formula"]
+    assert formula == costs.sharded_bytes(model + embedding, 2)
+    for source, destination in (("worker:0", "worker:1"), ("worker:1", "worker:0")):
+        sent = wire.per_step.sent[source, destination]
+        print(f"{source}: {sent / formula:.4f} of the formula")
+        assert formula <= sent <= 1.1 * formula
+    for worker in ("worker:0", "worker:1"):
+        held = sum(history.details["state_bytes"][worker].values())
+        assert held == pytest.approx(costs.sharded_state_bytes(model, 2), rel=1e-3)
 
 
 def test_stage_two_holds_a_shard_of_the_gradients_where_stage_one_holds_them_all():

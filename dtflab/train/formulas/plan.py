@@ -26,9 +26,10 @@ dtflab:
 - **ZeRO** over d data replicas: optimizer state / d from stage 1, gradients / d from stage
   2, parameters / d at stage 3 (Rajbhandari et al. 2020: (2 + 2 + K)·Ψ/N_d in their 16-bit
   terms; here float32 master weights, so (4 + 4 + 8)·Ψ/d). The optimizer state's share is
-  measured by ``train.zero`` (stages 1 and 2, its workers' variables: ``tests/test_zero.py``),
-  the parameters' by ``train.sharded_data_parallel`` on an MLP; the gradients' (memory during
-  the step) is not measured.
+  measured by ``train.zero`` (its workers' variables: ``tests/test_zero.py``), the
+  parameters' by stage 3 (``train.sharded_data_parallel``) on the transformer and an MLP; the
+  gradients' only as a step's peak (stage 2 below stage 1 by at least (1 - 1/d) of the
+  gradients: ``history.details["step_peak_bytes"]``), not by kind.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ KINDS = {"mlp": Problem, "transformer": Transformer}
 TRANSFORMER_LOOPS = ("train.single", "train.model_parallel", "train.sync_data_parallel",
                      "train.async_parameter_server", "train.ps_strategy", "train.all_reduce",
                      "train.pipeline (blocks as stages)", "train.tensor_parallel (heads split)",
-                     "train.zero (stages 1 and 2)")
+                     "train.zero", "train.sharded_data_parallel")
 
 
 def needs_mlp(problem, what: str) -> None:

@@ -22,10 +22,10 @@ the records, Stop, restarts and traces are ``dtflab.train.run.programs``'s, as f
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from dtflab.train.formulas import costs
-from dtflab.train.problems import needs_mlp
 from dtflab.train.run.programs import (Loop, ProgramOptions, takes_program_options,
                                        train_in_programs)
 
@@ -33,6 +33,17 @@ LOOP = Loop(Path(__file__).parents[1] / "worker_programs" / "sharded_data_parall
             "sharded", "sharded", "all-gather",
             "TF profiler on each worker program, one sharded step; CollectiveGatherV2 is an "
             "all-gather, CollectiveBcastSendV2/RecvV2 the reduce-scatter's exchanges")
+
+
+def exchanged_bytes(problem) -> int:
+    """The bytes of the units a step gathers and reduce-scatters: the model's, but a
+    transformer's tied embedding counts twice, in the first block and the last (one block:
+    once)."""
+    if problem.unit == "layer":
+        return problem.parameter_bytes
+    shapes = dict(problem.shapes())
+    return 4 * sum(math.prod(shapes[name]) for b in range(1, problem.blocks + 1)
+                   for name in problem.stage_parameters(b, b))
 
 
 @takes_program_options
@@ -43,7 +54,8 @@ def sharded_data_parallel(problem, **options):
     In [2]: history.details["state_bytes"]    # {'worker:0': {'parameters': ..., 'slots': ...}}
 
     Each worker holds shard i of every layer (the layer's weights and bias as one vector,
-    padded to a multiple of N) and Adam's m and v for it; the losses are ``train.single``'s up
+    padded to a multiple of N; a transformer: of every parameter, gathered block by block and
+    each block's forward run again in the backward) and Adam's m and v for it; the losses are ``train.single``'s up
     to the rounding of the sums. ``history.details``: ``state_bytes`` (what each worker's
     variables take, in bytes), ``memory`` (each worker process's ``rss`` and ``pss``, read on
     check steps), ``fingerprints`` (the sum of every parameter, the same on every worker),
@@ -57,9 +69,8 @@ def sharded_data_parallel(problem, **options):
     ``backend``, ``scheduler`` and ``client`` run the programs on a Dask cluster, as
     ``train.all_reduce``'s do (checkpoints and traces then need a shared ``checkpoint_dir``).
     """
-    needs_mlp(problem, "train.sharded_data_parallel")
     options = ProgramOptions(**options).checked(problem)
-    details = {"bytes_per_step_formula": costs.sharded_bytes(problem.parameter_bytes,
+    details = {"bytes_per_step_formula": costs.sharded_bytes(exchanged_bytes(problem),
                                                              options.workers),
                "state_bytes_formula": costs.sharded_state_bytes(problem.parameter_bytes,
                                                                 options.workers)}

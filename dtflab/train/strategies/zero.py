@@ -6,11 +6,11 @@ the N workers, one more kind per stage.
   shard of the parameters; each worker still computes every full gradient;
 - **stage 2**: the gradients too: each is reduce-scattered as soon as the backward has made it,
   so a worker keeps only its shard of the sum;
-- **stage 3**: the parameters too (``train.sharded_data_parallel``: each layer all-gathered
-  while it is used).
+- **stage 3**: the parameters too (``train.sharded_data_parallel``: each layer, or each
+  transformer block's parameters, all-gathered while it is used).
 
 Stages 1 and 2 run ``dtflab/train/worker_programs/zero.py`` (its docstring has the step); they
-train any problem, a transformer too. Stage 3 cuts an MLP's layers. The records, Stop,
+train any problem, a transformer too, as stage 3 does. The records, Stop,
 restarts and traces are ``dtflab.train.run.programs``'s, as for ``train.all_reduce``.
 
 Per worker and step, the bytes sent: stages 1 and 2, a reduce-scatter of the gradients and an
@@ -51,7 +51,7 @@ def zero(problem, *, stage: int = 1, **options):
     and v for its shards, in bytes), ``memory`` (each
     worker process's ``rss`` and ``pss``), ``step_peak_bytes`` (each worker's peak per step
     beyond what it held before it), ``fingerprints``, ``bytes_per_step_formula`` and
-    ``state_bytes_formula``. Stage 3 is ``train.sharded_data_parallel`` (an MLP's layers).
+    ``state_bytes_formula``. Stage 3 is ``train.sharded_data_parallel``.
     The other arguments are ``train.all_reduce``'s.
     """
     checks.one_of(stage, "stage", STAGES)

@@ -2,6 +2,10 @@
 started by ``dtflab.run`` with ``TF_CONFIG`` set): ZeRO-3 / FSDP with TensorFlow's collective
 ops over gRPC.
 
+A transformer is sharded parameter by parameter and gathered block by block
+(:func:`sharded_blocks`: the backward runs each block's forward again, FSDP with activation
+checkpointing); an MLP layer by layer, as follows.
+
 Each layer's weights and bias are one flat vector, padded with zeros to a multiple of N and
 cut into N equal shards: worker i holds shard i of every layer and Adam's m and v for that
 shard only (the math of ``tf.compat.v1.train.AdamOptimizer``, in the order its
@@ -86,6 +90,83 @@ def sharded_layer(tf, problem, collectives, unit: Unit, number: int):
     return layer
 
 
+def sharded_blocks(tf, problem, collectives, first: int, last: int, counts: dict,
+                   shapes: dict, sizes: dict):
+    """Blocks ``first`` to ``last`` of a transformer (``problem.stage_forward``: the first
+    with the embeddings, the last with the output layer) as a function of its input and this
+    worker's shards of the parameters they read. The backward gathers the parameters again and
+    runs the blocks' forward again from their input (FSDP with activation checkpointing: only
+    each unit's input is kept), then reduce-scatters each parameter's gradient. A tied
+    embedding is an input of the first unit and the last: its two shard gradients are summed
+    by the tape."""
+    names = problem.stage_parameters(first, last)
+
+    def gathered(shards):
+        return [tf.reshape(collectives.all_gather(shard)[:counts[name]], shapes[name])
+                for name, shard in zip(names, shards)]
+
+    @tf.custom_gradient
+    def unit(h, *shards):
+        with tf.control_dependencies([h]):  # gathered when the unit is next, not all at once
+            params = gathered(shards)
+        out = problem.stage_forward(params, h, first, last)
+
+        def backward(dout):
+            with tf.control_dependencies([dout]):  # again: nothing kept the forward's copy
+                params = gathered(shards)
+            watched = params + ([h] if first > 1 else [])  # the first unit's input is tokens
+            with tf.GradientTape() as tape:
+                tape.watch(watched)
+                again = problem.stage_forward(params, h, first, last)
+            grads = tape.gradient(again, watched, output_gradients=dout)
+            dh = grads[len(params)] if first > 1 else None
+            workers = collectives.workers
+            return (dh, *[collectives.reduce_scatter(padded(tf, g, sizes[name], workers),
+                                                     sizes[name])
+                          for name, g in zip(names, grads[:len(params)])])
+
+        return out, backward
+
+    return unit, names
+
+
+def padded(tf, value, shard: int, workers: int):
+    """``value`` flattened and padded with zeros to ``shard x workers`` values."""
+    flat = tf.reshape(value, [-1])
+    missing = shard * workers - flat.shape[0]
+    return tf.concat([flat, tf.zeros([missing], flat.dtype)], 0) if missing else flat
+
+
+def mlp_units(tf, problem, collectives, index: int, workers: int, values):
+    """``(units, shards)``: each layer as a function of its input and this worker's shard
+    variable (one per layer: weights and bias as one vector)."""
+    layers = [Unit(w, b, workers) for w, b in zip(values[::2], values[1::2])]
+    shards = [tf.Variable(unit.shard(index), name=f"layer{n}") for n, unit in enumerate(layers, 1)]
+    return [(sharded_layer(tf, problem, collectives, unit, n), [shard])
+            for n, (unit, shard) in enumerate(zip(layers, shards), 1)], shards
+
+
+def transformer_units(tf, problem, collectives, index: int, workers: int, values):
+    """``(units, shards)``: each block (the first with the embeddings, the last with the
+    output layer) as a function of its input and this worker's shard of every parameter it
+    reads (one shard variable per parameter, flattened and padded to a multiple of N)."""
+    named = dict(values)
+    counts = {name: value.size for name, value in named.items()}
+    sizes = {name: costs.shard_size(count, workers) for name, count in counts.items()}
+    shapes = {name: value.shape for name, value in named.items()}
+    variables = {}
+    for name, value in named.items():
+        flat = np.zeros(sizes[name] * workers, np.float32)
+        flat[:value.size] = value.ravel()
+        size = sizes[name]
+        variables[name] = tf.Variable(flat[index * size:(index + 1) * size], name=name)
+    units = []
+    for b in range(1, problem.blocks + 1):
+        unit, names = sharded_blocks(tf, problem, collectives, b, b, counts, shapes, sizes)
+        units.append((unit, [variables[name] for name in names]))
+    return units, list(variables.values())
+
+
 def main(argv=None) -> int:
     worker = start(sys.argv[1:] if argv is None else argv,
                    "worker_programs/sharded_data_parallel.py")
@@ -94,15 +175,15 @@ def main(argv=None) -> int:
     flags, problem, index, workers = worker.flags, worker.problem, worker.index, worker.workers
     device = worker.strategy.extended.worker_devices[0]
     collectives = Collectives(tf, index, workers, flags.timeout)
-    values = [value for _, value in problem.initial_values(flags.seed)]
-    units = [Unit(w, b, workers) for w, b in zip(values[::2], values[1::2])]
+    values = problem.initial_values(flags.seed)
     with tf.device(device):
-        shards = [tf.Variable(unit.shard(index), name=f"layer{n}") for n, unit in enumerate(units, 1)]
-        ms = [tf.Variable(tf.zeros_like(s), name=f"layer{n}_m") for n, s in enumerate(shards, 1)]
-        vs = [tf.Variable(tf.zeros_like(s), name=f"layer{n}_v") for n, s in enumerate(shards, 1)]
+        build = mlp_units if problem.unit == "layer" else transformer_units
+        units, shards = build(tf, problem, collectives, index, workers,
+                              values if build is transformer_units else [v for _, v in values])
+        ms = [tf.Variable(tf.zeros_like(s), name=f"{s.name.split(':')[0]}_m") for s in shards]
+        vs = [tf.Variable(tf.zeros_like(s), name=f"{s.name.split(':')[0]}_v") for s in shards]
         beta1_power = tf.Variable(BETA1, dtype=tf.float32, name="beta1_power")
         beta2_power = tf.Variable(BETA2, dtype=tf.float32, name="beta2_power")
-    layers = [sharded_layer(tf, problem, collectives, unit, n) for n, unit in enumerate(units, 1)]
 
     def adam(gradients):
         _, done = adam_on_shards(tf, problem.learning_rate, shards, ms, vs, gradients,
@@ -114,8 +195,8 @@ def main(argv=None) -> int:
         with tf.device(device):
             with tf.GradientTape() as tape:
                 h = x
-                for layer, shard in zip(layers, shards):
-                    h = layer(h, tf.convert_to_tensor(shard))
+                for unit, own in units:
+                    h = unit(h, *[tf.convert_to_tensor(shard) for shard in own])
                 loss = problem.loss(h, t)
             with tf.control_dependencies([adam(tape.gradient(loss, shards))]):
                 return tf.identity(loss)
