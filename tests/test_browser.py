@@ -43,9 +43,11 @@ if not Path(CHROMIUM).exists():
 
 # Asynchronous, late in a notebook that ran several clusters: where runs used to stall
 # (README, "The asynchronous stall"); the watchdog would now say so under the plot.
-LIVE_CELL = """# (added by the browser test) a long run to watch, stopped with the Stop button
+LIVE_CELL = """# (added by the browser test) a long run to watch, stopped with the Stop button; each
+# worker sleeps 50 ms a step, so the run leaves the browser a core to draw with
 live = train.async_parameter_server(problem, dtflab.start_cluster(ps=1, workers=2),
-                                    steps=1_000_000, background=True, name="live")
+                                    steps=1_000_000, background=True, name="live",
+                                    slow={"worker:0": 0.05, "worker:1": 0.05})
 live_dashboard = Dashboard(live, interval_s=0.25)
 live_dashboard"""
 
