@@ -340,3 +340,21 @@ def built_site():
     log = done.stdout + done.stderr
     assert done.returncode == 0, f"the documentation site did not build:\n{log[-6000:]}"
     return SITE, log
+
+
+@pytest.fixture(scope="module")
+def split_cluster():
+    """Three worker tasks, two inter-op threads and one intra-op thread each: a module's
+    pipeline stages or tensor-parallel ways, one task each (the second thread answers
+    transfers while the first computes)."""
+    import dtflab
+
+    with dtflab.start_cluster(workers=3, inter_op_threads=2, intra_op_threads=1) as c:
+        yield c
+
+
+def max_loss_diff(a, b) -> float:
+    """The worst |loss difference| per step between two histories."""
+    import numpy as np
+
+    return float(np.max(np.abs(np.array(a.losses) - np.array(b.losses))))

@@ -3,10 +3,8 @@ from a traced step, GPipe against 1F1B, stragglers, Stop, a dead stage."""
 
 import threading
 
-import numpy as np
 import pytest
 
-import dtflab
 from dtflab import train
 from dtflab.errors import TaskError
 from dtflab.train.formulas import costs
@@ -16,7 +14,7 @@ from dtflab.viz.compare import compare
 from dtflab.viz.dashboard import Dashboard
 from dtflab.viz.decimate import LIMIT
 
-from conftest import wait_until
+from conftest import max_loss_diff as max_diff, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -26,13 +24,8 @@ DEEP = train.classification(width=64, batch_size=256, hidden_layers=3)
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with dtflab.start_cluster(workers=3, inter_op_threads=2, intra_op_threads=1) as c:
-        yield c
-
-
-def max_diff(a, b) -> float:
-    return float(np.max(np.abs(np.array(a.losses) - np.array(b.losses))))
+def cluster(split_cluster):
+    return split_cluster
 
 
 @pytest.mark.parametrize("problem, stages, micro_batches, schedule", [

@@ -49,6 +49,7 @@ WHERE = {
     "all_reduce": "strategies.all_reduce", "pipeline": "strategies.pipeline",
     "tensor_parallel": "strategies.tensor_parallel",
     "sharded_data_parallel": "strategies.sharded_data_parallel", "zero": "strategies.zero",
+    "Layout": "layouts.mesh",
 }
 
 
@@ -81,4 +82,4 @@ __all__ = ["Problem", "exp_regression", "classification", "Transformer", "transf
            "RunHistory", "StepRecord", "Callback", "BackgroundRun", "single", "model_parallel",
            "sync_data_parallel", "async_parameter_server", "ps_strategy", "strategy_for",
            "all_reduce", "pipeline", "tensor_parallel", "sharded_data_parallel", "zero", "WireBytes",
-           "Runner", "Update", "Watchdog", "stage_arithmetic_s", "memory"]
+           "Runner", "Update", "Watchdog", "stage_arithmetic_s", "memory", "Layout"]

@@ -69,6 +69,40 @@ def blocks_graph(problem, devices, seed: int, slow: dict | None = None) -> Train
     def half_block(function):
         return problem.recomputed(function) if problem.recompute == "full" else function
 
+    def shares(b, own, whole, streams, kind, norm, matrices, columns, rows, function):
+        """Each worker's partial output of one half-block of block ``b``: ``function`` on its
+        stream's LayerNorm ``norm``, with its ``columns(j)`` of the first of ``matrices`` and
+        of its bias, and its ``rows(j)`` of the second."""
+        first, bias, second = matrices
+        partials = []
+        for j, device in enumerate(devices):
+            mine = [variable(f"h{b}_{first}_part{j}", own[first][:, columns(j)], device),
+                    variable(f"h{b}_{bias}_part{j}", own[bias][columns(j)], device),
+                    variable(f"h{b}_{second}_part{j}", own[second][rows(j), :], device)]
+            with tf.device(device), tf.name_scope(f"block{b}/{kind}_worker{j}"):
+                partials.append(half_block(function)(streams[device], *(compute(v) for v in (
+                    whole[f"{norm}_scale"], whole[f"{norm}_bias"], *mine))))
+        return partials
+
+    def attention(h, scale, bias, qkv_w, qkv_b, proj_w):
+        a = problem.layer_norm(tf, scale, bias, h, "ln1")
+        return problem.attention(tf, a, qkv_w, qkv_b, proj_w, None, heads=heads)
+
+    def mlp(h, scale, bias, fc_w, fc_b, out_w):
+        m = problem.layer_norm(tf, scale, bias, h, "ln2")
+        return problem.mlp(tf, m, fc_w, fc_b, out_w, None)
+
+    width, hidden = heads * problem.head_size, 4 * d // k
+
+    def heads_of(j):  # worker j's heads' columns of q (of k and v: d and 2d further)
+        return np.arange(j * width, (j + 1) * width)
+
+    def qkv_of(j):
+        return np.concatenate([heads_of(j) + part * d for part in range(3)])
+
+    def units_of(j):  # worker j's hidden units of the MLP
+        return np.arange(j * hidden, (j + 1) * hidden)
+
     with graph.as_default():
         with tf.device(home):
             x, t = problem.placeholders()
@@ -85,36 +119,12 @@ def blocks_graph(problem, devices, seed: int, slow: dict | None = None) -> Train
             whole = {name: variable(f"h{b}_{name}", own[name])
                      for name in ("ln1_scale", "ln1_bias", "proj_b", "ln2_scale", "ln2_bias",
                                   "out_b")}
-            partials = []
-            for j, device in enumerate(devices):
-                cols = np.arange(j * heads * problem.head_size, (j + 1) * heads * problem.head_size)
-                qkv = np.concatenate([cols, d + cols, 2 * d + cols])
-                mine = [variable(f"h{b}_qkv_w_part{j}", own["qkv_w"][:, qkv], device),
-                        variable(f"h{b}_qkv_b_part{j}", own["qkv_b"][qkv], device),
-                        variable(f"h{b}_proj_w_part{j}", own["proj_w"][cols, :], device)]
-                with tf.device(device), tf.name_scope(f"block{b}/attention_worker{j}"):
-                    def attention(h, scale, bias, qkv_w, qkv_b, proj_w):
-                        a = problem.layer_norm(tf, scale, bias, h, "ln1")
-                        return problem.attention(tf, a, qkv_w, qkv_b, proj_w, None, heads=heads)
-                    partials.append(half_block(attention)(
-                        streams[device], *(compute(v) for v in (whole["ln1_scale"],
-                                                                whole["ln1_bias"], *mine))))
+            partials = shares(b, own, whole, streams, "attention", "ln1",
+                              ("qkv_w", "qkv_b", "proj_w"), qkv_of, heads_of, attention)
             streams = _sums(tf, partials, whole["proj_b"], streams, devices, compute,
                             f"block{b}/attention")
-            partials = []
-            hidden = 4 * d // k
-            for j, device in enumerate(devices):
-                cols = np.arange(j * hidden, (j + 1) * hidden)
-                mine = [variable(f"h{b}_fc_w_part{j}", own["fc_w"][:, cols], device),
-                        variable(f"h{b}_fc_b_part{j}", own["fc_b"][cols], device),
-                        variable(f"h{b}_out_w_part{j}", own["out_w"][cols, :], device)]
-                with tf.device(device), tf.name_scope(f"block{b}/mlp_worker{j}"):
-                    def mlp(h, scale, bias, fc_w, fc_b, out_w):
-                        m = problem.layer_norm(tf, scale, bias, h, "ln2")
-                        return problem.mlp(tf, m, fc_w, fc_b, out_w, None)
-                    partials.append(half_block(mlp)(
-                        streams[device], *(compute(v) for v in (whole["ln2_scale"],
-                                                                whole["ln2_bias"], *mine))))
+            partials = shares(b, own, whole, streams, "mlp", "ln2", ("fc_w", "fc_b", "out_w"),
+                              units_of, units_of, mlp)
             last = b == problem.blocks
             streams = _sums(tf, partials, whole["out_b"], streams,
                             [home] if last else devices, compute, f"block{b}/mlp")

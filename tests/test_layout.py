@@ -1,0 +1,114 @@
+"""The layout object: ranks and groups as Megatron numbers them (checked against the worked
+example in Megatron-LM's ``initialize_model_parallel`` docstring), its checks against a model
+and a cluster, and the mesh picture's links."""
+
+import itertools
+
+import pytest
+
+from dtflab import train
+from dtflab.train.layouts.mesh import AXES
+
+
+def test_groups_are_megatrons_worked_example():
+    # Megatron-LM, parallel_state.initialize_model_parallel: 16 GPUs, tensor 2, pipeline 4
+    # (data 2) give these groups, g0 ... g15.
+    layout = train.Layout(data=2, tensor=2, pipeline=4)
+    assert layout.size == 16
+    assert layout.groups("data") == [(0, 2), (1, 3), (4, 6), (5, 7), (8, 10), (9, 11),
+                                     (12, 14), (13, 15)]
+    assert layout.groups("tensor") == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9), (10, 11),
+                                       (12, 13), (14, 15)]
+    assert layout.groups("pipeline") == [(0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14),
+                                         (3, 7, 11, 15)]
+    assert layout.groups("context") == [(r,) for r in range(16)]
+
+
+def test_every_rank_has_one_place_and_each_group_varies_one_axis():
+    layout = train.Layout(data=2, tensor=3, pipeline=2, context=2)
+    seen = set()
+    for rank in range(layout.size):
+        at = layout.coordinates(rank)
+        assert layout.rank(**at) == rank
+        t, c, d, p = at["tensor"], at["context"], at["data"], at["pipeline"]
+        assert rank == ((p * 2 + d) * 2 + c) * 3 + t  # tensor fastest, pipeline slowest
+        seen.add(tuple(at.values()))
+    assert len(seen) == layout.size == 24
+    for axis in AXES:
+        groups = layout.groups(axis)
+        assert sorted(itertools.chain(*groups)) == list(range(24))  # a partition of the ranks
+        for group in groups:
+            moved = [a for a in AXES if len({layout.coordinates(r)[a] for r in group}) > 1]
+            assert moved == ([axis] if len(group) > 1 else [])
+            assert [layout.coordinates(r)[axis] for r in group] == list(range(len(group)))
+
+
+def test_links_are_a_chain_a_ring_and_all_pairs():
+    layout = train.Layout(data=2, tensor=2, pipeline=3, context=3)
+    by_axis = {axis: [(a, b) for a, b, along in layout.links() if along == axis] for axis in AXES}
+    assert len(by_axis["pipeline"]) == 12 * 2   # 12 pipelines of 3 stages: 2 hops each
+    assert len(by_axis["context"]) == 12 * 3    # 12 rings of 3
+    assert len(by_axis["data"]) == 18 * 1       # 18 pairs of replicas
+    assert len(by_axis["tensor"]) == 18 * 1
+    first = layout.group("pipeline", 0)
+    assert by_axis["pipeline"][:2] == list(zip(first, first[1:]))
+    assert str(layout) == "pipeline 3 x data 2 x context 3 x tensor 2 = 36 tasks"
+
+
+def test_the_picture_draws_each_task_and_each_axis_links():
+    layout = train.Layout(data=2, tensor=2, pipeline=2)
+    fig = layout.picture()
+    tasks = fig.select(name="tasks")[0].data_source.data
+    assert tasks["task"] == [f"worker:{r}" for r in range(8)]
+    assert tasks["groups"][5] == "pipeline: [1, 5]; data: [5, 7]; tensor: [4, 5]"
+    for axis, count in (("pipeline", 4), ("data", 4), ("tensor", 4)):
+        drawn = fig.select(name=f"links_{axis}")[0].data_source.data
+        assert len(drawn["x0"]) == count
+    assert not fig.select(name="links_context")
+    # a pipeline's stages side by side, a data replica per row
+    x, y = layout.positions()[layout.rank(pipeline=1, data=1, tensor=1)]
+    assert x > layout.positions()[layout.rank(tensor=1)][0] and y < 0
+
+
+@pytest.mark.parametrize("kwargs, problem, message", [
+    (dict(data=3), train.transformer(batch_size=16), r"data=3: the batch of 16 does not split "
+                                                      r"into 3 equal slices; use data=2"),
+    (dict(tensor=3), train.transformer(heads=4), r"tensor=3: transformer_2x64_h4_s32's 4 heads "
+                                                  r"do not split into 3 equal groups; use "
+                                                  r"tensor=2"),
+    (dict(context=5), train.transformer(sequence=32), r"context=5: the sequence of 32 does not "
+                                                       r"split into 5 equal pieces; use "
+                                                       r"context=4"),
+    (dict(pipeline=3), train.transformer(blocks=2), r"pipeline=3: transformer_2x64_h4_s32 has 2 "
+                                                     r"blocks, so at most 2 stages"),
+    (dict(tensor=3), train.classification(width=64), r"tensor=3: classification_64's hidden "
+                                                      r"widths 64, 64 do not split"),
+    (dict(context=2), train.exp_regression(), r"context=2: an MLP has no sequence to cut"),
+])
+def test_ways_the_model_does_not_divide_are_refused_with_the_fix(kwargs, problem, message):
+    with pytest.raises(ValueError, match=message):
+        train.Layout(**kwargs).fits(problem)
+    layout = train.Layout(data=2, tensor=2)
+    assert layout.fits(train.transformer()) is layout
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(data=0), r"data=0: data must be a whole number of at least 1; for example data=2"),
+    (dict(tensor=1.5), r"tensor=1.5: tensor must be a whole number"),
+])
+def test_ways_that_are_not_whole_numbers_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        train.Layout(**kwargs)
+    with pytest.raises(ValueError, match=r"rank=8: rank must be a whole number of at most 7"):
+        train.Layout(data=2, tensor=2, pipeline=2).coordinates(8)
+
+
+@pytest.mark.slow
+def test_more_ways_than_worker_tasks_are_refused_naming_both(start_cluster):
+    cluster = start_cluster(workers=3)
+    layout = train.Layout(data=2, tensor=2)
+    with pytest.raises(ValueError, match=r"Layout\(data=2, tensor=2\) needs 4 worker tasks "
+                                         r"\(data 2 x tensor 2 = 4 tasks\) and this cluster has "
+                                         r"3; start them with dtflab.start_cluster\(workers=4\)"):
+        layout.tasks(cluster)
+    assert train.Layout(data=3).tasks(cluster) == [f"/job:worker/task:{i}" for i in range(3)]
