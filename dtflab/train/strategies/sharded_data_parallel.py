@@ -55,8 +55,8 @@ def sharded_data_parallel(problem, **options):
 
     Each worker holds shard i of every layer (the layer's weights and bias as one vector,
     padded to a multiple of N; a transformer: of every parameter, gathered block by block and
-    each block's forward run again in the backward) and Adam's m and v for it; the losses are ``train.single``'s up
-    to the rounding of the sums. ``history.details``: ``state_bytes`` (what each worker's
+    each block's forward run again in the backward) and Adam's m and v for it; the losses are
+    ``train.single``'s up to the rounding of the sums. ``history.details``: ``state_bytes`` (what each worker's
     variables take, in bytes), ``memory`` (each worker process's ``rss`` and ``pss``, read on
     check steps), ``fingerprints`` (the sum of every parameter, the same on every worker),
     ``bytes_per_step_formula`` and ``state_bytes_formula`` (``costs``).

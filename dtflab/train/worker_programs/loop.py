@@ -9,8 +9,9 @@ every worker after the same step: a worker that stopped alone would leave the ot
 in the next collective) and a fingerprint of the weights.
 
 It reports to the notebook as ``contract`` defines: ``hello``, a ``step`` per step (its slice's
-summed loss, its own step time, what its variables take; on check steps a fingerprint of the
-weights and the process's memory), ``done``; it reads ``stop`` and, with ``--lockstep``, ``go``.
+summed loss, its own step time, what its variables take, the step's peak bytes beyond what it
+held before it; on check steps a fingerprint of the weights and the process's memory),
+``done``; it reads ``stop`` and, with ``--lockstep``, ``go``.
 """
 
 from __future__ import annotations
