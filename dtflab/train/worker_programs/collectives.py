@@ -79,6 +79,14 @@ class Collectives:
             return tf.add_n(parts)
 
 
+def padded(tf, value, shard: int, workers: int):
+    """``value`` flattened and padded with zeros to ``shard x workers`` values (a copy only
+    where it needs the zeros): what :meth:`Collectives.reduce_scatter` cuts."""
+    flat = tf.reshape(value, [-1])
+    missing = shard * workers - flat.shape[0]
+    return tf.concat([flat, tf.zeros([missing], flat.dtype)], 0) if missing else flat
+
+
 def adam_on_shards(tf, learning_rate, shards, ms, vs, gradients, beta1_power, beta2_power):
     """tf.compat.v1.train.AdamOptimizer's update of each shard (in the order its
     ``ResourceApplyAdam`` kernel computes it), then its beta powers: ``(updated, done)``, each

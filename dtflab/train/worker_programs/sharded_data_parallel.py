@@ -38,7 +38,7 @@ import numpy as np
 
 from dtflab.train.formulas import costs
 from dtflab.train.worker_programs.collectives import (BETA1, BETA2, Collectives, adam_on_shards,
-                                                      run_with_own_checkpoints)
+                                                      padded, run_with_own_checkpoints)
 from dtflab.train.worker_programs.loop import start, variable_bytes
 
 class Unit:
@@ -130,17 +130,11 @@ def sharded_blocks(tf, problem, collectives, first: int, last: int, counts: dict
     return unit, names
 
 
-def padded(tf, value, shard: int, workers: int):
-    """``value`` flattened and padded with zeros to ``shard x workers`` values."""
-    flat = tf.reshape(value, [-1])
-    missing = shard * workers - flat.shape[0]
-    return tf.concat([flat, tf.zeros([missing], flat.dtype)], 0) if missing else flat
-
-
 def mlp_units(tf, problem, collectives, index: int, workers: int, values):
     """``(units, shards)``: each layer as a function of its input and this worker's shard
     variable (one per layer: weights and bias as one vector)."""
-    layers = [Unit(w, b, workers) for w, b in zip(values[::2], values[1::2])]
+    arrays = [value for _, value in values]
+    layers = [Unit(w, b, workers) for w, b in zip(arrays[::2], arrays[1::2])]
     shards = [tf.Variable(unit.shard(index), name=f"layer{n}") for n, unit in enumerate(layers, 1)]
     return [(sharded_layer(tf, problem, collectives, unit, n), [shard])
             for n, (unit, shard) in enumerate(zip(layers, shards), 1)], shards
@@ -178,8 +172,7 @@ def main(argv=None) -> int:
     values = problem.initial_values(flags.seed)
     with tf.device(device):
         build = mlp_units if problem.unit == "layer" else transformer_units
-        units, shards = build(tf, problem, collectives, index, workers,
-                              values if build is transformer_units else [v for _, v in values])
+        units, shards = build(tf, problem, collectives, index, workers, values)
         ms = [tf.Variable(tf.zeros_like(s), name=f"{s.name.split(':')[0]}_m") for s in shards]
         vs = [tf.Variable(tf.zeros_like(s), name=f"{s.name.split(':')[0]}_v") for s in shards]
         beta1_power = tf.Variable(BETA1, dtype=tf.float32, name="beta1_power")

@@ -31,16 +31,8 @@ import sys
 
 from dtflab.train.formulas import costs
 from dtflab.train.worker_programs.collectives import (BETA1, BETA2, Collectives, adam_on_shards,
-                                                      run_with_own_checkpoints)
+                                                      padded, run_with_own_checkpoints)
 from dtflab.train.worker_programs.loop import start, variable_bytes
-
-
-def padded(tf, value, shard: int, workers: int):
-    """``value`` flattened and padded with zeros to ``shard x workers`` values (a copy only
-    where it needs the zeros)."""
-    flat = tf.reshape(value, [-1])
-    missing = shard * workers - flat.shape[0]
-    return tf.concat([flat, tf.zeros([missing], flat.dtype)], 0) if missing else flat
 
 
 def own_shard(tf, value, index: int, shard: int):
