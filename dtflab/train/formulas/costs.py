@@ -213,6 +213,37 @@ def transformer_tensor_parallel_bytes(ways: int, problem) -> list[dict]:
     return sent
 
 
+def transformer_sequence_parallel_bytes(ways: int, problem) -> list[dict]:
+    """Bytes each of ``ways`` workers sends the others in one step of tensor parallelism with
+    sequence parallelism (``tensor_parallel(..., sequence_parallel=True)``), worker 0 first.
+
+    With k ways, L blocks and A as :func:`transformer_tensor_parallel_bytes` has it, each
+    half-block gathers the k pieces of its normalised input (each worker sends its A / k to the
+    k - 1 others) and reduce-scatters its partial outputs (each sends the k - 1 pieces the
+    others sum): ``2 (k - 1) A / k`` forward and as much backward, per worker and half-block,
+    as a ring all-reduce of A sends; ``4 L (k - 1) A / k`` each way in all. Then the ends:
+    worker 0 sends each other worker its piece of the embedded batch, ``(k - 1) A / k``, and
+    gathers the pieces of the last block's output, each other worker's ``A / k``; their
+    gradients come back. Worker 0 lends each other worker ``6 L`` vectors of d_model per step
+    (both LayerNorms' scales and biases and both output biases, every block), whose gradients
+    come back. It leaves out what :func:`transformer_tensor_parallel_bytes` leaves out."""
+    k, sent = ways, [{"forward": 0, "backward": 0} for _ in range(ways)]
+    if k == 1:
+        return sent
+    blocks, d = problem.blocks, problem.d_model
+    a = problem.batch_size * problem.sequence * d * (4 if problem.precision == "float32" else 2)
+    vectors = 6 * blocks * d * 4
+    for worker in sent:
+        worker["forward"] += 4 * blocks * (k - 1) * a / k
+        worker["backward"] += 4 * blocks * (k - 1) * a / k
+    sent[0]["forward"] += (k - 1) * (a / k + vectors)
+    sent[0]["backward"] += (k - 1) * a / k
+    for worker in sent[1:]:
+        worker["forward"] += a / k
+        worker["backward"] += a / k + vectors
+    return sent
+
+
 # -- data parallelism: bytes per step and what each worker holds -------------------------------
 
 def all_reduce_bytes(parameter_bytes: float, workers: int) -> float:

@@ -90,3 +90,37 @@ def transformer_bytes(problem, batch: int | None = None, micro_batches: int = 1)
     return {"parameters": FLOAT32 * n, "gradients": FLOAT32 * n,
             "optimizer": 2 * FLOAT32 * n + 2 * FLOAT32,
             "activations": activations["total"]}
+
+
+def split_activation_bytes(problem, ways: int, sequence_parallel: bool = False) -> list[int]:
+    """Activation bytes each of ``ways`` workers keeps in one step of ``train.tensor_parallel``
+    on ``problem`` (a ``Transformer``), worker 0 first, as ``measure.memory`` reads them.
+
+    Per block, tensor parallelism cuts q, k and v, the softmax, the joined heads and the MLP's
+    4d-wide terms by t = ``ways`` (12·s·b·d + a·s²·b of the 16·s·b·d + a·s²·b above) and leaves
+    each worker its own LayerNorms: their normalised inputs and outputs (4·s·b·d) and 1/std
+    (2·s·b, float32). Sequence parallelism cuts the LayerNorms too, but the matrix multiply
+    after each keeps its input gathered whole: 2·s·b·d / t + 2·s·b·d and 2·s·b / t (Megatron
+    gathers it again in the backward instead; in dtflab's one graph a tensor crosses once a
+    step). Worker 0 also keeps the terms outside the blocks; under sequence parallelism each
+    other worker keeps its piece of the last block's output (s·b·d / t), still held for worker
+    0's gather when its forward ends. Counted for float32 and ``recompute="none"`` or
+    ``"selective"`` (where 16-bit weight copies and full recomputation go per worker is not
+    measured yet)."""
+    if problem.recompute == "full" or problem.precision != "float32":
+        raise ValueError(f"recompute={problem.recompute!r}, precision={problem.precision!r}: "
+                         f"split_activation_bytes counts float32 with recompute 'none' or "
+                         f"'selective'; use train.transformer(recompute='selective')")
+    s, b, d, a, t = problem.sequence, problem.batch_size, problem.d_model, problem.heads, ways
+    p = FLOAT32
+    softmax = a * s * s * b // t if problem.recompute == "none" else 0
+    if sequence_parallel:
+        norms = p * (2 * s * b * d // t + 2 * s * b * d) + FLOAT32 * 2 * s * b // t
+    else:
+        norms = p * 4 * s * b * d + FLOAT32 * 2 * s * b
+    per_block = norms + p * (12 * s * b * d // t + softmax)
+    whole = activation_bytes(problem.blocks, d, a, s, b, problem.vocabulary,
+                             recompute=problem.recompute)
+    others = p * s * b * d // t if sequence_parallel else 0
+    return ([problem.blocks * per_block + whole["outside"]]
+            + [problem.blocks * per_block + others] * (t - 1))

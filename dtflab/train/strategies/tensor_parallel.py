@@ -38,7 +38,8 @@ from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.problems import Transformer
 from dtflab.train.run.graphs import TrainGraph, straggler
 from dtflab.train.run.runner import checked_run, new_runner
-from dtflab.train.strategies.tensor_parallel_blocks import blocks_graph, heads_per_worker
+from dtflab.train.strategies.tensor_parallel_blocks import (blocks_graph, heads_per_worker,
+                                                              sequence_pieces)
 from dtflab.train.run.sessions import run_one_replica
 
 
@@ -120,7 +121,8 @@ def tensor_parallel_graph(problem, split: Split, seed: int, slow: dict | None = 
 
 def tensor_parallel(problem, cluster, *, ways: int = 2, steps: int = 200, seed: int = 0,
                     slow: dict | None = None, background: bool = False, callbacks=(),
-                    name: str | None = None, trace_step: int | None = None, watchdog=True):
+                    name: str | None = None, trace_step: int | None = None, watchdog=True,
+                    sequence_parallel: bool = False):
     """Train ``problem`` with every layer pair of an MLP, or every block of a transformer,
     split ``ways`` ways over the first worker tasks (Megatron-style tensor parallelism).
 
@@ -136,6 +138,10 @@ def tensor_parallel(problem, cluster, *, ways: int = 2, steps: int = 200, seed: 
     ``history.details["bytes_formula"]`` holds what :func:`dtflab.train.formulas.costs.
     tensor_parallel_bytes` (a transformer: ``transformer_tensor_parallel_bytes``) says each
     worker sends per step; ``train.WireBytes`` counts it.
+    ``sequence_parallel=True`` (a transformer's) also cuts what tensor parallelism leaves whole,
+    the residual stream and the LayerNorms, along the sequence (Korthikanti et al. 2022): each
+    sum becomes a reduce-scatter and each half-block's input an all-gather
+    (``costs.transformer_sequence_parallel_bytes``).
     ``slow={"worker:1": 0.05}`` makes that worker sleep that long a step: every sum waits for
     it. A dead task ends the run with a TaskError naming it.
     """
@@ -144,17 +150,21 @@ def tensor_parallel(problem, cluster, *, ways: int = 2, steps: int = 200, seed: 
     enough_workers(cluster, ways, "ways", "each way runs on a worker task")
     available = len(cluster.addresses["worker"])
     devices, slow_devices = worker_devices(cluster, ways, slow)
+    if sequence_parallel:
+        sequence_pieces(problem, ways)
     if isinstance(problem, Transformer):
         heads_per_worker(problem, ways, available)
-        built = blocks_graph(problem, tuple(devices), seed, slow_devices)
+        built = blocks_graph(problem, tuple(devices), seed, slow_devices, sequence_parallel)
         split = Split(tuple(devices), (), ())
-        formula = costs.transformer_tensor_parallel_bytes(ways, problem)
+        formula = (costs.transformer_sequence_parallel_bytes if sequence_parallel else
+                   costs.transformer_tensor_parallel_bytes)(ways, problem)
     else:
         pairs, whole = split_layers(problem, ways, available)
         split = Split(tuple(devices), pairs, whole)
         built = tensor_parallel_graph(problem, split, seed, slow_devices)
         formula = costs.tensor_parallel_bytes(ways, problem.batch_size, problem.layers)
-    runner = new_runner("tensor_parallel", name or f"tensor parallel ({ways} ways)", callbacks,
+    label = "tensor and sequence parallel" if sequence_parallel else "tensor parallel"
+    runner = new_runner("tensor_parallel", name or f"{label} ({ways} ways)", callbacks,
                         watchdog, cluster=cluster)
     history = runner.history
     history.details["split"] = split

@@ -21,8 +21,23 @@ transformer_tensor_parallel_bytes` counts them).
 Under ``recompute="full"`` each worker recomputes its own half-blocks (its LayerNorm, its heads
 or hidden units) from its copy of the residual stream, not the whole block.
 
+**Sequence parallelism** (``sequence_parallel=True``; Korthikanti et al. 2022, Megatron's
+``--sequence-parallel``) cuts what the above leaves whole on every worker, the residual stream
+and the LayerNorms, along the sequence: worker j holds positions ``j x s / k`` to
+``(j + 1) x s / k - 1`` of the stream, normalises its piece, and the k normalised pieces are
+gathered on every worker for its heads or hidden units (an all-gather); each worker cuts its
+partial output where it made it and sends piece j to worker j, which sums the k pieces onto
+its piece of the stream (a reduce-scatter). LayerNorm works per position, so nothing else
+changes. Worker 0 cuts the embedded batch for the others and gathers the last block's pieces
+for the final LayerNorm and the loss. What the matrix multiply after a gather keeps for the
+backward is the gathered input, whole: Megatron gathers it again in the backward instead,
+which one graph, where a tensor crosses once a step, does not do
+(:func:`dtflab.train.formulas.memory.split_activation_bytes` counts it).
+
 Ops are named ``block{b}/attention_worker{j}/...``, ``block{b}/mlp_worker{j}/...`` and
-``block{b}/{attention|mlp}_sum_on_worker{j}/...``.
+``block{b}/{attention|mlp}_sum_on_worker{j}/...``; under sequence parallelism also
+``block{b}/{ln1|ln2}_on_worker{j}`` (a piece's LayerNorm), ``..._gathered_on_worker{j}`` and
+``block{b}/{attention|mlp}_pieces_of_worker{j}`` (a partial output cut for the scatter).
 """
 
 from __future__ import annotations
@@ -31,6 +46,7 @@ import numpy as np
 
 from dtflab import names
 from dtflab._quiet import import_tf
+from dtflab.train.problems import Transformer
 from dtflab.train.run.graphs import TrainGraph, straggler
 
 
@@ -46,10 +62,25 @@ def heads_per_worker(problem, ways: int, available: int) -> int:
     return problem.heads // ways
 
 
-def blocks_graph(problem, devices, seed: int, slow: dict | None = None) -> TrainGraph:
+def sequence_pieces(problem, ways: int) -> int:
+    """How many positions of each sequence a worker holds under sequence parallelism."""
+    if not isinstance(problem, Transformer):
+        raise ValueError(f"sequence_parallel=True: {problem.name} has no sequence; it cuts a "
+                         f"transformer's, e.g. train.transformer()")
+    if problem.sequence % ways:
+        raise ValueError(f"ways={ways}: {problem.name}'s sequence of {problem.sequence} does not "
+                         f"cut into {ways} equal pieces; use a sequence divisible by {ways}, "
+                         f"e.g. train.transformer(sequence={ways * -(-problem.sequence // ways)}"
+                         f", ...)")
+    return problem.sequence // ways
+
+
+def blocks_graph(problem, devices, seed: int, slow: dict | None = None,
+                 sequence_parallel: bool = False) -> TrainGraph:
     """The tensor-parallel training step of a transformer (see the module's docstring) over
     ``devices``, worker 0 first. ``slow[device]`` seconds are slept on that worker each step
-    before its first half-block: every sum waits for it."""
+    before its first half-block: every sum waits for it. ``sequence_parallel`` keeps the
+    residual stream and the LayerNorms cut along the sequence (see the module's docstring)."""
     tf = import_tf()
     slow = slow or {}
     k, home, d = len(devices), devices[0], problem.d_model
@@ -69,28 +100,55 @@ def blocks_graph(problem, devices, seed: int, slow: dict | None = None) -> Train
     def half_block(function):
         return problem.recomputed(function) if problem.recompute == "full" else function
 
-    def shares(b, own, whole, streams, kind, norm, matrices, columns, rows, function):
-        """Each worker's partial output of one half-block of block ``b``: ``function`` on its
-        stream's LayerNorm ``norm``, with its ``columns(j)`` of the first of ``matrices`` and
-        of its bias, and its ``rows(j)`` of the second."""
-        first, bias, second = matrices
+    def inputs(b, streams, norm, whole):
+        """Each worker's input to a half-block of block ``b`` and the LayerNorm's scale and
+        bias, which the half-block applies; under sequence parallelism, each piece's LayerNorm
+        ``norm``, gathered, and no scale or bias."""
+        scale_bias = [whole[f"{norm}_scale"], whole[f"{norm}_bias"]]
+        if not sequence_parallel:
+            return streams, scale_bias
+        pieces, gathered = {}, {}
+        for device in devices:
+            with tf.device(device), tf.name_scope(f"block{b}/{norm}_on_{_task(device)}"):
+                pieces[device] = half_block(lambda h, scale, bias: problem.layer_norm(
+                    tf, scale, bias, h, norm))(streams[device], *map(compute, scale_bias))
+        for device in devices:
+            with tf.device(device), tf.name_scope(f"block{b}/{norm}_gathered_on_{_task(device)}"):
+                gathered[device] = tf.concat([pieces[other] for other in devices], axis=1)
+        return gathered, []
+
+    def shares(b, own, inputs_and_norm, kind, matrices, columns, rows, core):
+        """Each worker's partial output of one half-block of block ``b``: ``core`` on its
+        input (normalised first where the LayerNorm's scale and bias come with it), with its
+        ``columns(j)`` of the first of ``matrices`` and of its bias, and its ``rows(j)`` of the
+        second."""
+        (inputs, norm), (first, bias, second) = inputs_and_norm, matrices
+
+        def function(h, *weights):
+            if norm:
+                h = problem.layer_norm(tf, *weights[:2], h, f"ln{1 + (kind == 'mlp')}")
+            return core(h, *weights[len(norm):])
+
         partials = []
         for j, device in enumerate(devices):
             mine = [variable(f"h{b}_{first}_part{j}", own[first][:, columns(j)], device),
                     variable(f"h{b}_{bias}_part{j}", own[bias][columns(j)], device),
                     variable(f"h{b}_{second}_part{j}", own[second][rows(j), :], device)]
             with tf.device(device), tf.name_scope(f"block{b}/{kind}_worker{j}"):
-                partials.append(half_block(function)(streams[device], *(compute(v) for v in (
-                    whole[f"{norm}_scale"], whole[f"{norm}_bias"], *mine))))
+                partials.append(half_block(function)(inputs[device],
+                                                     *(compute(v) for v in (*norm, *mine))))
         return partials
 
-    def attention(h, scale, bias, qkv_w, qkv_b, proj_w):
-        a = problem.layer_norm(tf, scale, bias, h, "ln1")
+    def attention(a, qkv_w, qkv_b, proj_w):
         return problem.attention(tf, a, qkv_w, qkv_b, proj_w, None, heads=heads)
 
-    def mlp(h, scale, bias, fc_w, fc_b, out_w):
-        m = problem.layer_norm(tf, scale, bias, h, "ln2")
+    def mlp(m, fc_w, fc_b, out_w):
         return problem.mlp(tf, m, fc_w, fc_b, out_w, None)
+
+    def summed(partials, bias, streams, where, scope):
+        if sequence_parallel:
+            return _scattered_sums(tf, partials, bias, streams, devices, compute, scope)
+        return _sums(tf, partials, bias, streams, where, compute, scope)
 
     width, hidden = heads * problem.head_size, 4 * d // k
 
@@ -108,27 +166,32 @@ def blocks_graph(problem, devices, seed: int, slow: dict | None = None) -> Train
             x, t = problem.placeholders()
             embedding = [variable(name, initial[name]) for name in problem.stage_parameters(1, 0)]
             h = problem.stage_forward(embedding, x, 1, 0)
-        streams = {}  # device -> its copy of the residual stream
-        for device in devices:
+        streams = {}  # device -> its copy of the residual stream, or its piece of it
+        for j, device in enumerate(devices):
+            if sequence_parallel:
+                with tf.device(home), tf.name_scope(f"input_for_{_task(device)}"):
+                    h_j = _piece(h, j, k)
             with tf.device(device), tf.name_scope(f"input_on_{_task(device)}"):
                 with tf.control_dependencies(straggler(slow, device)):
-                    streams[device] = tf.identity(h, name="h")
+                    streams[device] = tf.identity(h_j if sequence_parallel else h, name="h")
         for b in range(1, problem.blocks + 1):
             own = {name[len(f"h{b}_"):]: value for name, value in initial.items()
                    if name.startswith(f"h{b}_")}
             whole = {name: variable(f"h{b}_{name}", own[name])
                      for name in ("ln1_scale", "ln1_bias", "proj_b", "ln2_scale", "ln2_bias",
                                   "out_b")}
-            partials = shares(b, own, whole, streams, "attention", "ln1",
+            partials = shares(b, own, inputs(b, streams, "ln1", whole), "attention",
                               ("qkv_w", "qkv_b", "proj_w"), qkv_of, heads_of, attention)
-            streams = _sums(tf, partials, whole["proj_b"], streams, devices, compute,
-                            f"block{b}/attention")
-            partials = shares(b, own, whole, streams, "mlp", "ln2", ("fc_w", "fc_b", "out_w"),
-                              units_of, units_of, mlp)
+            streams = summed(partials, whole["proj_b"], streams, devices, f"block{b}/attention")
+            partials = shares(b, own, inputs(b, streams, "ln2", whole), "mlp",
+                              ("fc_w", "fc_b", "out_w"), units_of, units_of, mlp)
             last = b == problem.blocks
-            streams = _sums(tf, partials, whole["out_b"], streams,
-                            [home] if last else devices, compute, f"block{b}/mlp")
+            streams = summed(partials, whole["out_b"], streams, [home] if last else devices,
+                             f"block{b}/mlp")
         with tf.device(home):
+            if sequence_parallel:
+                with tf.name_scope("gathered_on_worker0"):
+                    streams[home] = tf.concat([streams[device] for device in devices], axis=1)
             wanted = problem.stage_parameters(problem.blocks + 1, problem.blocks)
             output = [variables[name] if name in variables else variable(name, initial[name])
                       for name in wanted]
@@ -138,6 +201,29 @@ def blocks_graph(problem, devices, seed: int, slow: dict | None = None) -> Train
                                              colocate_gradients_with_ops=True)
         init = tf.compat.v1.global_variables_initializer()
     return TrainGraph(graph, init, train, loss, (x, t), variables=list(variables.values()))
+
+
+def _piece(h, j: int, k: int):
+    """Piece ``j`` of ``k`` of ``h`` ([batch, sequence, d]) along the sequence."""
+    size = h.shape[1] // k
+    return h[:, j * size:(j + 1) * size]
+
+
+def _scattered_sums(tf, partials, bias, pieces, devices, compute, scope):
+    """Sequence parallelism's reduce-scatter: each device's piece of the residual stream plus
+    its piece of the sum of ``partials`` and ``bias``; each partial is cut where it was made, so
+    only the piece another device sums crosses to it."""
+    k = len(devices)
+    cut = [[None] * k for _ in partials]
+    for i, (device, partial) in enumerate(zip(devices, partials)):
+        with tf.device(device), tf.name_scope(f"{scope}_pieces_of_{_task(device)}"):
+            cut[i] = [_piece(partial, j, k) for j in range(k)]
+    summed = {}
+    for j, device in enumerate(devices):
+        with tf.device(device), tf.name_scope(f"{scope}_sum_on_{_task(device)}"):
+            summed[device] = pieces[device] + (tf.add_n([row[j] for row in cut], name="sum")
+                                               + compute(bias))
+    return summed
 
 
 def _sums(tf, partials, bias, streams, where, compute, scope):
