@@ -7,6 +7,7 @@ formula leaves something out, its docstring says what.
 
 from __future__ import annotations
 
+from dtflab.train.layouts import ring
 from dtflab.train.layouts.layers import tensor_parallel_pairs
 
 
@@ -241,6 +242,39 @@ def transformer_sequence_parallel_bytes(ways: int, problem) -> list[dict]:
     for worker in sent[1:]:
         worker["forward"] += a / k
         worker["backward"] += a / k + vectors
+    return sent
+
+
+def context_parallel_bytes(problem, ways: int, cut: str) -> list[dict]:
+    """Bytes each of ``ways`` workers sends the others in one step of
+    ``train.context_parallel`` with the sequence cut ``cut``, worker 0 first.
+
+    - Keys and values round the ring: per block, every hop of a chunk of n positions
+      (:func:`~dtflab.train.layouts.ring.hops`) sends its keys and values,
+      2 x batch x n x d_model floats, forward; their gradient comes back from each worker that
+      attends to the chunk to the one before it that does
+      (:func:`~dtflab.train.layouts.ring.gradient_hops`). The naive cut's chunks travel only
+      as far as the last worker that attends to them, so its ring is a chain, busiest from the
+      middle; the zig-zag cut's reach every worker.
+    - Worker 0 lends every other worker the parameters, P = 4 x parameters bytes, and each
+      sends its gradient back, P.
+    - Worker 0 sends each other worker its positions' tokens and targets (int32 and int64).
+
+    It leaves out gRPC's framing, the requests for each tensor, the losses and the optimizer's
+    scalars."""
+    sent = [{"forward": 0, "backward": 0} for _ in range(ways)]
+    if ways == 1:
+        return sent
+    per_position = 2 * problem.batch_size * problem.d_model * 4
+    for source, _, (start, stop) in ring.hops(cut, ways, problem.sequence):
+        sent[source]["forward"] += problem.blocks * per_position * (stop - start)
+    for source, _, (start, stop) in ring.gradient_hops(cut, ways, problem.sequence):
+        sent[source]["backward"] += problem.blocks * per_position * (stop - start)
+    parameters = 4 * problem.parameter_count
+    tokens = problem.batch_size * (problem.sequence // ways) * (4 + 8)
+    sent[0]["forward"] += (ways - 1) * (parameters + tokens)
+    for worker in sent[1:]:
+        worker["backward"] += parameters
     return sent
 
 

@@ -1,0 +1,167 @@
+"""Context parallelism: a transformer's sequence cut into pieces on c worker tasks, each
+worker running every layer on its positions, attention by :mod:`~dtflab.train.strategies.
+ring_attention` (keys and values round the ring, an online softmax).
+
+Everything but attention works position by position (the embedding, LayerNorms, the matrix
+multiplies, the MLP, the loss), so each worker computes it on its own positions alone. Worker
+0 holds the parameters once and lends them: every other worker reads each once a step and
+sends its gradient back, as the context group's gradient all-reduce would (Megatron and
+torchtitan keep a copy per worker and all-reduce). Worker 0 also cuts the batch's tokens and
+targets for each worker, and sums the workers' losses.
+
+Float32, ``recompute="none"``: what ring attention keeps for its backward is each block's
+scores, which is the saving (a worker keeps its share of the a·s²·b of the softmax).
+
+Ops are named ``block{b}/ring_attention_on_worker{m}/q{start}_k{start}_{full|causal}_scores``
+(one per block of scores a worker computes), so a traced step shows which worker computed what.
+"""
+
+from __future__ import annotations
+
+from dtflab import checks, names
+from dtflab._quiet import import_tf
+from dtflab.train.formulas import costs
+from dtflab.train.layouts import ring
+from dtflab.train.layouts.tasks import enough_workers, worker_devices
+from dtflab.train.problems import Transformer
+from dtflab.train.run.graphs import TrainGraph, straggler
+from dtflab.train.run.runner import checked_run, new_runner
+from dtflab.train.run.sessions import run_one_replica
+from dtflab.train.strategies import ring_attention
+
+
+def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = None) -> TrainGraph:
+    """The training step with the sequence cut ``cut`` over ``devices``, worker 0 first (see
+    the module's docstring); ``slow[device]`` seconds are slept on that worker each step."""
+    tf = import_tf()
+    slow, home, c = slow or {}, devices[0], len(devices)
+    pieces = ring.chunks(cut, c, problem.sequence)
+    heads, size, d = problem.heads, problem.head_size, problem.d_model
+    graph = tf.Graph()
+    with graph.as_default():
+        with tf.device(home):
+            x, t = problem.placeholders()
+            variables = {name: tf.compat.v1.get_variable(name, initializer=value)
+                         for name, value in problem.initial_values(seed)}
+        read, h, targets = {}, {}, {}
+        for m, device in enumerate(devices):
+            task = _task(device)
+            with tf.device(home), tf.name_scope(f"tokens_for_{task}"):
+                mine = [tf.concat([ids[:, a:b] for a, b in pieces[m]], axis=1) for ids in (x, t)]
+            with tf.device(device), tf.name_scope(f"embedding_on_{task}"):
+                with tf.control_dependencies(straggler(slow, device)):
+                    read[device] = {name: tf.identity(v, name=name) for name, v in variables.items()}
+                tokens, targets[device] = (tf.identity(ids) for ids in mine)
+                wpe = read[device]["wpe"]
+                h[device] = (tf.matmul(tf.one_hot(tokens, problem.vocabulary), read[device]["wte"])
+                             + tf.concat([wpe[a:b] for a, b in pieces[m]], axis=0))
+
+        def split(tensor, m):  # [batch, n, d] -> {chunk: [batch, heads, length, size]}
+            found, at = {}, 0
+            for a, b in pieces[m]:
+                part = tf.reshape(tensor[:, at:at + b - a], [-1, b - a, heads, size])
+                found[a, b], at = tf.transpose(part, [0, 2, 1, 3]), at + b - a
+            return found
+
+        for b in range(1, problem.blocks + 1):
+            w = {device: {name[len(f"h{b}_"):]: v for name, v in read[device].items()
+                          if name.startswith(f"h{b}_")} for device in devices}
+            q, held = {}, {}  # held[device][r]: {key chunk: (k, v)} in round r
+            for m, device in enumerate(devices):
+                with tf.device(device), tf.name_scope(f"block{b}/qkv_on_{_task(device)}"):
+                    a = problem.layer_norm(tf, w[device]["ln1_scale"], w[device]["ln1_bias"],
+                                           h[device], "ln1")
+                    qkv = tf.split(tf.matmul(a, w[device]["qkv_w"]) + w[device]["qkv_b"], 3, -1)
+                    q[device] = split(qkv[0], m)
+                    ks, vs = split(qkv[1], m), split(qkv[2], m)
+                    held[device] = [{chunk: (ks[chunk], vs[chunk]) for chunk in ks}]
+            for r in range(1, c):  # each worker takes what its left neighbour held last round
+                for m, device in enumerate(devices):
+                    left = held[devices[(m - 1) % c]][r - 1]
+                    with tf.device(device), tf.name_scope(f"block{b}/ring_on_{_task(device)}"):
+                        held[device].append({chunk: (tf.identity(k), tf.identity(v))
+                                             for chunk, (k, v) in left.items()})
+            for m, device in enumerate(devices):
+                with tf.device(device):
+                    with tf.name_scope(f"block{b}/ring_attention_on_{_task(device)}"):
+                        out = ring_attention.attend(tf, q[device], held[device], size)
+                    with tf.name_scope(f"block{b}/rest_on_{_task(device)}"):
+                        joined = tf.concat([tf.reshape(tf.transpose(out[chunk], [0, 2, 1, 3]),
+                                                       [-1, chunk[1] - chunk[0], d])
+                                            for chunk in sorted(out, key=pieces[m].index)], 1)
+                        h[device] += tf.matmul(joined, w[device]["proj_w"]) + w[device]["proj_b"]
+                        n = problem.layer_norm(tf, w[device]["ln2_scale"], w[device]["ln2_bias"],
+                                               h[device], "ln2")
+                        h[device] += problem.mlp(tf, n, w[device]["fc_w"], w[device]["fc_b"],
+                                                 w[device]["out_w"], w[device]["out_b"])
+        losses = []
+        for device in devices:
+            with tf.device(device), tf.name_scope(f"output_on_{_task(device)}"):
+                own = read[device]
+                out = problem.layer_norm(tf, own["lnf_scale"], own["lnf_bias"], h[device])
+                logits = tf.matmul(out, tf.transpose(own["wte"]) if problem.tied else own["lm_head"])
+                per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    labels=targets[device], logits=logits)
+                losses.append(tf.reduce_sum(per_token) / problem.sequence)
+        with tf.device(home):
+            loss = tf.add_n(losses, name="loss")
+        train = problem.optimizer().minimize(loss, var_list=list(variables.values()),
+                                             colocate_gradients_with_ops=True)
+        init = tf.compat.v1.global_variables_initializer()
+    return TrainGraph(graph, init, train, loss, (x, t), variables=list(variables.values()))
+
+
+def context_parallel(problem, cluster, *, ways: int = 2, cut: str = "zigzag", steps: int = 200,
+                     seed: int = 0, slow: dict | None = None, background: bool = False,
+                     callbacks=(), name: str | None = None, trace_step: int | None = None,
+                     watchdog=True):
+    """Train ``problem`` (a ``Transformer``) with its sequence cut ``ways`` ways over the first
+    worker tasks, attention by ring attention (context parallelism).
+
+    In [1]: run = train.context_parallel(train.transformer(sequence=64), cluster, ways=2,
+       ...:                              cut="naive", trace_step=3)
+    In [2]: run.trace.show()      # the last worker busy in attention, the first idle
+
+    ``cut="naive"`` gives worker i the i-th of ``ways`` pieces; ``"zigzag"`` cuts 2 x ``ways``
+    pieces and gives worker i pieces i and 2 ways - 1 - i, which balances the causal mask's
+    work (:func:`dtflab.train.layouts.ring.work`). The sequence must cut into equal pieces. The losses are
+    ``train.single``'s up to float rounding. ``history.details["bytes_formula"]`` holds what
+    :func:`dtflab.train.formulas.costs.context_parallel_bytes` says each worker sends per step;
+    ``history.details["attention_work"]`` the query-key pairs each worker computes per block.
+    """
+    watchdog = checked_run(steps, seed, trace_step, watchdog)
+    checks.whole(ways, "ways", example=2)
+    checks.one_of(cut, "cut", ring.CUTS)
+    _check_problem(problem, ways, cut)
+    enough_workers(cluster, ways, "ways", "each piece of the sequence runs on a worker task")
+    devices, slow_devices = worker_devices(cluster, ways, slow)
+    built = context_graph(problem, tuple(devices), cut, seed, slow_devices)
+    runner = new_runner("context_parallel", name or f"context parallel ({ways} ways, {cut})",
+                        callbacks, watchdog, cluster=cluster)
+    details = runner.history.details
+    formula = costs.context_parallel_bytes(problem, ways, cut)
+    details["bytes_formula"] = {names.task(device): sent for device, sent in zip(devices, formula)}
+    details["attention_work"] = {names.task(device): pairs for device, pairs in
+                                 zip(devices, ring.work(cut, ways, problem.sequence))}
+    return run_one_replica(built, cluster.target(*names.split(devices[0])), runner, problem,
+                           steps, seed, cluster, background, trace_step)
+
+
+def _check_problem(problem, ways: int, cut: str) -> None:
+    if not isinstance(problem, Transformer):
+        raise ValueError(f"context_parallel: {problem.name} has no sequence; it cuts a "
+                         f"transformer's, e.g. train.transformer()")
+    if problem.recompute != "none" or problem.precision != "float32":
+        raise ValueError(f"recompute={problem.recompute!r}, precision={problem.precision!r}: "
+                         f"context parallelism runs float32 without recomputation; use "
+                         f"train.transformer(recompute='none', precision='float32')")
+    pieces = ways * (2 if cut == "zigzag" else 1)
+    if problem.sequence % pieces:
+        raise ValueError(f"ways={ways}, cut={cut!r}: {problem.name}'s sequence of "
+                         f"{problem.sequence} does not cut into {pieces} equal pieces; use a "
+                         f"sequence divisible by {pieces}, e.g. train.transformer(sequence="
+                         f"{pieces * -(-problem.sequence // pieces)}, ...)")
+
+
+def _task(device: str) -> str:
+    return names.task(device).replace(":", "")

@@ -1,0 +1,51 @@
+"""Ring attention (Liu et al. 2023; picotron's ``context_parallel/``): causal attention over a
+sequence cut into pieces on c workers. Each worker keeps its queries; the keys and values go
+round the ring, one hop a round, and each worker folds each piece it holds into its queries'
+attention with an online softmax (a running maximum, sum and weighted values per query row),
+so it never holds a whole row of scores.
+
+Which positions each worker holds (the naive and the zig-zag cut), which blocks of scores it
+computes and how far each chunk of keys travels: :mod:`dtflab.train.layouts.ring`. A block of
+keys wholly after a chunk of queries is not computed at all.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dtflab.train.layouts.ring import relation
+
+
+def attend(tf, queries: dict, held: list[dict], size: int):
+    """One worker's attention output for each of its query chunks: ``queries[chunk]`` is
+    [batch, heads, length, size]; ``held[r]`` maps each key chunk the worker holds in round
+    r to its ``(k, v)``. Blocks are folded in round order with an online softmax."""
+    scale = 1.0 / math.sqrt(size)
+    outputs = {}
+    for query, q in queries.items():
+        state = None  # running (maximum, sum, weighted values)
+        for r, pieces in enumerate(held):
+            for key, (k, v) in pieces.items():
+                kind = relation(query, key)
+                if kind == "none":
+                    continue
+                name = f"q{query[0]}_k{key[0]}_{kind}"
+                scores = tf.matmul(q, k, transpose_b=True, name=f"{name}_scores") * scale
+                if kind == "causal":
+                    length = query[1] - query[0]
+                    future = np.triu(np.ones([length, length], np.float32), 1) * -1e9
+                    scores = scores + tf.constant(future)
+                top = tf.stop_gradient(tf.reduce_max(scores, axis=-1, keepdims=True))
+                if state is not None:
+                    top = tf.maximum(state[0], top)
+                weights = tf.exp(scores - top)
+                total = tf.reduce_sum(weights, axis=-1, keepdims=True)
+                values = tf.matmul(weights, v, name=f"{name}_values")
+                if state is not None:
+                    decay = tf.exp(state[0] - top)
+                    total, values = state[1] * decay + total, state[2] * decay + values
+                state = (top, total, values)
+        outputs[query] = state[2] / state[1]
+    return outputs
