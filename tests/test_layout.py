@@ -70,6 +70,19 @@ def test_the_picture_draws_each_task_and_each_axis_links():
     assert x > layout.positions()[layout.rank(tensor=1)][0] and y < 0
 
 
+def test_bytes_between_tasks_add_up_by_rank_pair_and_by_axis():
+    layout = train.Layout(data=2, tensor=2)  # ranks 0 1 | 2 3: tensor pairs (0, 1), (2, 3)
+    sent = {("worker:0", "worker:1"): 100, ("worker:1", "worker:0"): 50,  # tensor, both ways
+            ("/job:worker/replica:0/task:0/device:CPU:0", "/job:worker/task:2"): 7,  # data
+            ("worker:1", "worker:2"): 3,  # differs in data and tensor
+            ("worker:3", "other"): 1000, ("worker:0", "worker:5"): 9}  # not in the layout
+    assert layout.axis_of(0, 1) == "tensor" and layout.axis_of(1, 3) == "data"
+    assert layout.axis_of(1, 2) is None and layout.axis_of(2, 2) is None
+    assert layout.link_bytes(sent) == {(0, 1): 150, (0, 2): 7, (1, 2): 3}
+    assert layout.axis_bytes(sent) == {"pipeline": 0, "data": 7, "context": 0, "tensor": 150,
+                                       "other": 3}
+
+
 @pytest.mark.parametrize("kwargs, problem, message", [
     (dict(data=3), train.transformer(batch_size=16), r"data=3: the batch of 16 does not split "
                                                       r"into 3 equal slices; use data=2"),

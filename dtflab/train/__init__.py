@@ -48,7 +48,7 @@ WHERE = {
     "ps_strategy": "strategies.ps_strategy", "strategy_for": "strategies.ps_strategy",
     "all_reduce": "strategies.all_reduce", "pipeline": "strategies.pipeline",
     "tensor_parallel": "strategies.tensor_parallel",
-    "context_parallel": "strategies.context_parallel",
+    "context_parallel": "strategies.context_parallel", "combined": "strategies.combined",
     "sharded_data_parallel": "strategies.sharded_data_parallel", "zero": "strategies.zero",
     "Layout": "layouts.mesh",
 }
@@ -82,5 +82,6 @@ def __dir__():
 __all__ = ["Problem", "exp_regression", "classification", "Transformer", "transformer",
            "RunHistory", "StepRecord", "Callback", "BackgroundRun", "single", "model_parallel",
            "sync_data_parallel", "async_parameter_server", "ps_strategy", "strategy_for",
-           "all_reduce", "pipeline", "tensor_parallel", "context_parallel", "sharded_data_parallel", "zero", "WireBytes",
+           "all_reduce", "pipeline", "tensor_parallel", "context_parallel", "combined",
+           "sharded_data_parallel", "zero", "WireBytes",
            "Runner", "Update", "Watchdog", "stage_arithmetic_s", "memory", "Layout"]

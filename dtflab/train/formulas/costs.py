@@ -278,6 +278,37 @@ def context_parallel_bytes(problem, ways: int, cut: str) -> list[dict]:
     return sent
 
 
+def combined_bytes(problem, layout) -> dict[str, int]:
+    """Bytes per step on each axis's links of ``train.combined`` (every link, both ways), for
+    a transformer on ``layout`` (D data, T tensor, P pipeline ways), with B / D sequences a
+    replica, A = B / D x sequence x d_model float32 activations and M = 4 x parameters:
+
+    - **tensor**: each replica's stages send what :func:`transformer_tensor_parallel_bytes`
+      counts for its batch (the sums of every stage's blocks, the embedded batch to the first
+      stage's group, the last sum to the last stage's worker 0, the lent vectors);
+    - **pipeline**: per boundary, each of the T ranks hands on its copy of the stream, A, and
+      gets its gradient back; the targets, int64, go on to the last stage; a tied token
+      embedding is read by the last stage from the first, its gradient sent back;
+    - **data**: every replica sends every other its gradient of each of its variables,
+      D (D - 1) M; worker 0 sends each other replica its tokens (int32) and targets (int64).
+
+    It leaves out gRPC's framing, the losses and Adam's beta powers (scalars)."""
+    import dataclasses
+
+    D, T, P = layout.data, layout.tensor, layout.pipeline
+    replica = dataclasses.replace(problem, batch_size=problem.batch_size // D)
+    positions = replica.batch_size * problem.sequence
+    a = positions * problem.d_model * 4
+    found = dict.fromkeys(("pipeline", "data", "context", "tensor"), 0)
+    found["tensor"] = D * int(sum(sum(w.values()) for w in
+                                  transformer_tensor_parallel_bytes(T, replica)))
+    if P > 1:
+        tied = 2 * problem.vocabulary * problem.d_model * 4 if problem.tied else 0
+        found["pipeline"] = D * ((P - 1) * 2 * T * a + positions * 8 + tied)
+    found["data"] = D * (D - 1) * 4 * problem.parameter_count + (D - 1) * positions * (4 + 8)
+    return found
+
+
 # -- data parallelism: bytes per step and what each worker holds -------------------------------
 
 def all_reduce_bytes(parameter_bytes: float, workers: int) -> float:

@@ -20,6 +20,7 @@ whom; what they send is each strategy's and its formula's.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 from dataclasses import dataclass
@@ -116,6 +117,38 @@ class Layout:
                 found += [(a, b, axis) for a, b in pairs]
         return found
 
+    def axis_of(self, a: int, b: int) -> str | None:
+        """The axis along which ranks ``a`` and ``b`` talk: the one coordinate they differ in,
+        or None (the same rank, or more than one)."""
+        at, bt = self.coordinates(a), self.coordinates(b)
+        differ = [axis for axis in AXES if at[axis] != bt[axis]]
+        return differ[0] if len(differ) == 1 else None
+
+    def link_bytes(self, sent: dict) -> dict[tuple[int, int], int]:
+        """``sent`` (``{(source, destination): bytes}`` by task or device name, as
+        ``WireBytes`` or a traced step's ``bytes_between`` count) added up per pair of ranks,
+        both ways, the lower rank first; peers outside the layout are left out."""
+        from dtflab import names
+
+        ranks = {f"worker:{r}": r for r in range(self.size)}
+        found = collections.Counter()
+        for (source, destination), count in sent.items():
+            try:
+                a, b = (ranks.get(names.task(end)) for end in (source, destination))
+            except (ValueError, AttributeError):
+                continue
+            if a is not None and b is not None and a != b:
+                found[min(a, b), max(a, b)] += count
+        return dict(found)
+
+    def axis_bytes(self, sent: dict) -> dict[str, int]:
+        """``sent`` added up per axis (see :meth:`link_bytes`); ``"other"`` holds what
+        crossed between ranks that differ in more than one coordinate."""
+        found = dict.fromkeys((*AXES, "other"), 0)
+        for (a, b), count in self.link_bytes(sent).items():
+            found[self.axis_of(a, b) or "other"] += count
+        return found
+
     # -- against a cluster and a model ---------------------------------------------------------
 
     def tasks(self, cluster) -> list[str]:
@@ -183,9 +216,10 @@ class Layout:
             placed[rank] = (float(x), -float(at["data"]))
         return placed
 
-    def picture(self, *, width: int = 640):
+    def picture(self, *, width: int = 640, sent: dict | None = None):
         """The mesh as a Bokeh figure: a box per task with its coordinates, a line per pair
-        that talks, coloured by axis (hover a box for its groups)."""
+        that talks, coloured by axis (hover a box for its groups); with ``sent`` (see
+        :meth:`link_bytes`), each link labelled with the bytes that crossed it."""
         from bokeh.models import ColumnDataSource, HoverTool
         from bokeh.plotting import figure
 
@@ -206,6 +240,13 @@ class Layout:
                         [placed[b][0] for _, b in pairs], [placed[b][1] + bend for _, b in pairs],
                         line_color=COLOURS[axis], line_width=3, alpha=0.8,
                         legend_label=f"{axis} ({PATTERNS[axis]})", name=f"links_{axis}")
+            if sent is not None:
+                crossed = self.link_bytes(sent)
+                fig.text([(placed[a][0] + placed[b][0]) / 2 for a, b in pairs],
+                         [(placed[a][1] + placed[b][1]) / 2 + bend for a, b in pairs],
+                         text=[_size(crossed.get((min(a, b), max(a, b)), 0)) for a, b in pairs],
+                         text_color=COLOURS[axis], text_font_size="10px", text_align="center",
+                         name=f"bytes_{axis}")
         source = ColumnDataSource({
             "x": xs, "y": ys, "task": [f"worker:{r}" for r in placed],
             "where": [", ".join(f"{a[0]}{i}" for a, i in self.coordinates(r).items()
@@ -225,6 +266,13 @@ class Layout:
             fig.legend.location = "top_left"
             fig.legend.orientation = "horizontal"
         return fig
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
 
 
 def _divisor(total: int, asked: int) -> int:

@@ -82,14 +82,35 @@ def blocks_graph(problem, devices, seed: int, slow: dict | None = None,
     before its first half-block: every sum waits for it. ``sequence_parallel`` keeps the
     residual stream and the LayerNorms cut along the sequence (see the module's docstring)."""
     tf = import_tf()
-    slow = slow or {}
-    k, home, d = len(devices), devices[0], problem.d_model
-    heads = problem.heads // k
-    initial = dict(problem.initial_values(seed))
     graph = tf.Graph()
+    with graph.as_default():
+        with tf.device(devices[0]):
+            x, t = problem.placeholders()
+        loss, variables = blocks_loss(problem, x, t, [(tuple(devices), 1, problem.blocks)],
+                                      dict(problem.initial_values(seed)), slow,
+                                      sequence_parallel)
+        train = problem.optimizer().minimize(loss, var_list=list(variables.values()),
+                                             colocate_gradients_with_ops=True)
+        init = tf.compat.v1.global_variables_initializer()
+    return TrainGraph(graph, init, train, loss, (x, t), variables=list(variables.values()))
+
+
+def blocks_loss(problem, x, t, stages, initial: dict, slow: dict | None = None,
+                sequence_parallel: bool = False):
+    """One copy of the model's loss on tokens ``x`` and targets ``t``, built in the current
+    graph: ``stages`` is ``[(devices, first block, last block), ...]``, each stage's blocks
+    split over its devices (a tensor group, its worker 0 first), the stages in order (a
+    pipeline; each device hands its copy of the stream to the device at its place in the next
+    stage). Returns the loss (on the last stage's worker 0) and ``{name: variable}``, the
+    variables made with ``initial``'s values in the current variable scope: the embeddings on
+    the first stage's worker 0, each block's LayerNorms and output biases on its stage's."""
+    tf = import_tf()
+    slow = slow or {}
+    k, d = len(stages[0][0]), problem.d_model
+    heads = problem.heads // k
     variables = {}
 
-    def variable(name, value, device=home):
+    def variable(name, value, device):
         with tf.device(device):
             variables[name] = tf.compat.v1.get_variable(name, initializer=value)
         return variables[name]
@@ -100,7 +121,7 @@ def blocks_graph(problem, devices, seed: int, slow: dict | None = None,
     def half_block(function):
         return problem.recomputed(function) if problem.recompute == "full" else function
 
-    def inputs(b, streams, norm, whole):
+    def inputs(b, devices, streams, norm, whole):
         """Each worker's input to a half-block of block ``b`` and the LayerNorm's scale and
         bias, which the half-block applies; under sequence parallelism, each piece's LayerNorm
         ``norm``, gathered, and no scale or bias."""
@@ -117,7 +138,7 @@ def blocks_graph(problem, devices, seed: int, slow: dict | None = None,
                 gathered[device] = tf.concat([pieces[other] for other in devices], axis=1)
         return gathered, []
 
-    def shares(b, own, inputs_and_norm, kind, matrices, columns, rows, core):
+    def shares(b, devices, own, inputs_and_norm, kind, matrices, columns, rows, core):
         """Each worker's partial output of one half-block of block ``b``: ``core`` on its
         input (normalised first where the LayerNorm's scale and bias come with it), with its
         ``columns(j)`` of the first of ``matrices`` and of its bias, and its ``rows(j)`` of the
@@ -145,7 +166,7 @@ def blocks_graph(problem, devices, seed: int, slow: dict | None = None,
     def mlp(m, fc_w, fc_b, out_w):
         return problem.mlp(tf, m, fc_w, fc_b, out_w, None)
 
-    def summed(partials, bias, streams, where, scope):
+    def summed(partials, bias, devices, streams, where, scope):
         if sequence_parallel:
             return _scattered_sums(tf, partials, bias, streams, devices, compute, scope)
         return _sums(tf, partials, bias, streams, where, compute, scope)
@@ -161,46 +182,52 @@ def blocks_graph(problem, devices, seed: int, slow: dict | None = None,
     def units_of(j):  # worker j's hidden units of the MLP
         return np.arange(j * hidden, (j + 1) * hidden)
 
-    with graph.as_default():
-        with tf.device(home):
-            x, t = problem.placeholders()
-            embedding = [variable(name, initial[name]) for name in problem.stage_parameters(1, 0)]
-            h = problem.stage_forward(embedding, x, 1, 0)
-        streams = {}  # device -> its copy of the residual stream, or its piece of it
+    first_home, last_home = stages[0][0][0], stages[-1][0][0]
+    with tf.device(first_home):
+        embedding = [variable(name, initial[name], first_home)
+                     for name in problem.stage_parameters(1, 0)]
+        h = problem.stage_forward(embedding, x, 1, 0)
+    streams = {first_home: h}  # device -> its copy of the residual stream, or its piece of it
+    for s, (devices, first, last) in enumerate(stages):
+        home, before = devices[0], list(streams)
+        arrived = {}
         for j, device in enumerate(devices):
-            if sequence_parallel:
+            if s == 0 and sequence_parallel:
                 with tf.device(home), tf.name_scope(f"input_for_{_task(device)}"):
-                    h_j = _piece(h, j, k)
+                    handed = _piece(h, j, k)
+            else:  # the whole input from worker 0, or from this place in the stage before
+                handed = streams[before[j] if s else home]
             with tf.device(device), tf.name_scope(f"input_on_{_task(device)}"):
                 with tf.control_dependencies(straggler(slow, device)):
-                    streams[device] = tf.identity(h_j if sequence_parallel else h, name="h")
-        for b in range(1, problem.blocks + 1):
+                    arrived[device] = tf.identity(handed, name="h")
+        streams = arrived
+        for b in range(first, last + 1):
             own = {name[len(f"h{b}_"):]: value for name, value in initial.items()
                    if name.startswith(f"h{b}_")}
-            whole = {name: variable(f"h{b}_{name}", own[name])
+            whole = {name: variable(f"h{b}_{name}", own[name], home)
                      for name in ("ln1_scale", "ln1_bias", "proj_b", "ln2_scale", "ln2_bias",
                                   "out_b")}
-            partials = shares(b, own, inputs(b, streams, "ln1", whole), "attention",
-                              ("qkv_w", "qkv_b", "proj_w"), qkv_of, heads_of, attention)
-            streams = summed(partials, whole["proj_b"], streams, devices, f"block{b}/attention")
-            partials = shares(b, own, inputs(b, streams, "ln2", whole), "mlp",
+            partials = shares(b, devices, own, inputs(b, devices, streams, "ln1", whole),
+                              "attention", ("qkv_w", "qkv_b", "proj_w"), qkv_of, heads_of,
+                              attention)
+            streams = summed(partials, whole["proj_b"], devices, streams, devices,
+                             f"block{b}/attention")
+            partials = shares(b, devices, own, inputs(b, devices, streams, "ln2", whole), "mlp",
                               ("fc_w", "fc_b", "out_w"), units_of, units_of, mlp)
-            last = b == problem.blocks
-            streams = summed(partials, whole["out_b"], streams, [home] if last else devices,
-                             f"block{b}/mlp")
-        with tf.device(home):
-            if sequence_parallel:
-                with tf.name_scope("gathered_on_worker0"):
-                    streams[home] = tf.concat([streams[device] for device in devices], axis=1)
-            wanted = problem.stage_parameters(problem.blocks + 1, problem.blocks)
-            output = [variables[name] if name in variables else variable(name, initial[name])
-                      for name in wanted]
-            loss = problem.loss(problem.stage_forward(output, streams[home], problem.blocks + 1,
-                                                      problem.blocks), t)
-        train = problem.optimizer().minimize(loss, var_list=list(variables.values()),
-                                             colocate_gradients_with_ops=True)
-        init = tf.compat.v1.global_variables_initializer()
-    return TrainGraph(graph, init, train, loss, (x, t), variables=list(variables.values()))
+            final = b == problem.blocks and not sequence_parallel
+            streams = summed(partials, whole["out_b"], devices, streams,
+                             [home] if final else devices, f"block{b}/mlp")
+    with tf.device(last_home):
+        if sequence_parallel:
+            with tf.name_scope("gathered_on_worker0"):
+                streams[last_home] = tf.concat(list(streams.values()), axis=1)
+        wanted = problem.stage_parameters(problem.blocks + 1, problem.blocks)
+        output = [variables[name] if name in variables else variable(name, initial[name],
+                                                                      last_home)
+                  for name in wanted]
+        loss = problem.loss(problem.stage_forward(output, streams[last_home], problem.blocks + 1,
+                                                  problem.blocks), t)
+    return loss, variables
 
 
 def _piece(h, j: int, k: int):

@@ -1,0 +1,126 @@
+"""The forms combined on one layout: data x tensor x pipeline (Megatron's "3D"), each rank a
+worker task as :class:`~dtflab.train.layouts.mesh.Layout` numbers them.
+
+Each data replica d trains on its slice of the global batch with its own copy of the model,
+built by :func:`~dtflab.train.strategies.tensor_parallel_blocks.blocks_loss`: its blocks cut
+into ``pipeline`` stages of whole blocks, each stage's blocks split over that stage's tensor
+group (Megatron's block: heads and hidden units). A stage hands the stream to the next from
+each tensor rank to the same rank of the next stage. Then the data axis: each variable's
+gradient is summed over the replicas' copies, on every replica (each sends its gradient to the
+D - 1 others: all pairs, as the tensor sums), and each replica applies Adam to its own copy;
+copies that start equal stay equal.
+
+The pipeline has one micro-batch: stage after stage, no overlap (the schedules are
+``train.pipeline``'s); it shows what the pipeline axis sends, not its bubble. Worker 0 holds the
+batch and sends each replica its slice; the targets go on to the replica's last stage.
+Context parallelism is ``train.context_parallel``'s, not combined here yet.
+
+Ops and variables are named ``replica{d}/...``, so a traced step shows whose they are.
+"""
+
+from __future__ import annotations
+
+from dtflab import names
+from dtflab._quiet import import_tf
+from dtflab.train.formulas import costs
+from dtflab.train.layouts.mesh import Layout
+from dtflab.train.problems import Transformer
+from dtflab.train.run.graphs import TrainGraph
+from dtflab.train.run.runner import checked_run, new_runner
+from dtflab.train.run.sessions import run_one_replica
+from dtflab.train.strategies.tensor_parallel_blocks import blocks_loss
+
+
+def stage_blocks(blocks: int, stages: int) -> list[tuple[int, int]]:
+    """Each stage's ``(first, last)`` block, as even as whole blocks allow, the earlier stages
+    one block more where they cannot be equal."""
+    cut, extra = divmod(blocks, stages)
+    found, first = [], 1
+    for s in range(stages):
+        last = first + cut + (s < extra) - 1
+        found.append((first, last))
+        first = last + 1
+    return found
+
+
+def combined_graph(problem, layout: Layout, devices, seed: int) -> TrainGraph:
+    """The training step over ``devices`` (rank r's at ``devices[r]``; see the module's
+    docstring)."""
+    tf = import_tf()
+    D, T = layout.data, layout.tensor
+    ranges = stage_blocks(problem.blocks, layout.pipeline)
+    initial = dict(problem.initial_values(seed))
+    per = problem.batch_size // D
+    graph = tf.Graph()
+    with graph.as_default():
+        with tf.device(devices[0]):
+            x, t = problem.placeholders()
+        losses, copies = [], []
+        for d in range(D):
+            stages = [(tuple(devices[layout.rank(data=d, pipeline=p, tensor=j)] for j in range(T)),
+                       first, last) for p, (first, last) in enumerate(ranges)]
+            with tf.device(devices[0]), tf.name_scope(f"batch_for_replica{d}"):
+                mine = [ids[d * per:(d + 1) * per] for ids in (x, t)]
+            with tf.device(stages[0][0][0]), tf.name_scope(f"replica{d}/batch"):
+                tokens, targets = (tf.identity(ids) for ids in mine)
+            with tf.device(stages[-1][0][0]), tf.name_scope(f"replica{d}/targets"):
+                targets = tf.identity(targets)
+            with tf.compat.v1.variable_scope(f"replica{d}"), tf.name_scope(f"replica{d}"):
+                loss, variables = blocks_loss(problem, tokens, targets, stages, initial)
+            losses.append(loss)
+            copies.append(variables)
+        with tf.device(devices[0]):
+            loss = tf.add_n(losses, name="loss")
+        order = list(copies[0])
+        every = [copies[d][name] for d in range(D) for name in order]
+        gradients = dict(zip(((d, name) for d in range(D) for name in order),
+                             tf.compat.v1.gradients(loss, every,
+                                                    colocate_gradients_with_ops=True)))
+        pairs = []
+        for d in range(D):
+            for name in order:
+                variable = copies[d][name]
+                with tf.device(variable.device), tf.name_scope(f"replica{d}/data_sum"):
+                    total = (tf.add_n([gradients[e, name] for e in range(D)]) if D > 1 else
+                             gradients[d, name])
+                pairs.append((total, variable))
+        train = problem.optimizer().apply_gradients(pairs)
+        init = tf.compat.v1.global_variables_initializer()
+    return TrainGraph(graph, init, train, loss, (x, t), variables=every)
+
+
+def combined(problem, cluster, layout: Layout, *, steps: int = 200, seed: int = 0,
+             background: bool = False, callbacks=(), name: str | None = None,
+             trace_step: int | None = None, watchdog=True):
+    """Train ``problem`` (a ``Transformer``) on ``layout``'s data, tensor and pipeline ways at
+    once, rank r on ``worker:r`` (see the module's docstring).
+
+    In [1]: layout = train.Layout(data=2, tensor=2, pipeline=2)
+    In [2]: wire = train.WireBytes()
+    In [3]: run = train.combined(train.transformer(), cluster, layout, callbacks=[wire])
+    In [4]: layout.axis_bytes(wire.per_step.sent)   # bytes per step on each axis's links
+
+    The losses are ``train.single``'s on the whole batch up to float rounding.
+    ``history.details["bytes_formula"]`` holds :func:`dtflab.train.formulas.costs.
+    combined_bytes`: each axis's bytes per step, every link both ways.
+    """
+    watchdog = checked_run(steps, seed, trace_step, watchdog)
+    if not isinstance(layout, Layout):
+        raise ValueError(f"layout={layout!r}: combined takes a train.Layout, e.g. "
+                         f"train.Layout(data=2, tensor=2)")
+    if not isinstance(problem, Transformer):
+        raise ValueError(f"combined: {problem.name} is not a transformer; it combines a "
+                         f"transformer's forms, e.g. train.transformer()")
+    if layout.context > 1:
+        raise ValueError(f"context={layout.context}: combined does not cut the sequence yet; "
+                         f"use train.context_parallel alone, or context=1")
+    layout.fits(problem)
+    devices = layout.tasks(cluster)
+    built = combined_graph(problem, layout, devices, seed)
+    runner = new_runner("combined", name or f"combined ({layout})", callbacks, watchdog,
+                        cluster=cluster)
+    runner.history.details["layout"] = layout
+    runner.history.details["bytes_formula"] = costs.combined_bytes(problem, layout)
+    return run_one_replica(built, cluster.target(*names.split(devices[0])), runner, problem,
+                           steps, seed, cluster, background, trace_step)
+
