@@ -13,10 +13,12 @@ The rooms, top to bottom (each imports only the rooms below it; ``tests/test_lay
   ``model_parallel`` (2016: variables on the ps tasks), ``sync_data_parallel`` (towers
   through a ps), ``async_parameter_server`` (Downpour), ``ps_strategy`` (TF2's
   ParameterServerStrategy), ``all_reduce`` (worker programs), ``pipeline`` (stages and
-  micro-batches), ``tensor_parallel`` (layer pairs split by columns and rows, Megatron-style),
-  ``sharded_data_parallel`` (ZeRO-3 / FSDP in worker programs), ``zero`` (ZeRO's stages 1
+  micro-batches), ``tensor_parallel`` (layer pairs split by columns and rows, Megatron-style;
+  a transformer's heads, with sequence parallelism), ``context_parallel`` (ring attention),
+  ``combined`` (data x tensor x pipeline on a ``Layout``), ``sharded_data_parallel`` (ZeRO-3 / FSDP in worker programs), ``zero`` (ZeRO's stages 1
   and 2 in worker programs; stage 3 is ``sharded_data_parallel``).
-- ``measure/``: measurements on a traced step (the bubble, a stage's arithmetic).
+- ``measure/``: measurements on a traced step (the bubble, a stage's arithmetic, memory).
+- ``layouts/``: where a run's parts go (layer pairs, the mesh's ranks, ring attention's cut).
 - ``run/``: the machinery every strategy shares (the one :class:`Runner`, ``RunHistory``,
   callbacks, the watchdog, checkpoints, sessions, starting worker programs).
 - ``worker_programs/``: what runs inside a worker program's process.
@@ -42,6 +44,7 @@ WHERE = {
     "BackgroundRun": "run.runner", "Runner": "run.runner", "Update": "run.runner",
     "Watchdog": "run.watchdog",
     "stage_arithmetic_s": "measure.stage_arithmetic", "memory": "measure.memory",
+    "step_memory": "measure.memory", "split_activation_bytes": "formulas.memory",
     "single": "strategies.single", "model_parallel": "strategies.model_parallel",
     "sync_data_parallel": "strategies.sync_data_parallel",
     "async_parameter_server": "strategies.async_parameter_server",
@@ -60,7 +63,7 @@ MOVED = {"costs": "formulas.costs", "bubble": "measure.bubble",
          "stage_arithmetic": "measure.stage_arithmetic", "scaling": "experiments.scaling",
          "scaling_model": "experiments.scaling_model", "callbacks": "run.callbacks",
          "history": "run.history", "runner": "run.runner", "watchdog": "run.watchdog",
-         "checkpoints": "run.checkpoints"}
+         "checkpoints": "run.checkpoints", "ring": "layouts.ring"}
 
 
 def __getattr__(name):
@@ -84,4 +87,5 @@ __all__ = ["Problem", "exp_regression", "classification", "Transformer", "transf
            "sync_data_parallel", "async_parameter_server", "ps_strategy", "strategy_for",
            "all_reduce", "pipeline", "tensor_parallel", "context_parallel", "combined",
            "sharded_data_parallel", "zero", "WireBytes",
-           "Runner", "Update", "Watchdog", "stage_arithmetic_s", "memory", "Layout"]
+           "Runner", "Update", "Watchdog", "stage_arithmetic_s", "memory", "step_memory",
+           "split_activation_bytes", "Layout"]
