@@ -1,5 +1,6 @@
-"""Long sequences: sequence parallelism and ring attention, measured in one run on local tasks
-(one inter-op and one intra-op thread each, so each worker's ops run in one order).
+"""Long sequences and the forms combined: sequence parallelism, ring attention and data x
+tensor x pipeline, measured in one run on local tasks (one inter-op and one intra-op thread
+each for the first two, so each worker's ops run in one order).
 
 - sequence_parallel_bytes_over_tensor_parallel: bytes all workers sent per step (counted at the
   transport, WireBytes) with sequence_parallel=True over without, 2 ways; and the formulas'
@@ -17,8 +18,14 @@
   (train.memory), by cut.
 - long_sequences_vs_single_max_abs_loss_diff: the worst |loss difference| per step of every
   run above against train.single, same seed.
+- three_d_bytes_over_formula: train.combined on data 2 x tensor 2 and data 2 x tensor 2 x
+  pipeline 2 (8 worker tasks): each axis's bytes per step (Layout.axis_bytes of what
+  WireBytes counted at the transport, and of the traced step) over costs.combined_bytes.
+- three_d_bytes_per_step: the same runs' formula bytes per axis (which axis costs what).
+- combined_vs_single_max_abs_loss_diff: the worst |loss difference| per step of those runs
+  against train.single.
 
-    python benchmarks/long_sequences.py [--quick]
+    python benchmarks/long_sequences_and_3d.py [--quick]
 
 Prints one JSON line. --quick uses shorter sequences (about a minute on 2 cores).
 """
@@ -39,7 +46,6 @@ WAYS = 2
 def main(quick: bool) -> None:
     import dtflab
     from dtflab import train
-    from dtflab.train.formulas import costs
     from dtflab.train.formulas.memory import split_activation_bytes
     from dtflab.train.layouts import ring
     from dtflab.train.measure.memory import step_memory
@@ -98,7 +104,29 @@ def main(quick: bool) -> None:
         results["context_parallel_busy_max_over_min"] = busy
         results["context_parallel_activations_over_single"] = activations
     results["long_sequences_vs_single_max_abs_loss_diff"] = max(diffs)
-    results["shapes"] = {"sequence_parallel": tp.name, "context_parallel": cp.name}
+
+    three = train.transformer(blocks=2, d_model=128, heads=2, sequence=64 if quick else 128,
+                              batch_size=8)
+    alone = train.single(three, steps=6, seed=0)
+    over, per_step, combined_diffs = {}, {}, []
+    with dtflab.start_cluster(workers=8, inter_op_threads=2, intra_op_threads=1) as cluster:
+        for layout in (train.Layout(data=2, tensor=2), train.Layout(data=2, tensor=2, pipeline=2)):
+            wire = train.WireBytes(after_step=2, steps=3)
+            run = train.combined(three, cluster, layout, steps=6, seed=0, trace_step=1,
+                                 callbacks=[wire])
+            combined_diffs.append(worst(alone, run))
+            formula = run.details["bytes_formula"]
+            sent, traced = (layout.axis_bytes(wire.per_step.sent),
+                            layout.axis_bytes(run.trace.bytes_between()))
+            axes = [a for a in ("data", "tensor", "pipeline") if formula[a]]
+            over[str(layout)] = {a: {"transport": round(sent[a] / formula[a], 4),
+                                     "trace": round(traced[a] / formula[a], 5)} for a in axes}
+            per_step[str(layout)] = {a: formula[a] for a in axes}
+    results["three_d_bytes_over_formula"] = over
+    results["three_d_bytes_per_step"] = per_step
+    results["combined_vs_single_max_abs_loss_diff"] = max(combined_diffs)
+    results["shapes"] = {"sequence_parallel": tp.name, "context_parallel": cp.name,
+                         "combined": three.name}
     results["median_loss_diff"] = statistics.median(diffs)
     print(json.dumps(results))
 
