@@ -89,6 +89,19 @@ with tf.Graph().as_default():
         out["restarted_answers"] = session.run(hello).decode()
 cluster.stop()
 
+# data x tensor: worker:0 and worker:1 (a tensor pair) on one host, worker:2 and worker:3 on the
+# other (Dask's workers are taken in address order); the data axis crosses between the hosts
+cluster = dtflab.start_cluster(jobs="worker=4", scheduler=scheduler)
+layout = train.Layout(data=2, tensor=2)
+shape = train.transformer(blocks=2, d_model=64, heads=2, sequence=32, batch_size=8)
+alone = train.single(shape, steps=5, seed=0)
+combined = train.combined(shape, cluster, layout, steps=5, seed=0, trace_step=2)
+out["combined_vs_single"] = max(abs(a - b) for a, b in zip(alone.losses, combined.losses))
+out["combined_hosts"] = {f"{t.job}:{t.index}": t.host for t in cluster.tasks}
+out["combined_axis_bytes"] = layout.axis_bytes(combined.trace.bytes_between())
+out["combined_formula"] = combined.details["bytes_formula"]
+cluster.stop()
+
 programs = dtflab.run(mwms, "4", workers=2, chief=True, scheduler=scheduler)
 out["program_addresses"] = programs.addresses
 out["program_exit_codes"] = programs.wait(timeout=120)
@@ -229,6 +242,16 @@ def test_a_traced_step_shows_the_bytes_each_host_sends(report):
     # The 2016 placement: weights on ps:0 (host 2), biases on ps:1 (host 2), compute on
     # worker:0 (host 3): every parameter crosses from one host to the other, once per step.
     assert report["bytes_between"] == {"ps:0->worker:0": 2240, "ps:1->worker:0": 196}
+
+
+def test_data_x_tensor_puts_each_tensor_pair_on_one_host_and_the_data_axis_across(report):
+    hosts = {task: host_of(worker) for task, worker in report["combined_hosts"].items()}
+    assert hosts["worker:0"] == hosts["worker:1"] != hosts["worker:2"] == hosts["worker:3"]
+    assert report["combined_vs_single"] <= 1e-5
+    traced, formula = report["combined_axis_bytes"], report["combined_formula"]
+    for axis in ("data", "tensor"):  # the data axis's bytes crossed between the hosts
+        assert formula[axis] <= traced[axis] <= formula[axis] + 512, (axis, traced, formula)
+    assert traced["other"] <= 512
 
 
 def test_a_task_killed_on_another_host_restarts_on_its_address(report):
