@@ -44,8 +44,8 @@ def test_ring_attention_trains_exactly_as_one_process(split_cluster, ways, cut):
 def test_the_bytes_each_worker_sends_are_the_formulas_at_the_transport(split_cluster, cut):
     problem = train.transformer(blocks=2, d_model=64, heads=2, sequence=96, batch_size=8)
     wire = train.WireBytes(after_step=2, steps=4)
-    history = train.context_parallel(problem, split_cluster, ways=3, cut=cut, steps=7,
-                                     callbacks=[wire], trace_step=1)
+    history = train.context_parallel(problem, split_cluster, layout=train.Layout(context=3),
+                                     cut=cut, steps=7, callbacks=[wire], trace_step=1)
     formula = history.details["bytes_formula"]
     assert formula == dict(zip(("worker:0", "worker:1", "worker:2"),
                                costs.context_parallel_bytes(problem, 3, cut)))

@@ -70,6 +70,15 @@ def test_the_picture_draws_each_task_and_each_axis_links():
     assert x > layout.positions()[layout.rank(tensor=1)][0] and y < 0
 
 
+def test_a_one_form_loop_takes_a_layout_that_cuts_its_axis_alone():
+    assert train.Layout(tensor=4).alone("tensor", "tensor_parallel") == 4
+    assert train.Layout().alone("context", "context_parallel") == 1
+    with pytest.raises(ValueError, match=r"Layout\(data=2, tensor=2\): tensor_parallel cuts the "
+                                         r"tensor axis alone; use train.combined for data x "
+                                         r"tensor, or train.Layout\(tensor=2\)"):
+        train.Layout(data=2, tensor=2).alone("tensor", "tensor_parallel")
+
+
 def test_bytes_between_tasks_add_up_by_rank_pair_and_by_axis():
     layout = train.Layout(data=2, tensor=2)  # ranks 0 1 | 2 3: tensor pairs (0, 1), (2, 3)
     sent = {("worker:0", "worker:1"): 100, ("worker:1", "worker:0"): 50,  # tensor, both ways

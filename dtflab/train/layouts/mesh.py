@@ -199,6 +199,17 @@ class Layout:
                              f"pipeline={problem.depth}")
         return self
 
+    def alone(self, axis: str, loop: str) -> int:
+        """The ways of ``axis``, if it is the only axis cut: a loop that runs one form
+        (``loop``) takes such a layout."""
+        checks.one_of(axis, "axis", AXES)
+        others = [a for a in AXES if a != axis and getattr(self, a) > 1]
+        if others:
+            raise ValueError(f"Layout({self._arguments()}): {loop} cuts the {axis} axis alone; "
+                             f"use train.combined for {' x '.join((*others, axis))}, or "
+                             f"train.Layout({axis}={getattr(self, axis)})")
+        return getattr(self, axis)
+
     def _arguments(self) -> str:
         return ", ".join(f"{axis}={ways}" for axis, ways in self.ways.items() if ways > 1)
 

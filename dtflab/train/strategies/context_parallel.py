@@ -114,7 +114,7 @@ def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = Non
 def context_parallel(problem, cluster, *, ways: int = 2, cut: str = "zigzag", steps: int = 200,
                      seed: int = 0, slow: dict | None = None, background: bool = False,
                      callbacks=(), name: str | None = None, trace_step: int | None = None,
-                     watchdog=True):
+                     watchdog=True, layout=None):
     """Train ``problem`` (a ``Transformer``) with its sequence cut ``ways`` ways over the first
     worker tasks, attention by ring attention (context parallelism).
 
@@ -124,12 +124,15 @@ def context_parallel(problem, cluster, *, ways: int = 2, cut: str = "zigzag", st
 
     ``cut="naive"`` gives worker i the i-th of ``ways`` pieces; ``"zigzag"`` cuts 2 x ``ways``
     pieces and gives worker i pieces i and 2 ways - 1 - i, which balances the causal mask's
-    work (:func:`dtflab.train.layouts.ring.work`). The sequence must cut into equal pieces. The losses are
+    work (:func:`dtflab.train.layouts.ring.work`). The sequence must cut into equal pieces.
+    ``layout=train.Layout(context=c)`` says the same as ``ways=c``. The losses are
     ``train.single``'s up to float rounding. ``history.details["bytes_formula"]`` holds what
     :func:`dtflab.train.formulas.costs.context_parallel_bytes` says each worker sends per step;
     ``history.details["attention_work"]`` the query-key pairs each worker computes per block.
     """
     watchdog = checked_run(steps, seed, trace_step, watchdog)
+    if layout is not None:
+        ways = layout.alone("context", "context_parallel")
     checks.whole(ways, "ways", example=2)
     checks.one_of(cut, "cut", ring.CUTS)
     _check_problem(problem, ways, cut)

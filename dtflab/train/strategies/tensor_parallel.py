@@ -122,7 +122,7 @@ def tensor_parallel_graph(problem, split: Split, seed: int, slow: dict | None = 
 def tensor_parallel(problem, cluster, *, ways: int = 2, steps: int = 200, seed: int = 0,
                     slow: dict | None = None, background: bool = False, callbacks=(),
                     name: str | None = None, trace_step: int | None = None, watchdog=True,
-                    sequence_parallel: bool = False):
+                    sequence_parallel: bool = False, layout=None):
     """Train ``problem`` with every layer pair of an MLP, or every block of a transformer,
     split ``ways`` ways over the first worker tasks (Megatron-style tensor parallelism).
 
@@ -142,10 +142,13 @@ def tensor_parallel(problem, cluster, *, ways: int = 2, steps: int = 200, seed: 
     the residual stream and the LayerNorms, along the sequence (Korthikanti et al. 2022): each
     sum becomes a reduce-scatter and each half-block's input an all-gather
     (``costs.transformer_sequence_parallel_bytes``).
+    ``layout=train.Layout(tensor=k)`` says the same as ``ways=k``.
     ``slow={"worker:1": 0.05}`` makes that worker sleep that long a step: every sum waits for
     it. A dead task ends the run with a TaskError naming it.
     """
     watchdog = checked_run(steps, seed, trace_step, watchdog)
+    if layout is not None:
+        ways = layout.alone("tensor", "tensor_parallel")
     checks.whole(ways, "ways", example=2)
     enough_workers(cluster, ways, "ways", "each way runs on a worker task")
     available = len(cluster.addresses["worker"])
