@@ -475,6 +475,23 @@ def test_the_memory_planner_draws_moves_with_a_field_and_measures(lab, page):
     assert page.console_errors == []
 
 
+def test_long_sequences_draws_the_ring_the_imbalance_and_the_mesh_with_its_bytes(lab, page):
+    url, token, _ = lab
+    open_and_run_all(page, url, token, "12_long_sequences_and_3d.ipynb")
+    for code, name in (("def ring_bytes(run)", "ring.png"),
+                       ('busy = {}', "ring_busy.png"),
+                       ('cp_runs["naive"].trace.show()', "ring_timeline.png"),
+                       ("show(layout.picture(sent=", "mesh_bytes.png")):
+        cell = cell_containing(page, code)
+        reveal(cell)
+        drawn = painted(page, cell.locator(".jp-OutputArea"), 5_000, SHOTS / name)
+        assert ink(drawn) > 5_000, f"{name}: the figure drew nothing"
+    labels = page.evaluate(DATA, "bytes_tensor")  # the mesh's tensor links, their bytes
+    assert labels and len(labels["text"]) == 2, labels
+    assert all(text.endswith(("kB", "MB")) for text in labels["text"]), labels
+    assert page.console_errors == []
+
+
 KERNEL_PRINT = """async (code) => {
     const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
     const future = kernel.requestExecute({code, store_history: false});
