@@ -52,6 +52,7 @@ WHERE = {
     "all_reduce": "strategies.all_reduce", "pipeline": "strategies.pipeline",
     "tensor_parallel": "strategies.tensor_parallel",
     "context_parallel": "strategies.context_parallel", "combined": "strategies.combined",
+    "expert_parallel": "strategies.expert_parallel",
     "sharded_data_parallel": "strategies.sharded_data_parallel", "zero": "strategies.zero",
     "Layout": "layouts.mesh",
 }
@@ -85,7 +86,7 @@ def __dir__():
 __all__ = ["Problem", "exp_regression", "classification", "Transformer", "transformer",
            "RunHistory", "StepRecord", "Callback", "BackgroundRun", "single", "model_parallel",
            "sync_data_parallel", "async_parameter_server", "ps_strategy", "strategy_for",
-           "all_reduce", "pipeline", "tensor_parallel", "context_parallel", "combined",
+           "all_reduce", "pipeline", "tensor_parallel", "context_parallel", "combined", "expert_parallel",
            "sharded_data_parallel", "zero", "WireBytes",
            "Runner", "Update", "Watchdog", "stage_arithmetic_s", "memory", "step_memory",
            "split_activation_bytes", "Layout"]

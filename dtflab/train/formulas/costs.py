@@ -7,7 +7,7 @@ formula leaves something out, its docstring says what.
 
 from __future__ import annotations
 
-from dtflab.train.layouts import ring
+from dtflab.train.formulas import split_bytes
 from dtflab.train.layouts.layers import tensor_parallel_pairs
 
 
@@ -178,135 +178,12 @@ def tensor_parallel_bytes(ways: int, batch: int, layers, dtype_bytes: int = 4) -
     return [{way: values * dtype_bytes for way, values in worker.items()} for worker in sent]
 
 
-def transformer_tensor_parallel_bytes(ways: int, problem) -> list[dict]:
-    """Bytes each of ``ways`` workers sends the others in one tensor-parallel step of a
-    transformer (``strategies.tensor_parallel_blocks``), worker 0 first, as
-    :func:`tensor_parallel_bytes` counts an MLP's.
-
-    With k ways, L blocks and A = batch x sequence x d_model activations (float32 or 16-bit):
-
-    - every half-block but the last ends in an all-reduce: each worker sends ``k - 1`` copies
-      of its partial output forward, and of its sum's gradient backward: ``(2L - 1)(k - 1) A``
-      each way;
-    - the last block's MLP sums on worker 0: each other worker sends it A forward, and worker 0
-      sends the gradient back, ``(k - 1) A``;
-    - worker 0 sends the embedded batch to the others, ``(k - 1) A``, and each sends back its
-      copy's gradient, A;
-    - worker 0 lends each other worker, per block, the two LayerNorms' scales and biases and
-      the projection's bias (and the MLP's output bias, but the last block's): ``6L - 1``
-      float32 vectors of d_model, whose gradients come back.
-
-    It leaves out gRPC's framing, the requests for each tensor and the optimizer's scalars."""
-    k, sent = ways, [{"forward": 0, "backward": 0} for _ in range(ways)]
-    if k == 1:
-        return sent
-    blocks, d = problem.blocks, problem.d_model
-    a = problem.batch_size * problem.sequence * d * (4 if problem.precision == "float32" else 2)
-    vectors = (6 * blocks - 1) * d * 4
-    for worker in sent:
-        worker["forward"] += (2 * blocks - 1) * (k - 1) * a
-        worker["backward"] += (2 * blocks - 1) * (k - 1) * a
-    sent[0]["forward"] += (k - 1) * (a + vectors)
-    sent[0]["backward"] += (k - 1) * a
-    for worker in sent[1:]:
-        worker["forward"] += a
-        worker["backward"] += a + vectors
-    return sent
-
-
-def transformer_sequence_parallel_bytes(ways: int, problem) -> list[dict]:
-    """Bytes each of ``ways`` workers sends the others in one step of tensor parallelism with
-    sequence parallelism (``tensor_parallel(..., sequence_parallel=True)``), worker 0 first.
-
-    With k ways, L blocks and A as :func:`transformer_tensor_parallel_bytes` has it, each
-    half-block gathers the k pieces of its normalised input (each worker sends its A / k to the
-    k - 1 others) and reduce-scatters its partial outputs (each sends the k - 1 pieces the
-    others sum): ``2 (k - 1) A / k`` forward and as much backward, per worker and half-block,
-    as a ring all-reduce of A sends; ``4 L (k - 1) A / k`` each way in all. Then the ends:
-    worker 0 sends each other worker its piece of the embedded batch, ``(k - 1) A / k``, and
-    gathers the pieces of the last block's output, each other worker's ``A / k``; their
-    gradients come back. Worker 0 lends each other worker ``6 L`` vectors of d_model per step
-    (both LayerNorms' scales and biases and both output biases, every block), whose gradients
-    come back. It leaves out what :func:`transformer_tensor_parallel_bytes` leaves out."""
-    k, sent = ways, [{"forward": 0, "backward": 0} for _ in range(ways)]
-    if k == 1:
-        return sent
-    blocks, d = problem.blocks, problem.d_model
-    a = problem.batch_size * problem.sequence * d * (4 if problem.precision == "float32" else 2)
-    vectors = 6 * blocks * d * 4
-    for worker in sent:
-        worker["forward"] += 4 * blocks * (k - 1) * a / k
-        worker["backward"] += 4 * blocks * (k - 1) * a / k
-    sent[0]["forward"] += (k - 1) * (a / k + vectors)
-    sent[0]["backward"] += (k - 1) * a / k
-    for worker in sent[1:]:
-        worker["forward"] += a / k
-        worker["backward"] += a / k + vectors
-    return sent
-
-
-def context_parallel_bytes(problem, ways: int, cut: str) -> list[dict]:
-    """Bytes each of ``ways`` workers sends the others in one step of
-    ``train.context_parallel`` with the sequence cut ``cut``, worker 0 first.
-
-    - Keys and values round the ring: per block, every hop of a chunk of n positions
-      (:func:`~dtflab.train.layouts.ring.hops`) sends its keys and values,
-      2 x batch x n x d_model floats, forward; their gradient comes back from each worker that
-      attends to the chunk to the one before it that does
-      (:func:`~dtflab.train.layouts.ring.gradient_hops`). The naive cut's chunks travel only
-      as far as the last worker that attends to them, so its ring is a chain, busiest from the
-      middle; the zig-zag cut's reach every worker.
-    - Worker 0 lends every other worker the parameters, P = 4 x parameters bytes, and each
-      sends its gradient back, P.
-    - Worker 0 sends each other worker its positions' tokens and targets (int32 and int64).
-
-    It leaves out gRPC's framing, the requests for each tensor, the losses and the optimizer's
-    scalars."""
-    sent = [{"forward": 0, "backward": 0} for _ in range(ways)]
-    if ways == 1:
-        return sent
-    per_position = 2 * problem.batch_size * problem.d_model * 4
-    for source, _, (start, stop) in ring.hops(cut, ways, problem.sequence):
-        sent[source]["forward"] += problem.blocks * per_position * (stop - start)
-    for source, _, (start, stop) in ring.gradient_hops(cut, ways, problem.sequence):
-        sent[source]["backward"] += problem.blocks * per_position * (stop - start)
-    parameters = 4 * problem.parameter_count
-    tokens = problem.batch_size * (problem.sequence // ways) * (4 + 8)
-    sent[0]["forward"] += (ways - 1) * (parameters + tokens)
-    for worker in sent[1:]:
-        worker["backward"] += parameters
-    return sent
-
-
-def combined_bytes(problem, layout) -> dict[str, int]:
-    """Bytes per step on each axis's links of ``train.combined`` (every link, both ways), for
-    a transformer on ``layout`` (D data, T tensor, P pipeline ways), with B / D sequences a
-    replica, A = B / D x sequence x d_model float32 activations and M = 4 x parameters:
-
-    - **tensor**: each replica's stages send what :func:`transformer_tensor_parallel_bytes`
-      counts for its batch (the sums of every stage's blocks, the embedded batch to the first
-      stage's group, the last sum to the last stage's worker 0, the lent vectors);
-    - **pipeline**: per boundary, each of the T ranks hands on its copy of the stream, A, and
-      gets its gradient back; the targets, int64, go on to the last stage; a tied token
-      embedding is read by the last stage from the first, its gradient sent back;
-    - **data**: every replica sends every other its gradient of each of its variables,
-      D (D - 1) M; worker 0 sends each other replica its tokens (int32) and targets (int64).
-
-    It leaves out gRPC's framing, the losses and Adam's beta powers (scalars)."""
-    import dataclasses
-
-    D, T, P = layout.data, layout.tensor, layout.pipeline
-    replica = dataclasses.replace(problem, batch_size=problem.batch_size // D)
-    positions = replica.batch_size * problem.sequence
-    a = positions * problem.d_model * 4
-    found = dict.fromkeys(("pipeline", "data", "context", "tensor"), 0)
-    found["tensor"] = D * int(sum(sum(w.values()) for w in
-                                  transformer_tensor_parallel_bytes(T, replica)))
-    if P > 1:
-        tied = 2 * problem.vocabulary * problem.d_model * 4 if problem.tied else 0
-        found["pipeline"] = D * ((P - 1) * 2 * T * a + positions * 8 + tied)
-    found["data"] = D * (D - 1) * 4 * problem.parameter_count + (D - 1) * positions * (4 + 8)
-    return found
+# The transformer's splits have their own module (``split_bytes``); their names stay here too.
+combined_bytes = split_bytes.combined_bytes
+context_parallel_bytes = split_bytes.context_parallel_bytes
+expert_parallel_bytes = split_bytes.expert_parallel_bytes
+transformer_sequence_parallel_bytes = split_bytes.transformer_sequence_parallel_bytes
+transformer_tensor_parallel_bytes = split_bytes.transformer_tensor_parallel_bytes
 
 
 # -- data parallelism: bytes per step and what each worker holds -------------------------------

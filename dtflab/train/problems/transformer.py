@@ -41,13 +41,15 @@ import numpy as np
 
 from dtflab import checks
 from dtflab._quiet import import_tf
-from dtflab.train.problems import text
+from dtflab.train.problems import experts, text
 from dtflab.train.problems import transformer_ops as ops
 from dtflab.train.problems.transformer_ops import LOSS_SCALE
 
 #: What ``recompute=`` takes; what ``precision=`` takes.
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("float32", "bfloat16", "float16")
+#: Graph collections a mixture-of-experts block adds to: its balance loss, its load.
+BALANCE, LOAD = "dtflab_balance_losses", "dtflab_expert_load"
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,11 @@ class Transformer:
     learning_rate: float = 0.001  # Adam's default
     recompute: str = "none"
     precision: str = "float32"
+    experts: int = 0  # 0: every block's MLP is dense; else a mixture of this many (``experts``)
+    top_k: int = 1
+    capacity_factor: float = 1.25
+    balance: float = 0.01
+    skew: float = 0.0  # the router's first initial bias toward expert 0
 
     @property
     def head_size(self) -> int:
@@ -84,9 +91,15 @@ class Transformer:
             found += [(f"h{b}_ln1_scale", (d,)), (f"h{b}_ln1_bias", (d,)),
                       (f"h{b}_qkv_w", (d, 3 * d)), (f"h{b}_qkv_b", (3 * d,)),
                       (f"h{b}_proj_w", (d, d)), (f"h{b}_proj_b", (d,)),
-                      (f"h{b}_ln2_scale", (d,)), (f"h{b}_ln2_bias", (d,)),
-                      (f"h{b}_fc_w", (d, 4 * d)), (f"h{b}_fc_b", (4 * d,)),
-                      (f"h{b}_out_w", (4 * d, d)), (f"h{b}_out_b", (d,))]
+                      (f"h{b}_ln2_scale", (d,)), (f"h{b}_ln2_bias", (d,))]
+            if self.experts:
+                E = self.experts
+                found += [(f"h{b}_router_w", (d, E)), (f"h{b}_router_b", (E,)),
+                          (f"h{b}_experts_fc_w", (E, d, 4 * d)), (f"h{b}_experts_fc_b", (E, 4 * d)),
+                          (f"h{b}_experts_out_w", (E, 4 * d, d)), (f"h{b}_experts_out_b", (E, d))]
+            else:
+                found += [(f"h{b}_fc_w", (d, 4 * d)), (f"h{b}_fc_b", (4 * d,)),
+                          (f"h{b}_out_w", (4 * d, d)), (f"h{b}_out_b", (d,))]
         found += [("lnf_scale", (d,)), ("lnf_bias", (d,))]
         if not self.tied:
             found.append(("lm_head", (d, v)))
@@ -115,6 +128,8 @@ class Transformer:
             else:
                 std = residual if name.endswith(("_proj_w", "_out_w")) else 0.02
                 value = rng.normal(0.0, std, shape).astype(np.float32)
+            if name.endswith("_router_b"):
+                value[0] = self.skew
             values.append((name, value))
         return values
 
@@ -228,11 +243,16 @@ class Transformer:
         """Block ``b`` on the residual stream ``h``, with its weights in :meth:`shapes`'
         order."""
         (ln1_scale, ln1_bias, qkv_w, qkv_b, proj_w, proj_b,
-         ln2_scale, ln2_bias, fc_w, fc_b, out_w, out_b) = weights
+         ln2_scale, ln2_bias, *rest) = weights
         h = h + self.attention(tf, self.layer_norm(tf, ln1_scale, ln1_bias, h, "ln1"),
                                qkv_w, qkv_b, proj_w, proj_b)
-        return h + self.mlp(tf, self.layer_norm(tf, ln2_scale, ln2_bias, h, "ln2"),
-                            fc_w, fc_b, out_w, out_b)
+        m = self.layer_norm(tf, ln2_scale, ln2_bias, h, "ln2")
+        if not self.experts:
+            return h + self.mlp(tf, m, *rest)
+        output, balance, load = experts.mixture(tf, self, m, rest)
+        tf.compat.v1.add_to_collection(BALANCE, balance)
+        tf.compat.v1.add_to_collection(LOAD, load)
+        return h + output
 
     @staticmethod
     def layer_norm(tf, scale, bias, h, name="lnf"):
@@ -265,10 +285,23 @@ class Transformer:
             return output if out_b is None else output + out_b
 
     def loss(self, output, t):
-        """The sum over sequences of each sequence's mean cross-entropy per token."""
+        """The sum over sequences of each sequence's mean cross-entropy per token; with
+        experts, plus ``balance`` x the balance losses of the blocks built since the last
+        call (``problems.experts``)."""
         tf = import_tf()
         per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=t, logits=output)
-        return tf.reduce_sum(tf.reduce_mean(per_token, axis=-1))
+        loss = tf.reduce_sum(tf.reduce_mean(per_token, axis=-1))
+        graph = tf.compat.v1.get_default_graph()
+        balances = graph.get_collection(BALANCE)
+        graph.clear_collection(BALANCE)
+        return loss + self.balance * tf.add_n(balances) if balances else loss
+
+    def step_reports(self) -> dict:
+        """Tensors a loop fetches with each step: with experts, ``tokens_per_expert``
+        [blocks, experts], the tokens each expert of each block took."""
+        graph = import_tf().compat.v1.get_default_graph()
+        loads = graph.get_collection(LOAD)
+        return {"tokens_per_expert": import_tf().stack(loads)} if loads else {}
 
     def optimizer(self):
         return import_tf().compat.v1.train.AdamOptimizer(self.learning_rate)
@@ -277,7 +310,9 @@ class Transformer:
 def transformer(blocks: int = 2, d_model: int = 64, heads: int = 4, sequence: int = 32,
                 vocabulary: int | None = None, batch_size: int = 16, *, tied: bool = True,
                 learning_rate: float = 0.003, recompute: str = "none",
-                precision: str = "float32") -> Transformer:
+                precision: str = "float32", experts: int = 0, top_k: int = 1,
+                capacity_factor: float = 1.25, balance: float = 0.01,
+                skew: float = 0.0) -> Transformer:
     """A decoder-only transformer on dtflab's generated text (see ``problems.transformer``).
 
     In [1]: problem = train.transformer(blocks=2, d_model=64, heads=4, sequence=32)
@@ -285,7 +320,11 @@ def transformer(blocks: int = 2, d_model: int = 64, heads: int = 4, sequence: in
 
     ``vocabulary`` defaults to the text's 23 characters (a larger one leaves the rest unused).
     ``recompute`` (none, selective, full) and ``precision`` (float32, bfloat16, float16) are
-    the memory levers the module's docstring describes.
+    the memory levers the module's docstring describes. ``experts=E`` replaces each block's MLP
+    with a mixture of E experts, each token sent to its ``top_k``, at most
+    ``capacity_factor`` x top_k x sequence / E of a sequence's tokens an expert, a balance
+    loss weighted by ``balance``, and ``skew`` added to the router's initial bias toward
+    expert 0 (a router that starts unbalanced; ``problems.experts``).
     The defaults (0.1 M parameters) train in a few seconds a hundred steps here; the loss
     falls from ln(23) = 3.1 nats to about 1.3 in 200 steps.
     """
@@ -311,8 +350,21 @@ def transformer(blocks: int = 2, d_model: int = 64, heads: int = 4, sequence: in
                          f"learning_rate=0.003")
     checks.one_of(recompute, "recompute", RECOMPUTE)
     checks.one_of(precision, "precision", PRECISIONS)
+    if experts:
+        checks.whole(experts, "experts", example=4)
+        checks.whole(top_k, "top_k", maximum=experts, example=min(2, experts))
+        if not isinstance(capacity_factor, (int, float)) or capacity_factor < 1 / experts:
+            raise ValueError(f"capacity_factor={capacity_factor!r}: below 1/experts = "
+                             f"{1 / experts:.3g} an expert takes no token; use "
+                             f"capacity_factor=1.25 (or more, to drop fewer)")
+        if recompute == "full" or precision != "float32":
+            raise ValueError(f"experts={experts}: a mixture of experts trains in float32 with "
+                             f"recompute 'none' or 'selective'; use precision='float32'")
     name = f"transformer_{blocks}x{d_model}_h{heads}_s{sequence}"
+    if experts:
+        name += f"_e{experts}k{top_k}"
     name += "".join(f"_{lever}" for lever, usual in ((recompute, "none"), (precision, "float32"))
                     if lever != usual)
     return Transformer(name, blocks, d_model, heads, sequence, vocabulary, batch_size, tied,
-                       float(learning_rate), recompute, precision)
+                       float(learning_rate), recompute, precision, experts, top_k,
+                       float(capacity_factor), float(balance), float(skew))

@@ -23,6 +23,7 @@ class TrainGraph:
     towers: list = field(default_factory=list)
     variables: list = field(default_factory=list)
     global_step: object = None  # async: the count of applied updates, on the ps
+    reports: dict = field(default_factory=dict)  # name -> a tensor fetched with every step
 
 
 @dataclass
@@ -87,7 +88,8 @@ def _one_replica_graph(problem, seed: int, placement, micro_batches: int = 1) ->
             loss, gradients = accumulated(optimizer, problem, variables, x, t, micro_batches)
             train = optimizer.apply_gradients(zip(gradients, variables))
         init = tf.compat.v1.global_variables_initializer()
-    return TrainGraph(graph, init, train, loss, (x, t), variables=variables)
+        reports = getattr(problem, "step_reports", dict)()
+    return TrainGraph(graph, init, train, loss, (x, t), variables=variables, reports=reports)
 
 
 def accumulated(optimizer, problem, variables, x, t, micro_batches: int):

@@ -152,6 +152,11 @@ class SessionSteps:
                 loss = self.history.trace.result
             else:
                 loss = run_step(self.session, self.fetch, feed, self.cluster)
+            if isinstance(loss, tuple):  # the loss, and the graph's reports (TrainGraph)
+                loss, reports = loss
+                kept = self.history.details.setdefault("per_step", {})
+                for name, value in reports.items():
+                    kept.setdefault(name, []).append(value.tolist())
         except (tf.errors.OpError, RuntimeError) as error:  # RuntimeError: a closed session
             stall, self._stall = self._stall, None
             if stall_behind(error, stall, self.cluster, self.watch, "all") is not None:
@@ -211,8 +216,11 @@ def run_one_replica(built, target, runner, problem, steps, seed, cluster, backgr
         return {x: xs, t: ts}
 
     runner.history.cluster = cluster
-    return synchronous(runner, steps, session, with_train(built), feeds, problem, cluster,
-                        trace_step, background)
+    fetch = with_train(built)
+    if built.reports:
+        fetch = (fetch, built.reports)
+    return synchronous(runner, steps, session, fetch, feeds, problem, cluster, trace_step,
+                       background)
 
 
 def with_train(built):

@@ -29,6 +29,7 @@ from dtflab.train.run.graphs import TrainGraph
 from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.run.sessions import run_one_replica
 from dtflab.train.strategies.tensor_parallel_blocks import blocks_loss
+from dtflab.train.problems.experts import dense_only
 
 
 def stage_blocks(blocks: int, stages: int) -> list[tuple[int, int]]:
@@ -105,6 +106,7 @@ def combined(problem, cluster, layout: Layout, *, steps: int = 200, seed: int = 
     combined_bytes`: each axis's bytes per step, every link both ways.
     """
     watchdog = checked_run(steps, seed, trace_step, watchdog)
+    dense_only(problem, "combined")
     if not isinstance(layout, Layout):
         raise ValueError(f"layout={layout!r}: combined takes a train.Layout, e.g. "
                          f"train.Layout(data=2, tensor=2)")

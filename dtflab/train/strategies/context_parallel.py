@@ -28,6 +28,7 @@ from dtflab.train.run.graphs import TrainGraph, straggler
 from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.run.sessions import run_one_replica
 from dtflab.train.strategies import ring_attention
+from dtflab.train.problems.experts import dense_only
 
 
 def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = None) -> TrainGraph:
@@ -131,6 +132,7 @@ def context_parallel(problem, cluster, *, ways: int = 2, cut: str = "zigzag", st
     ``history.details["attention_work"]`` the query-key pairs each worker computes per block.
     """
     watchdog = checked_run(steps, seed, trace_step, watchdog)
+    dense_only(problem, "context_parallel")
     if layout is not None:
         ways = layout.alone("context", "context_parallel")
     checks.whole(ways, "ways", example=2)

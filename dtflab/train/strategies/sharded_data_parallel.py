@@ -26,6 +26,7 @@ import math
 from pathlib import Path
 
 from dtflab.train.formulas import costs
+from dtflab.train.problems.experts import dense_only
 from dtflab.train.run.programs import (Loop, ProgramOptions, takes_program_options,
                                        train_in_programs)
 
@@ -69,6 +70,7 @@ def sharded_data_parallel(problem, **options):
     ``backend``, ``scheduler`` and ``client`` run the programs on a Dask cluster, as
     ``train.all_reduce``'s do (checkpoints and traces then need a shared ``checkpoint_dir``).
     """
+    dense_only(problem, "sharded_data_parallel")
     options = ProgramOptions(**options).checked(problem)
     details = {"bytes_per_step_formula": costs.sharded_bytes(exchanged_bytes(problem),
                                                              options.workers),

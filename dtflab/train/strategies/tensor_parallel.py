@@ -41,6 +41,7 @@ from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.strategies.tensor_parallel_blocks import (blocks_graph, heads_per_worker,
                                                               sequence_pieces)
 from dtflab.train.run.sessions import run_one_replica
+from dtflab.train.problems.experts import dense_only
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ def tensor_parallel(problem, cluster, *, ways: int = 2, steps: int = 200, seed: 
     it. A dead task ends the run with a TaskError naming it.
     """
     watchdog = checked_run(steps, seed, trace_step, watchdog)
+    dense_only(problem, "tensor_parallel")
     if layout is not None:
         ways = layout.alone("tensor", "tensor_parallel")
     checks.whole(ways, "ways", example=2)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from dtflab import checks
 from dtflab.train.formulas import costs
+from dtflab.train.problems.experts import dense_only
 from dtflab.train.run.programs import (Loop, ProgramOptions, takes_program_options,
                                        train_in_programs)
 
@@ -55,6 +56,7 @@ def zero(problem, *, stage: int = 1, **options):
     The other arguments are ``train.all_reduce``'s.
     """
     checks.one_of(stage, "stage", STAGES)
+    dense_only(problem, "zero")
     if stage == 3:
         from dtflab.train.strategies.sharded_data_parallel import sharded_data_parallel
 

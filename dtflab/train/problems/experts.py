@@ -1,0 +1,88 @@
+"""A mixture-of-experts layer in place of a block's MLP (Switch, GShard; Mixtral's top-2): a
+router sends each token to its ``top_k`` experts, each expert an MLP d -> 4d -> d of its own,
+and the token's output is the experts' outputs weighted by the router's probabilities (over
+the top k, renormalised when k > 1).
+
+**Capacity**, per sequence (GShard's groups, one per sequence, so a data split by whole
+sequences routes every token as one process does): an expert takes at most
+``ceil(capacity_factor x top_k x sequence / experts)`` of a sequence's tokens, first choices
+first, then in position order; the rest are **dropped** by that expert (the residual carries
+the token on). An expert computes only the tokens it took: a skewed router makes one expert,
+and the worker that holds it, busier than the others.
+
+The **balance loss** (Switch Transformer's auxiliary loss), per sequence, ``experts x sum_e
+f_e x P_e`` with f_e the share of the sequence's tokens whose first choice is expert e and P_e
+the mean router probability of e, summed over the sequences like the loss and weighted by
+``balance``: it is smallest when both are even.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dtflab.train.problems import transformer_ops as ops
+
+
+def capacity(problem) -> int:
+    """The most tokens of one sequence an expert takes."""
+    return math.ceil(problem.capacity_factor * problem.top_k * problem.sequence / problem.experts)
+
+
+def route(tf, problem, m, router_w, router_b):
+    """``(weight, routed, balance_loss, first)`` for the normalised input ``m`` [batch,
+    sequence, d]: each token's gate for each expert that took it, 0 elsewhere; 1 where an
+    expert took the token; the balance loss summed over the sequences; each token's first
+    choice, one-hot."""
+    E, k = problem.experts, problem.top_k
+    with tf.name_scope("router"):
+        probs = tf.nn.softmax(tf.einsum("bsd,de->bse", m, router_w) + router_b, axis=-1)
+        top_p, top_i = tf.math.top_k(probs, k)
+        gates = top_p if k == 1 else top_p / tf.reduce_sum(top_p, axis=-1, keepdims=True)
+        taken = 0.0  # tokens each expert was offered by earlier choices, per sequence
+        weight = routed = 0.0
+        for j in range(k):
+            mask = tf.one_hot(top_i[..., j], E)                          # [b, s, E]
+            position = tf.cumsum(mask, axis=1, exclusive=True) + taken
+            keep = mask * tf.cast(position < capacity(problem), mask.dtype)
+            taken = taken + tf.reduce_sum(mask, axis=1, keepdims=True)
+            weight, routed = weight + gates[..., j:j + 1] * keep, routed + keep
+        first = tf.one_hot(top_i[..., 0], E)
+        balance = E * tf.reduce_sum(tf.reduce_mean(first, axis=1) * tf.reduce_mean(probs, axis=1))
+    return weight, routed, balance, first
+
+
+def expert_mlp(tf, tokens, fc_w, fc_b, out_w, out_b):
+    """One expert on its tokens [n, d]."""
+    return tf.matmul(ops.gelu(tf)(tf.matmul(tokens, fc_w) + fc_b), out_w) + out_b
+
+
+def taken_by(tf, routed, e):
+    """The flat indices (over batch x sequence) of the tokens expert ``e`` took."""
+    return tf.where(tf.reshape(routed[..., e], [-1]) > 0)[:, 0]
+
+
+def mixture(tf, problem, m, weights):
+    """The layer on ``m`` [batch, sequence, d] in one place: ``(output, balance_loss, load)``,
+    load the tokens each expert took [experts] (dropped: top_k x tokens - their sum)."""
+    router_w, router_b, fc_w, fc_b, out_w, out_b = weights
+    d = problem.d_model
+    with tf.name_scope("experts"):
+        weight, routed, balance, _ = route(tf, problem, m, router_w, router_b)
+        flat = tf.reshape(m, [-1, d])
+        gate = tf.reshape(weight, [-1, problem.experts])
+        output = tf.zeros_like(flat)
+        for e in range(problem.experts):
+            with tf.name_scope(f"expert{e}"):
+                index = taken_by(tf, routed, e)
+                y = expert_mlp(tf, tf.gather(flat, index), fc_w[e], fc_b[e], out_w[e], out_b[e])
+                output += tf.scatter_nd(index[:, None], y * tf.gather(gate[:, e], index)[:, None],
+                                        tf.shape(flat, out_type=tf.int64))
+        load = tf.reduce_sum(routed, axis=[0, 1])
+    return tf.reshape(output, tf.shape(m)), balance, load
+
+
+def dense_only(problem, loop: str) -> None:
+    """Refuse a mixture of experts in ``loop``, a loop that splits a dense MLP."""
+    if getattr(problem, "experts", 0):
+        raise ValueError(f"experts={problem.experts}: {loop} splits a dense MLP; train a "
+                         f"mixture of experts with train.expert_parallel or train.single")

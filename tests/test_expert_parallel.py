@@ -1,0 +1,103 @@
+"""A mixture of experts, in one process and spread over worker tasks: the router's choices,
+capacity and the balance loss, checked on the tokens each expert took; expert parallelism
+trains as one process does, its two all-to-alls send what the formula says for the step's
+routing (counted at the transport), and a skewed router shows as one busy expert worker in a
+traced step."""
+
+import numpy as np
+import pytest
+
+from dtflab import train
+from dtflab.train.formulas import costs
+
+from conftest import max_loss_diff
+
+pytestmark = pytest.mark.slow
+
+TOLERANCE = 1e-5
+MOE = dict(blocks=2, d_model=128, heads=2, sequence=64, batch_size=8, experts=4, top_k=2,
+           capacity_factor=1.0)
+
+
+def busy_ms(trace, workers) -> list[float]:
+    """Each worker's time in its experts' ops (forward and backward) in a traced step."""
+    return [sum(op.duration_us for device, ops in trace.timings.items()
+                if device.endswith(f"task:{w}/device:CPU:0") for op in ops
+                if f"experts_on_worker{w}/" in op.name and op.kind == "compute") / 1e3
+            for w in range(workers)]
+
+
+def test_the_router_keeps_capacity_and_the_balance_loss_spreads_a_skewed_router():
+    problem = train.transformer(**dict(MOE, d_model=32, sequence=16))
+    run = train.single(problem, steps=3, seed=0)
+    taken = np.array(run.details["per_step"]["tokens_per_expert"])  # [steps, blocks, experts]
+    # capacity: ceil(1.0 x 2 x 16 / 4) = 8 tokens of a sequence an expert, 8 sequences
+    assert taken.max() <= 8 * 8 and taken.shape == (3, 2, 4)
+    assert (taken.sum(axis=-1) <= 2 * 8 * 16).all()  # at most top_k choices a token
+    assert (taken.sum(axis=-1) < 2 * 8 * 16).any()  # some were dropped at capacity 1.0
+
+    def imbalance(balance):  # a router that starts sending every token to expert 0
+        skewed = train.transformer(**dict(MOE, d_model=32, sequence=16, top_k=1, skew=1.0,
+                                          capacity_factor=4.0, balance=balance,
+                                          learning_rate=0.01))
+        load = np.array(train.single(skewed, steps=60, seed=0).details["per_step"]
+                        ["tokens_per_expert"])
+        return load.max(axis=-1) / load.mean(axis=-1)  # [steps, blocks]: 4 is all on one
+
+    without, weighted = imbalance(0.0), imbalance(0.2)
+    print(f"max over mean tokens per expert, the last 15 of 60 steps: without the balance loss "
+          f"{without[-15:].mean():.2f}, with it {weighted[-15:].mean():.2f}")
+    assert (without[0] == 4.0).all() and (weighted[0] == 4.0).all()  # 128 tokens on expert 0
+    assert weighted[-15:].mean() < 0.75 * without[-15:].mean()
+
+
+def test_expert_parallel_trains_as_one_process_and_sends_the_formulas_bytes(split_cluster):
+    problem = train.transformer(**MOE)
+    alone = train.single(problem, steps=7, seed=0)
+    wire = train.WireBytes(after_step=2, steps=4)
+    run = train.expert_parallel(problem, split_cluster, workers=2, steps=7, seed=0,
+                                trace_step=1, callbacks=[wire])
+    print(f"expert parallel vs single {max_loss_diff(alone, run):.2e}")
+    assert max_loss_diff(alone, run) <= TOLERANCE
+    assert run.details["per_step"]["tokens_per_expert"] == alone.details["per_step"]["tokens_per_expert"]
+    routed = run.details["per_step"]["routed"]  # [step][block][worker][expert]
+    traced = costs.expert_parallel_bytes(problem, routed[1])
+    by_worker = {}
+    for transfer in run.trace.transfers:
+        source = transfer.src_device.split("task:")[1][0]
+        by_worker[source] = by_worker.get(source, 0) + transfer.nbytes
+    for w in range(2):  # the traced step's tensors, but for the loss and Adam's scalars
+        assert 0 <= by_worker[str(w)] - sum(traced[w].values()) <= 512, (by_worker, traced)
+    window = [costs.expert_parallel_bytes(problem, routed[step]) for step in range(3, 7)]
+    for w, worker in enumerate(("worker:0", "worker:1")):
+        expected = np.mean([sum(step[w].values()) for step in window])
+        sent = wire.per_step.sent_by()[worker]
+        print(f"{worker}: {sent / expected:.4f} of the formula")
+        assert expected <= sent <= 1.05 * expected
+
+
+def test_a_skewed_router_keeps_one_expert_worker_busy_and_the_other_idle(split_cluster):
+    problem = train.transformer(**dict(MOE, top_k=1, skew=6.0, capacity_factor=4.0))
+    run = train.expert_parallel(problem, split_cluster, workers=2, steps=3, trace_step=2)
+    taken = np.array(run.details["per_step"]["tokens_per_expert"][2])
+    assert (taken[:, 0] == 8 * 64).all()  # every token's expert is expert 0, on worker 0
+    busy = busy_ms(run.trace, 2)
+    print(f"busy in the experts' ops, ms: {busy}; max over mean {max(busy) / np.mean(busy):.2f}")
+    assert busy[0] > busy[1]
+
+
+def test_experts_that_do_not_split_and_bad_routing_are_refused_with_the_fix(split_cluster):
+    with pytest.raises(ValueError, match=r"workers=3: transformer_2x128_h2_s64_e4k2's 4 experts "
+                                         r"do not split evenly over 3 workers; use workers=2"):
+        train.expert_parallel(train.transformer(**MOE), split_cluster, workers=3)
+    with pytest.raises(ValueError, match=r"top_k=5: top_k must be a whole number of at most 4"):
+        train.transformer(experts=4, top_k=5)
+    with pytest.raises(ValueError, match=r"capacity_factor=0.2: below 1/experts = 0.25 an expert "
+                                         r"takes no token; use capacity_factor=1.25"):
+        train.transformer(experts=4, capacity_factor=0.2)
+    with pytest.raises(ValueError, match=r"expert_parallel: transformer_2x64_h4_s32 has no "
+                                         r"experts; use train.transformer\(experts=4"):
+        train.expert_parallel(train.transformer(), split_cluster)
+    with pytest.raises(ValueError, match=r"experts=4: tensor_parallel splits a dense MLP; train "
+                                         r"a mixture of experts with train.expert_parallel"):
+        train.tensor_parallel(train.transformer(**MOE), split_cluster)
