@@ -15,7 +15,8 @@ The rooms, top to bottom (each imports only the rooms below it; ``tests/test_lay
   ParameterServerStrategy), ``all_reduce`` (worker programs), ``pipeline`` (stages and
   micro-batches), ``tensor_parallel`` (layer pairs split by columns and rows, Megatron-style;
   a transformer's heads, with sequence parallelism), ``context_parallel`` (ring attention),
-  ``combined`` (data x tensor x pipeline on a ``Layout``), ``sharded_data_parallel`` (ZeRO-3 / FSDP in worker programs), ``zero`` (ZeRO's stages 1
+  ``combined`` (data x tensor x pipeline on a ``Layout``), ``expert_parallel`` (a mixture of
+  experts over workers), ``sharded_data_parallel`` (ZeRO-3 / FSDP in worker programs), ``zero`` (ZeRO's stages 1
   and 2 in worker programs; stage 3 is ``sharded_data_parallel``).
 - ``measure/``: measurements on a traced step (the bubble, a stage's arithmetic, memory).
 - ``layouts/``: where a run's parts go (layer pairs, the mesh's ranks, ring attention's cut).
@@ -86,7 +87,8 @@ def __dir__():
 __all__ = ["Problem", "exp_regression", "classification", "Transformer", "transformer",
            "RunHistory", "StepRecord", "Callback", "BackgroundRun", "single", "model_parallel",
            "sync_data_parallel", "async_parameter_server", "ps_strategy", "strategy_for",
-           "all_reduce", "pipeline", "tensor_parallel", "context_parallel", "combined", "expert_parallel",
+           "all_reduce", "pipeline", "tensor_parallel", "context_parallel", "combined",
+           "expert_parallel",
            "sharded_data_parallel", "zero", "WireBytes",
            "Runner", "Update", "Watchdog", "stage_arithmetic_s", "memory", "step_memory",
            "split_activation_bytes", "Layout"]
