@@ -137,7 +137,7 @@ def loss_agreement(cluster) -> float:
     for problem, steps in ((train.exp_regression(), 200),
                            (train.classification(width=64, batch_size=256, hidden_layers=3), 30)):
         alone = train.single(problem, steps=steps, seed=1)
-        for schedule in costs.SCHEDULES:
+        for schedule in ("gpipe", "1f1b"):
             piped = train.pipeline(problem, cluster, stages=2, micro_batches=4, schedule=schedule,
                                    steps=steps, seed=1)
             worst = max(worst, float(np.max(np.abs(np.array(alone.losses) - np.array(piped.losses)))))
@@ -228,7 +228,7 @@ def main() -> None:
         arithmetic = train.stage_arithmetic_s(problem, cluster, stages=2, micro_batches=MICRO_BATCHES)
         times, bubbles = pipelined(problem, cluster, args.rounds, args.steps)
         peaks = {}
-        for schedule in costs.SCHEDULES:
+        for schedule in ("gpipe", "1f1b"):
             for m in (2, 4, 8):
                 history = train.pipeline(problem, cluster, stages=2, micro_batches=m,
                                          schedule=schedule, steps=3, trace_step=1, watchdog=False)

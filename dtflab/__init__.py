@@ -51,6 +51,10 @@ def __getattr__(name):
         from dtflab.ui import memory_planner
 
         return getattr(memory_planner, name)
+    if name in ("schedule_playground", "SchedulePlayground"):
+        from dtflab.ui import schedule_playground
+
+        return getattr(schedule_playground, name)
     if name == "Dashboard":
         from dtflab.viz.dashboard import Dashboard
 
@@ -131,7 +135,8 @@ def load_ipython_extension(ipython) -> None:
 
 __all__ = ["Cluster", "PlacementPlan", "PlacementEditor", "Dashboard", "architectures",
            "ScalingModel", "scaling_figure", "curves_figure", *PICTURES, "slices_picture",
-           "bytes_sent", "memory_planner", "MemoryPlanner",
+           "bytes_sent", "memory_planner", "MemoryPlanner", "schedule_playground",
+           "SchedulePlayground",
            "short_device", "show", "compare", "train", "TaskInfo", "TaskState", "start_cluster", "run",
            "trace", "profile", "tf_log", "DtflabError",
            "NotSupportedError", "TaskError", "__version__"]

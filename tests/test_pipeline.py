@@ -44,6 +44,77 @@ def test_a_pipeline_trains_exactly_as_one_process(cluster, problem, stages, micr
     assert compare(alone, piped).rows[1]["max_abs_loss_diff"] <= TOLERANCE
 
 
+SMALL_TRANSFORMER = train.transformer(blocks=4, d_model=32, heads=2, sequence=16, batch_size=8)
+
+
+@pytest.mark.parametrize("problem, schedule, chunks", [
+    (DEEP, "interleaved", 2), (DEEP, "zero_bubble", 1),
+    (SMALL_TRANSFORMER, "interleaved", 2), (SMALL_TRANSFORMER, "zero_bubble", 1),
+], ids=["classification-interleaved", "classification-zero-bubble", "transformer-interleaved",
+        "transformer-zero-bubble"])
+def test_interleaved_and_zero_bubble_pipelines_train_exactly_as_one_process(cluster, problem,
+                                                                           schedule, chunks):
+    alone = train.single(problem, steps=12, seed=2)
+    piped = train.pipeline(problem, cluster, stages=2, micro_batches=4, schedule=schedule,
+                           chunks=chunks, steps=12, seed=2)
+    print(f"{problem.name} {schedule}: {max_diff(alone, piped):.2e} from one process")
+    assert max_diff(alone, piped) <= TOLERANCE
+    assert piped.losses[-1] < piped.losses[0]
+
+
+@pytest.mark.parametrize("schedule, chunks", [("interleaved", 2), ("zero_bubble", 1)])
+def test_each_worker_runs_its_schedule_in_order_and_the_bubble_is_read_against_the_formula(
+        cluster, schedule, chunks):
+    bubble = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, schedule=schedule,
+                            chunks=chunks, steps=3, trace_step=2).bubble
+    pieces = 2 * 4 * chunks * (3 if schedule == "zero_bubble" else 2)
+    assert len(bubble.slots) == pieces and bubble.chunks == chunks
+    for worker, order in enumerate(costs.pipeline_order(schedule, 2, 4, chunks)):
+        ran = [(s.kind, s.micro_batch, s.stage // 2) for s in bubble.slots
+               if bubble.worker(s) == worker]
+        assert ran == [tuple(work) for work in order]  # start order, as scheduled
+    # Each piece's data arrived before it started: a forward after the stage before's.
+    at = {(s.stage, s.kind, s.micro_batch): s for s in bubble.slots}
+    for slot in bubble.slots:
+        if slot.kind == "F" and slot.stage > 0:
+            assert slot.start_us >= at[slot.stage - 1, "F", slot.micro_batch].end_us
+        if slot.kind == "W":  # the weights' gradients: their multiplies only, after the input's
+            assert slot.start_us >= at[slot.stage, "B", slot.micro_batch].end_us
+            assert 0 < slot.weight_gradient_us <= slot.arithmetic_us
+            assert at[slot.stage, "B", slot.micro_batch].weight_gradient_us == 0
+    # The formula, with this step's own mean pieces, beside the measured bubble.
+    weight = bubble.piece_us("W")
+    assert bubble.formula_ratio == pytest.approx(costs.bubble_ratio(
+        schedule, 2, 4, chunks, forward=bubble.piece_us("F"),
+        backward=bubble.piece_us("B") + weight, weight=weight or None))
+    assert bubble.formula == pytest.approx(bubble.formula_ratio / (1 + bubble.formula_ratio))
+    assert all(0 < share < 1 for share in bubble.idle_share) and bubble.bubble_ratio > 0
+    if schedule == "interleaved":
+        assert bubble.formula_ratio == pytest.approx(1 / 8)  # (p - 1) / (v m)
+    chart = bubble.figure()
+    drawn = {r.name: r.data_source.data for fig in chart.children for r in fig.renderers
+             if r.name}
+    kind = "weights" if schedule == "zero_bubble" else "backward"
+    assert len(drawn[kind]["left"]) == len(drawn["formula_" + kind]["left"]) == 2 * 4 * chunks
+    with pytest.raises(ValueError, match=f"schedule='{schedule}': the step-time model covers "
+                                         f"the gpipe and 1f1b schedules"):
+        bubble.predicted_step_s(8)
+
+
+def test_bad_schedules_are_refused_before_anything_starts(cluster):
+    with pytest.raises(ValueError, match=r"micro_batches=6: the interleaved schedule sends "
+                                         r"micro-batches in groups of 4"):
+        train.pipeline(DEEP, cluster, stages=4, micro_batches=6, schedule="interleaved",
+                       chunks=2)
+    with pytest.raises(ValueError, match=r"chunks=3: 2 workers x 3 chunks are 6 stages, and "
+                                         r"classification_64x3 has 4 layers; use chunks=2 or "
+                                         r"a deeper model"):
+        train.pipeline(DEEP, cluster, stages=2, micro_batches=4, schedule="interleaved",
+                       chunks=3)
+    with pytest.raises(ValueError, match=r"chunks=2: only the interleaved schedule"):
+        train.pipeline(DEEP, cluster, stages=2, schedule="1f1b", chunks=2)
+
+
 def test_the_default_cut_balances_multiply_adds_and_a_cut_can_be_chosen():
     assert balanced_cut(DEEP, 2) == (3,)  # 64x64 + 64x64 | 64x64 + 64x10
     wide_first = train.classification(width=32, features=512, hidden_layers=3)
@@ -59,7 +130,8 @@ def test_the_traced_step_shows_every_micro_batch_on_its_stage_in_schedule_order(
     assert len(bubble.slots) == 2 * 3 * 4
     for stage in range(3):
         ran = [(s.kind, s.micro_batch) for s in bubble.slots if s.stage == stage]
-        assert ran == costs.pipeline_order("1f1b", 3, 4)[stage]  # start order, as scheduled
+        planned = [(work.kind, work.micro_batch) for work in costs.pipeline_order("1f1b", 3, 4)[stage]]
+        assert ran == planned  # start order, as scheduled
     # Data flows forward through the stages and back: a forward starts after the stage before
     # finished it; a backward after the stage behind began its own (whose input gradient
     # leaves before its weight multiplies, so the two may overlap).
@@ -107,8 +179,8 @@ def test_the_pipeline_chart_draws_the_measured_slots_and_the_formulas_schedule(c
     assert renderers["bubble"]["left"] and renderers["formula_bubble"]["left"]
     # The formula's chart idles (p - 1) / (m + p - 1) of each stage's time.
     ideal = costs.pipeline_timeline("gpipe", 2, 4, forward=1.0, backward=2.0)
-    span = max(end for *_, end in ideal)
-    busy = sum(end - start for s, _, _, start, end in ideal if s == 0)
+    span = max(piece.end for piece in ideal)
+    busy = sum(end - start for s, _, _, start, end, _ in ideal if s == 0)
     assert 1 - busy / span == pytest.approx(costs.bubble_share(2, 4))
     assert "Formula: idle 20%" in formula.title.text
 
@@ -171,10 +243,10 @@ def test_a_dead_stage_ends_the_run_naming_it(start_cluster):
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_both_schedules_idle_as_the_bubble_formula_says(stages, micro_batches, schedule):
     slots = costs.pipeline_timeline(schedule, stages, micro_batches, forward=1.0, backward=2.0)
-    span = max(end for *_, end in slots)
+    span = max(piece.end for piece in slots)
     assert span == 3 * (micro_batches + stages - 1)
     for stage in range(stages):
-        busy = sum(end - start for s, _, _, start, end in slots if s == stage)
+        busy = sum(piece.end - piece.start for piece in slots if piece.worker == stage)
         assert 1 - busy / span == pytest.approx(costs.bubble_share(stages, micro_batches))
     # With no per-micro-batch cost the step model is the formula's span.
     assert costs.pipeline_step_s(stages, micro_batches, 3.0 * micro_batches, 0.0) == pytest.approx(span)
@@ -183,7 +255,7 @@ def test_both_schedules_idle_as_the_bubble_formula_says(stages, micro_batches, s
 def test_1f1b_keeps_at_most_p_micro_batches_in_flight_per_stage():
     for stage, order in enumerate(costs.pipeline_order("1f1b", 4, 8)):
         in_flight = peak = 0
-        for kind, _ in order:
+        for kind, _, _ in order:
             in_flight += 1 if kind == "F" else -1
             peak = max(peak, in_flight)
         assert peak == 4 - stage

@@ -65,7 +65,8 @@ MOVED = {"costs": "formulas.costs", "bubble": "measure.bubble",
          "stage_arithmetic": "measure.stage_arithmetic", "scaling": "experiments.scaling",
          "scaling_model": "experiments.scaling_model", "callbacks": "run.callbacks",
          "history": "run.history", "runner": "run.runner", "watchdog": "run.watchdog",
-         "checkpoints": "run.checkpoints", "ring": "layouts.ring"}
+         "checkpoints": "run.checkpoints", "ring": "layouts.ring",
+         "schedules": "formulas.schedules"}
 
 
 def __getattr__(name):

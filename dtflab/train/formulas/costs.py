@@ -7,7 +7,7 @@ formula leaves something out, its docstring says what.
 
 from __future__ import annotations
 
-from dtflab.train.formulas import split_bytes
+from dtflab.train.formulas import schedules, split_bytes
 from dtflab.train.layouts.layers import tensor_parallel_pairs
 
 
@@ -37,74 +37,12 @@ def ps_step_s(workers: float, compute_s: float, exchange_s: float, *, cpu_s: flo
 
 # -- pipelines --------------------------------------------------------------------------------
 
-SCHEDULES = ("gpipe", "1f1b")
-
-
-def bubble_share(stages: int, micro_batches: int) -> float:
-    """The share of a pipelined step each stage sits idle while the pipeline fills and drains:
-    ``(p - 1) / (m + p - 1)`` for p equal stages and m micro-batches. It leaves out what each
-    micro-batch costs beyond its arithmetic (see :func:`pipeline_step_s`)."""
-    return (stages - 1) / (micro_batches + stages - 1)
-
-
-def pipeline_order(schedule: str, stages: int, micro_batches: int) -> list[list[tuple[str, int]]]:
-    """What each stage runs, in order: ``[("F", 0), ("F", 1), ..., ("B", 0), ...]`` per stage.
-
-    ``gpipe``: every forward, then every backward (all forward, all backward). ``1f1b``: stage s
-    runs ``p - s - 1`` warm-up forwards, then one forward and one backward in turn, then the
-    backwards left: it holds at most ``p - s`` micro-batches' activations, GPipe holds m."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule={schedule!r}: schedule must be one of "
-                         f"{', '.join(map(repr, SCHEDULES))}")
-    m = micro_batches
-    if schedule == "gpipe":
-        return [[("F", j) for j in range(m)] + [("B", j) for j in range(m)]
-                for _ in range(stages)]
-    orders = []
-    for stage in range(stages):
-        warm = min(stages - stage - 1, m)
-        order = [("F", j) for j in range(warm)]
-        for j in range(m - warm):
-            order += [("F", warm + j), ("B", j)]
-        orders.append(order + [("B", j) for j in range(m - warm, m)])
-    return orders
-
-
-def pipeline_timeline(schedule: str, stages: int, micro_batches: int, *, forward: float = 1.0,
-                      backward: float = 2.0) -> list[tuple[int, str, int, float, float]]:
-    """The formula's picture: ``(stage, "F" | "B", micro_batch, start, end)`` for every slot,
-    each forward taking ``forward`` and each backward ``backward`` (any unit), no transfer or
-    overhead. A slot starts when its stage finished the slot before it and its input is ready
-    (the previous stage's forward, the next stage's backward)."""
-    orders = pipeline_order(schedule, stages, micro_batches)
-    ends: dict[tuple[int, str, int], float] = {}
-    free = [0.0] * stages
-    position = [0] * stages
-    slots = []
-    while any(position[s] < len(orders[s]) for s in range(stages)):
-        progressed = False
-        for s in range(stages):
-            if position[s] == len(orders[s]):
-                continue
-            kind, j = orders[s][position[s]]
-            needs = (s - 1, "F", j) if kind == "F" else (s + 1, "B", j)
-            if kind == "F" and s == 0:
-                ready = 0.0
-            elif kind == "B" and s == stages - 1:
-                ready = ends.get((s, "F", j))
-            else:
-                ready = ends.get(needs)
-            if ready is None:
-                continue
-            start = max(free[s], ready)
-            end = start + (forward if kind == "F" else backward)
-            ends[s, kind, j], free[s] = end, end
-            slots.append((s, kind, j, start, end))
-            position[s] += 1
-            progressed = True
-        if not progressed:  # pipeline_order's orders never deadlock; a bug if they do
-            raise RuntimeError(f"{schedule} schedule deadlocked at {position}")
-    return slots
+# The schedules have their own module; their names stay here too.
+SCHEDULES = schedules.SCHEDULES
+bubble_share = schedules.bubble_share
+bubble_ratio = schedules.bubble_ratio
+pipeline_order = schedules.pipeline_order
+pipeline_timeline = schedules.pipeline_timeline
 
 
 def pipeline_step_s(stages: int, micro_batches: int, stage_s: float, per_micro_batch_s: float,

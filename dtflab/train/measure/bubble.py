@@ -26,10 +26,13 @@ _SCOPE = re.compile(r"^stage(\d+)/(forward|backward)(\d+)/")
 
 @dataclass(frozen=True)
 class Slot:
-    """One stage's forward (``"F"``) or backward (``"B"``) of one micro-batch, as it ran (µs
-    from the step's start): from its first multiply's start to its last one's end,
-    ``busy_us`` the time all its ops took, ``arithmetic_us`` the part in matrix multiplies and
-    activations."""
+    """One stage's forward (``"F"``), backward (``"B"``) or, where the schedule runs them on
+    their own, weight gradients (``"W"``) of one micro-batch, as it ran (µs from the step's
+    start): from its first multiply's start to its last one's end, ``busy_us`` the time any
+    of its ops ran (two ops at once on a task's two inter-op threads count once; ``busy``,
+    those stretches), ``arithmetic_us`` the time its matrix multiplies and activations took.
+    ``stage`` counts the model's pieces from the input; with v chunks a worker, it runs on
+    worker ``stage % p``."""
 
     stage: int
     kind: str
@@ -39,6 +42,7 @@ class Slot:
     busy_us: float
     arithmetic_us: float
     weight_gradient_us: float = 0.0  # a backward's multiplies for its weights' gradients
+    busy: tuple = ()  # (start, end) in µs of each stretch in which one of its ops ran
 
     @property
     def label(self) -> str:
@@ -61,17 +65,22 @@ class Bubble:
     span_us: float
     step_us: float
     peak_activation_bytes: list[int] = field(default_factory=list)
+    chunks: int = 1
 
     @classmethod
-    def from_trace(cls, trace, devices, micro_batches: int, schedule: str) -> "Bubble":
-        """Read a StepTrace of ``dtflab.train.strategies.pipeline``'s step; ``devices[s]`` runs stage s."""
+    def from_trace(cls, trace, devices, micro_batches: int, schedule: str, *, chunks: int = 1,
+                   weight_ops=frozenset()) -> "Bubble":
+        """Read a StepTrace of ``dtflab.train.strategies.pipeline``'s step; ``devices[d]`` is
+        worker d, which runs stages d, d + p, ...; ``weight_ops`` names the ops that ran as
+        ``W`` (the zero-bubble schedule's weight gradients)."""
         found: dict[tuple[int, str, int], list] = {}
         for device_timings in trace.timings.values():
             for timing in device_timings:
                 match = _SCOPE.match(timing.name)
                 if match and timing.kind == "compute":
-                    key = (int(match[1]), "F" if match[2] == "forward" else "B", int(match[3]))
-                    found.setdefault(key, []).append(timing)
+                    kind = ("F" if match[2] == "forward" else
+                            "W" if timing.name in weight_ops else "B")
+                    found.setdefault((int(match[1]), kind, int(match[3])), []).append(timing)
         if not found:
             raise ValueError("this trace has no pipeline stages (no stage{s}/forward{j} ops); "
                              "trace a step of train.pipeline(..., trace_step=k)")
@@ -79,21 +88,26 @@ class Bubble:
         start, end = min(s.start_us for s in slots), max(s.end_us for s in slots)
         peaks = activation_peaks(trace.metadata, devices) if trace.metadata is not None else []
         return cls(list(devices), micro_batches, schedule, slots, end - start, trace.step_us,
-                   peaks)
+                   peaks, chunks)
 
     @property
     def stages(self) -> int:
+        """The workers, p (each holds ``chunks`` stages of the model)."""
         return len(self.devices)
 
-    def busy_us(self, stage: int) -> float:
-        return sum(s.busy_us for s in self.slots if s.stage == stage)
+    def worker(self, slot: Slot) -> int:
+        return slot.stage % self.stages
 
-    def arithmetic_us(self, stage: int) -> float:
-        return sum(s.arithmetic_us for s in self.slots if s.stage == stage)
+    def busy_us(self, worker: int) -> float:
+        """The time any op of the worker's pieces ran (ops at once counted once)."""
+        return _covered([i for s in self.slots if self.worker(s) == worker for i in s.busy])
+
+    def arithmetic_us(self, worker: int) -> float:
+        return sum(s.arithmetic_us for s in self.slots if self.worker(s) == worker)
 
     @property
     def idle_share(self) -> list[float]:
-        """Per stage, the share of the span it ran none of its forwards or backwards."""
+        """Per worker, the share of the span it ran none of its pieces of work."""
         return [1.0 - self.busy_us(s) / self.span_us for s in range(self.stages)]
 
     @property
@@ -101,9 +115,51 @@ class Bubble:
         return sum(self.idle_share) / self.stages
 
     @property
+    def bubble_ratio(self) -> float:
+        """The measured bubble as Megatron and the zero-bubble paper state it: each worker's
+        idle time over its busy time, the mean over the workers."""
+        return sum(share / (1 - share) for share in self.idle_share) / self.stages
+
+    def piece_us(self, kind: str) -> float:
+        """A worker's mean time for ``kind`` (``"F"``, ``"B"``, ``"W"``) of one micro-batch,
+        all its chunks together: first op to last op of each piece, in µs."""
+        took = [s.end_us - s.start_us for s in self.slots if s.kind == kind]
+        return sum(took) / len(took) * self.chunks if took else 0.0
+
+    @property
+    def formula_ratio(self) -> float:
+        """The schedule's formula (:func:`dtflab.train.formulas.schedules.bubble_ratio`) with
+        this step's mean forward, backward and weight-gradient times: ``(p - 1) / m``,
+        ``(p - 1) / (v m)``, ZB-H1's ``(p - 1)(F + B - W) / (m (F + B + W))``."""
+        weight = self.piece_us("W")
+        return costs.bubble_ratio(self.schedule, self.stages, self.micro_batches, self.chunks,
+                                  forward=self.piece_us("F"),
+                                  backward=self.piece_us("B") + weight,
+                                  weight=weight if self.schedule == "zero_bubble" else None)
+
+    @property
     def formula(self) -> float:
-        """``(p - 1) / (m + p - 1)``: the idle share the bubble formula predicts."""
-        return costs.bubble_share(self.stages, self.micro_batches)
+        """The idle share the schedule's formula predicts: ``(p - 1) / (m + p - 1)`` for GPipe
+        and 1F1B, ``(p - 1) / (v m + p - 1)`` interleaved; in general ``r / (1 + r)`` of
+        :attr:`formula_ratio` r."""
+        if self.schedule != "zero_bubble":
+            return costs.bubble_share(self.stages, self.micro_batches, self.chunks)
+        return self.formula_ratio / (1 + self.formula_ratio)
+
+    def timeline(self) -> list:
+        """The schedule's timeline (:func:`dtflab.train.formulas.schedules.pipeline_timeline`)
+        with this step's mean times per piece, in µs: what the chart draws as the formula's."""
+        weight = self.piece_us("W")
+        return costs.pipeline_timeline(
+            self.schedule, self.stages, self.micro_batches, chunks=self.chunks,
+            forward=self.piece_us("F") or 1.0, backward=(self.piece_us("B") + weight) or 2.0,
+            weight=weight if self.schedule == "zero_bubble" else None)
+
+    def _model_covers(self) -> None:
+        if self.schedule not in ("gpipe", "1f1b"):
+            raise ValueError(f"schedule={self.schedule!r}: the step-time model covers the gpipe "
+                             f"and 1f1b schedules; for this one read bubble.timeline() or "
+                             f"trace a step at each setting")
 
     @property
     def stage_s(self) -> float:
@@ -155,7 +211,8 @@ class Bubble:
         ``arithmetic[m] / arithmetic[this step's m]``: on a CPU where a smaller micro-batch
         multiplies slower or faster per row, the model follows. The overlap stays as traced
         (the weight-gradient multiplies measured 136-152 ms at every m on the AMD EPYC where
-        the whole stage went from 380 to 570 ms)."""
+        the whole stage went from 380 to 570 ms). GPipe and 1F1B only."""
+        self._model_covers()
         scale = 1.0
         if arithmetic is not None:
             for m in (micro_batches, self.micro_batches):
@@ -181,10 +238,11 @@ class Bubble:
         return 0.0
 
     def summary(self) -> str:
-        stages = "; ".join(f"stage {s}: busy {self.busy_us(s) / 1e3:.1f} ms, idle "
+        stages = "; ".join(f"{'worker' if self.chunks > 1 else 'stage'} {s}: busy {self.busy_us(s) / 1e3:.1f} ms, idle "
                            f"{share:.0%}" for s, share in enumerate(self.idle_share))
-        text = (f"{self.stages} stages x {self.micro_batches} micro-batches ({self.schedule}): "
-                f"{stages} of a {self.span_us / 1e3:.1f} ms pipeline; formula: idle "
+        chunks = f", {self.chunks} chunks a worker" if self.chunks > 1 else ""
+        text = (f"{self.stages} stages x {self.micro_batches} micro-batches ({self.schedule}"
+                f"{chunks}): {stages} of a {self.span_us / 1e3:.1f} ms pipeline; formula: idle "
                 f"{self.formula:.0%}")
         if self.peak_activation_bytes:
             text += "; peak activations " + ", ".join(
@@ -209,10 +267,27 @@ def _slot(key, ops) -> Slot:
     (reading a variable, a shape) may run long before the slot does, on a second inter-op
     thread."""
     work = [t for t in ops if ARITHMETIC.search(t.op) or "/straggler/" in t.name] or ops
+    busy = _merged([(t.start_us, t.end_us) for t in ops])
     return Slot(*key, min(t.start_us for t in work), max(t.end_us for t in work),
-                sum(t.duration_us for t in ops),
+                sum(b - a for a, b in busy),
                 sum(t.duration_us for t in ops if ARITHMETIC.search(t.op)),
-                sum(t.duration_us for t in ops if t.name.endswith("MatMul_grad/MatMul_1")))
+                sum(t.duration_us for t in ops if t.name.endswith("MatMul_grad/MatMul_1")),
+                tuple(busy))
+
+
+def _merged(intervals) -> list[tuple[float, float]]:
+    """``intervals`` joined where they overlap, in order."""
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def _covered(intervals) -> float:
+    return sum(b - a for a, b in _merged(intervals))
 
 
 def activation_peaks(metadata, devices) -> list[int]:

@@ -134,5 +134,10 @@ def one_multiply_at_a_time(graph, scope: str) -> None:
     # weights (TensorFlow's MatMul gradient); tf.gradients builds layers last to first.
     inputs = [op for op in multiplies if op.name.endswith("MatMul_grad/MatMul")]
     weights = [op for op in multiplies if op.name.endswith("MatMul_grad/MatMul_1")]
-    for before, op in zip(inputs + weights, (inputs + weights)[1:]):
+    in_order(inputs + weights)
+
+
+def in_order(ops) -> None:
+    """Make each of ``ops`` wait for the one before it."""
+    for before, op in zip(ops, ops[1:]):
         tf_private.run_after(op, before)

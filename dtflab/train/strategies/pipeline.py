@@ -1,75 +1,94 @@
 """Pipeline parallelism: the model's layers cut into stages on worker tasks, each batch cut into
-micro-batches that flow through them (GPipe's all-forward-all-backward, or 1F1B).
+micro-batches that flow through them, in one of four schedules (GPipe, 1F1B, interleaved 1F1B,
+zero-bubble: :mod:`dtflab.train.formulas.schedules`).
 
 One graph, one session, as TensorFlow ran GPipe itself (lingvo): each stage's variables and ops
 on its own task, the batch split into m micro-batches on the first stage, and every stage's work
-ordered by control dependencies as :func:`dtflab.train.formulas.costs.pipeline_order` lists it (with one
-inter-op thread per task, a stage then runs one micro-batch at a time, as a pipeline stage
-does). Each stage backpropagates each micro-batch on its own (``tf.gradients`` with the next
+ordered by control dependencies as :func:`dtflab.train.formulas.schedules.pipeline_order` lists
+it (with one inter-op thread per task, a stage then runs one micro-batch at a time, as a
+pipeline stage does). Each stage backpropagates each micro-batch on its own (``tf.gradients`` with the next
 stage's gradient as ``grad_ys``), adds its gradients to a running sum and, after the last
 micro-batch, the optimizer applies the sums once: the same update as one process on the whole
 batch, up to float rounding.
 
 Ops are named ``stage{s}/forward{j}/...`` and ``stage{s}/backward{j}/...``, which is how a traced
-step's timings become the pipeline chart (``dtflab.train.measure.bubble``).
+step's timings become the pipeline chart (``dtflab.train.measure.bubble``); the zero-bubble
+schedule's weight gradients are built inside the backward's scope (one ``tf.gradients``, nothing
+computed twice) and told apart by name lists (``backward_split``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dtflab import checks, names
+from dtflab import checks, names, tf_private
 from dtflab._quiet import import_tf
-from dtflab.train.formulas import costs
+from dtflab.train.formulas import costs, schedules
 from dtflab.train.layouts.layers import layer_ranges
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.measure.bubble import Bubble
-from dtflab.train.run.graphs import TrainGraph, one_multiply_at_a_time, straggler
+from dtflab.train.run.graphs import TrainGraph, in_order, one_multiply_at_a_time, straggler
 from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.run.sessions import run_one_replica
+from dtflab.train.strategies import backward_split
 
 
 @dataclass(frozen=True)
 class Stages:
-    """Where a pipeline's layers run: ``devices[s]`` holds layers ``layers[s]`` (1-based,
-    inclusive ranges, as ``Problem.forward`` numbers them)."""
+    """Where a pipeline's layers run: stage k holds layers ``layers[k]`` (1-based, inclusive
+    ranges, as ``Problem.forward`` numbers them) and runs on ``devices[k % p]``, p workers each
+    holding ``chunks`` stages (more than one only for the interleaved schedule)."""
 
     devices: tuple[str, ...]
     layers: tuple[tuple[int, int], ...]
     micro_batches: int
     schedule: str
+    chunks: int = 1
+
+    @property
+    def workers(self) -> int:
+        return len(self.devices)
 
     @property
     def count(self) -> int:
-        return len(self.devices)
+        """The stages: ``p x chunks``."""
+        return len(self.layers)
+
+    def device(self, stage: int) -> str:
+        return self.devices[stage % self.workers]
 
 
-def pipeline_graph(problem, stages: Stages, seed: int, slow: dict | None = None) -> TrainGraph:
-    """The pipelined training step (see the module's docstring). ``slow[device]`` seconds are
-    slept on that stage each step, spread over its forwards (a slow stage holds up every
-    micro-batch that passes it)."""
+def pipeline_graph(problem, stages: Stages, seed: int,
+                   slow: dict | None = None) -> tuple[TrainGraph, frozenset]:
+    """The pipelined training step (see the module's docstring), and the names of the ops that
+    are weight gradients run on their own (``W``, the zero-bubble schedule; empty otherwise).
+    ``slow[device]`` seconds are slept on that worker each step, spread over its forwards (a
+    slow worker holds up every micro-batch that passes it)."""
     tf = import_tf()
-    p, m = stages.count, stages.micro_batches
+    p, m, v = stages.workers, stages.micro_batches, stages.chunks
     initial = dict(problem.initial_values(seed))
     graph = tf.Graph()
     with graph.as_default():
         created, stage_variables = {}, []
-        for device, (first, last) in zip(stages.devices, stages.layers):
+        for k, (first, last) in enumerate(stages.layers):
             wanted = problem.stage_parameters(first, last)
-            with tf.device(device):  # a parameter lives on the first stage that reads it
+            with tf.device(stages.device(k)):  # a parameter lives on the first stage reading it
                 created.update({name: tf.compat.v1.get_variable(name, initializer=initial[name])
                                 for name in wanted if name not in created})
             stage_variables.append([created[name] for name in wanted])
-        with tf.device(stages.devices[0]):
+        with tf.device(stages.device(0)):
             x = problem.placeholders()[0]
             xs = tf.split(x, m, name="micro_batches")
-        with tf.device(stages.devices[-1]):
+        with tf.device(stages.device(stages.count - 1)):
             t = problem.placeholders()[1]
             ts = tf.split(t, m, name="micro_labels")
         step = _StepBuilder(tf, problem, stages, stage_variables, xs, ts, slow or {})
-        for s, kind, j, _, _ in sorted(costs.pipeline_timeline(stages.schedule, p, m),
-                                       key=lambda slot: (slot[3], slot[0])):
-            step.forward(s, j) if kind == "F" else step.backward(s, j)
+        build = {"F": step.forward, "B": step.backward, "W": step.weights}
+        # The formula's timeline puts every piece after what it needs: its start order is an
+        # order to build in, and each worker's pieces come in the schedule's order.
+        for piece in sorted(costs.pipeline_timeline(stages.schedule, p, m, chunks=v),
+                            key=lambda piece: (piece.start, piece.worker)):
+            build[piece.kind](piece.chunk * p + piece.worker, piece.micro_batch)
         variables = list(created.values())
         totals = {}  # a parameter two stages read (a tied embedding) gets both stages' sums
         for stage_vars, sums in zip(stage_variables, step.sums):
@@ -80,42 +99,48 @@ def pipeline_graph(problem, stages: Stages, seed: int, slow: dict | None = None)
                 totals[variable.name] = gradient
         gradients = [totals[v.name] for v in variables]
         train = problem.optimizer().apply_gradients(list(zip(gradients, variables)))
-        with tf.device(stages.devices[-1]):
+        with tf.device(stages.device(stages.count - 1)):
             loss = tf.add_n(step.losses, name="loss")
         init = tf.compat.v1.global_variables_initializer()
-    return TrainGraph(graph, init, train, loss, (x, t), variables=variables)
+    built = TrainGraph(graph, init, train, loss, (x, t), variables=variables)
+    return built, frozenset(op.name for op in step.weight_ops)
 
 
 class _StepBuilder:
-    """Builds one stage's forward or backward of one micro-batch at a time, each after the
-    stage's previous piece of work (control dependencies), in an order the schedule allows."""
+    """Builds one stage's forward, backward or weight gradients of one micro-batch at a time,
+    each after its worker's previous piece of work (control dependencies), in an order the
+    schedule allows."""
 
     def __init__(self, tf, problem, stages, stage_variables, xs, ts, slow):
         self.tf, self.problem, self.stages = tf, problem, stages
         self.variables, self.xs, self.ts, self.slow = stage_variables, xs, ts, slow
-        p = stages.count
-        self.inputs = [{} for _ in range(p)]    # stage -> micro-batch -> what came in
-        self.outputs = [{} for _ in range(p)]   # stage -> micro-batch -> activation (or loss)
-        self.input_grads = [{} for _ in range(p)]  # the gradient sent back to the stage before
-        self.sums = [None] * p                  # each stage's running sum of gradients
-        self.last = [[] for _ in range(p)]      # what the stage's previous piece produced
+        k = stages.count
+        self.inputs = [{} for _ in range(k)]    # stage -> micro-batch -> what came in
+        self.outputs = [{} for _ in range(k)]   # stage -> micro-batch -> activation (or loss)
+        self.input_grads = [{} for _ in range(k)]  # the gradient sent back to the stage before
+        self.sums = [None] * k                  # each stage's running sum of gradients
+        self.deferred = {}                      # (stage, micro-batch) -> its W: (Split, grads)
+        self.weight_ops = set()
+        self.last = [[] for _ in range(stages.workers)]  # the worker's previous piece's ends
         self.losses = []
 
     def _after_last(self, s, tensor, name):
-        """``tensor`` once stage ``s`` finished its previous piece of work."""
-        with self.tf.control_dependencies(self.last[s]):
+        """``tensor`` once stage ``s``'s worker finished its previous piece of work."""
+        with self.tf.control_dependencies(self.last[s % self.stages.workers]):
             return self.tf.identity(tensor, name=name)
 
     def forward(self, s, j):
         tf, problem = self.tf, self.problem
-        device, (first, last) = self.stages.devices[s], self.stages.layers[s]
+        device, (first, last) = self.stages.device(s), self.stages.layers[s]
+        worker = s % self.stages.workers
         with tf.device(device), tf.name_scope(f"stage{s}/forward{j}"):
             # A stage's gradients stop at its input (the stage before backpropagates from
             # there): without the stop, a parameter two stages read, a tied embedding, would get
             # the first stage's share twice.
             incoming = self.xs[j] if s == 0 else tf.stop_gradient(self.outputs[s - 1][j])
-            # a slow stage sleeps after its previous work, as a slower machine
-            waits = straggler(self.slow, device, self.last[s], 1 / self.stages.micro_batches)
+            # a slow worker sleeps after its previous work, as a slower machine
+            share = 1 / (self.stages.micro_batches * self.stages.chunks)
+            waits = straggler(self.slow, device, self.last[worker], share)
             with tf.control_dependencies(waits):
                 h_in = tf.identity(incoming, name="input")
             h = problem.stage_forward(self.variables[s], h_in, first, last)
@@ -123,54 +148,108 @@ class _StepBuilder:
                 h = problem.loss(h, self.ts[j])
                 self.losses.append(h)
         self.inputs[s][j], self.outputs[s][j] = h_in, h
-        self.last[s] = [h]
+        self.last[worker] = [h]
 
     def backward(self, s, j):
         tf = self.tf
-        with tf.device(self.stages.devices[s]), tf.name_scope(f"stage{s}/backward{j}"):
+        scope = f"stage{s}/backward{j}"
+        with tf.device(self.stages.device(s)), tf.name_scope(scope):
             output = self.outputs[s][j]
             upstream = (tf.ones_like(output) if s == self.stages.count - 1
                         else self.input_grads[s + 1][j])
             upstream = self._after_last(s, upstream, "output_gradient")
             wrt = self.variables[s] + ([self.inputs[s][j]] if s > 0 else [])
+            split = self.stages.schedule == "zero_bubble"
+            if split:  # also the tensors where the weights meet the activations: see below
+                graph = tf.compat.v1.get_default_graph()
+                forward = [op for op in graph.get_operations()
+                           if op.name.startswith(f"stage{s}/forward{j}/")]
+                met = backward_split.weight_consumers(forward)
+                wrt = wrt + met
             grads = tf.compat.v1.gradients(output, wrt, grad_ys=upstream,
                                            colocate_gradients_with_ops=True)
-            one_multiply_at_a_time(tf.compat.v1.get_default_graph(), f"stage{s}/backward{j}/")
-            own = grads[:len(self.variables[s])]
-            if self.sums[s] is not None:
-                with tf.name_scope("accumulate"):
-                    own = [total + g for total, g in zip(self.sums[s], own)]
-        self.sums[s] = own
+        n = len(self.variables[s])
+        own, input_grad = grads[:n], (grads[n] if s > 0 else None)
         if s > 0:
-            self.input_grads[s][j] = grads[-1]
-        self.last[s] = own + grads[len(own):]
+            self.input_grads[s][j] = input_grad
+        worker = s % self.stages.workers
+        if split:
+            ops = [op for op in tf.compat.v1.get_default_graph().get_operations()
+                   if op.name.startswith(scope + "/")]
+            parts = backward_split.split(ops, own, grads[n:], input_grad)
+            parts.ops_in_order = ops
+            self.deferred[s, j] = (parts, own)
+            self.weight_ops |= parts.weight_ops
+            # one multiply at a time, in the order tf.gradients made them (last layer first)
+            in_order([op for op in ops if op in parts.input_ops and _multiply(op, "input")])
+            self.last[worker] = parts.input_ends
+            return
+        one_multiply_at_a_time(tf.compat.v1.get_default_graph(), scope + "/")
+        self._accumulate(s, own)
+        self.last[worker] = self.sums[s] + ([input_grad] if s > 0 else [])
+
+    def weights(self, s, j):
+        """The zero-bubble schedule's ``W``: stage s's weight gradients of micro-batch j, which
+        its backward built, run now: after the worker's previous piece."""
+        parts, own = self.deferred.pop((s, j))
+        for op in parts.weight_starts:
+            for before in self.last[s % self.stages.workers]:
+                tf_private.run_after(op, before.op if isinstance(before, self.tf.Tensor) else before)
+        in_order([op for op in parts.ops_in_order if op in parts.weight_ops
+                  and _multiply(op, "weights")])
+        with self.tf.device(self.stages.device(s)), self.tf.name_scope(f"stage{s}/weights{j}"):
+            self._accumulate(s, own)
+        self.last[s % self.stages.workers] = list(self.sums[s])
+
+    def _accumulate(self, s, own):
+        if self.sums[s] is not None:
+            with self.tf.name_scope("accumulate"):
+                own = [total + g for total, g in zip(self.sums[s], own)]
+        self.sums[s] = own
+
+
+def _multiply(op, side: str) -> bool:
+    """A MatMul's gradient with respect to its input (``side="input"``) or its weights."""
+    return op.type == "MatMul" and op.name.endswith(
+        "MatMul_grad/MatMul" if side == "input" else "MatMul_grad/MatMul_1")
 
 
 def pipeline(problem, cluster, *, stages: int = 2, micro_batches: int = 4,
-             schedule: str = "gpipe", cut=None, steps: int = 200, seed: int = 0,
-             slow: dict | None = None, background: bool = False, callbacks=(),
+             schedule: str = "gpipe", chunks: int = 1, cut=None, steps: int = 200,
+             seed: int = 0, slow: dict | None = None, background: bool = False, callbacks=(),
              name: str | None = None, trace_step: int | None = None, watchdog=True):
-    """Train ``problem`` with its layers cut into ``stages`` stages on the first worker tasks,
+    """Train ``problem`` with its layers cut into stages on the first ``stages`` worker tasks,
     each batch in ``micro_batches`` micro-batches.
 
     In [1]: run = train.pipeline(train.classification(hidden_layers=3), cluster, stages=2,
        ...:                      micro_batches=8, trace_step=5, background=True)
     In [2]: run.wait().bubble.show()      # the pipeline chart of step 5, beside the formula's
 
-    ``schedule`` is ``"gpipe"`` (all forwards, then all backwards) or ``"1f1b"`` (one forward,
-    one backward after the warm-up: fewer micro-batches' activations held at once). ``cut``
-    lists the first layer of stages 2..p (``cut=[3]``: layers 1-2, then 3 on); by default the
-    cut balances each stage's multiply-adds. Gradients are summed over the micro-batches and
-    applied once per step, so the losses are ``train.single``'s. ``slow={"worker:1": 0.05}``
-    makes that stage sleep that long per step (spread over its micro-batches): the pipeline's
-    straggler. ``trace_step=k`` traces step k: ``history.bubble`` then measures each stage's
-    busy and idle time. A dead task ends the run with a TaskError naming it.
+    ``schedule`` (:mod:`dtflab.train.formulas.schedules`): ``"gpipe"`` (all forwards, then all
+    backwards), ``"1f1b"`` (one forward, one backward after the warm-up: fewer micro-batches'
+    activations held at once), ``"interleaved"`` (each worker holds ``chunks`` stages, the
+    model cut into ``stages x chunks`` pieces: a bubble ``chunks`` times smaller, ``chunks``
+    times more hops) or ``"zero_bubble"`` (ZB-H1: each backward split into the input's
+    gradient and the weights', the weights' run where the worker would wait). ``cut`` lists
+    the first layer of each stage after the first (``cut=[3]``: layers 1-2, then 3 on); by
+    default the cut balances each stage's multiply-adds. Gradients are summed over the
+    micro-batches and applied once per step, so the losses are ``train.single``'s.
+    ``slow={"worker:1": 0.05}`` makes that worker sleep that long per step (spread over its
+    micro-batches): the pipeline's straggler. ``trace_step=k`` traces step k:
+    ``history.bubble`` then measures each worker's busy and idle time. A dead task ends the
+    run with a TaskError naming it.
     """
     watchdog = checked_run(steps, seed, trace_step, watchdog)
     checks.one_of(schedule, "schedule", costs.SCHEDULES)
     checks.whole(stages, "stages", example=2)
     checks.whole(micro_batches, "micro_batches", example=4)
-    ranges = layer_ranges(problem, stages, cut)
+    schedules.check(schedule, stages, micro_batches, chunks)
+    if chunks > 1 and stages * chunks > problem.depth:
+        fits = max(c for c in range(1, chunks + 1) if stages * c <= problem.depth)
+        raise ValueError(f"chunks={chunks}: {stages} workers x {chunks} chunks are "
+                         f"{stages * chunks} stages, and {problem.name} has {problem.depth} "
+                         f"{problem.unit}s; use chunks={fits} or a deeper model")
+    ranges = layer_ranges(problem, stages * chunks, cut)
     enough_workers(cluster, stages, "stages", "a stage runs on a worker task")
     if problem.batch_size % micro_batches:
         divisors = [d for d in (1, 2, 4, 8, 16, 32) if problem.batch_size % d == 0]
@@ -178,14 +257,16 @@ def pipeline(problem, cluster, *, stages: int = 2, micro_batches: int = 4,
                          f"not split into {micro_batches} equal micro-batches; use a divisor, "
                          f"e.g. micro_batches={divisors[-1]}")
     devices, slow_devices = worker_devices(cluster, stages, slow)
-    plan = Stages(tuple(devices), ranges, micro_batches, schedule)
-    built = pipeline_graph(problem, plan, seed, slow_devices)
+    plan = Stages(tuple(devices), ranges, micro_batches, schedule, chunks)
+    built, weight_ops = pipeline_graph(problem, plan, seed, slow_devices)
     runner = new_runner("pipeline", name or f"pipeline ({stages} stages, {micro_batches} "
-                        f"micro-batches, {schedule})", callbacks, watchdog, cluster=cluster)
+                        f"micro-batches, {schedule}"
+                        + (f", {chunks} chunks" if chunks > 1 else "") + ")",
+                        callbacks, watchdog, cluster=cluster)
     history = runner.history
     history.details["stages"] = plan
-    history.reads["bubble"] = lambda trace: Bubble.from_trace(trace, plan.devices, micro_batches,
-                                                              schedule)
+    history.reads["bubble"] = lambda trace: Bubble.from_trace(
+        trace, plan.devices, micro_batches, schedule, chunks=chunks, weight_ops=weight_ops)
     # The master runs on the last stage's task: idle while the pipeline fills, it sends every
     # other stage its part of the step at once (on stage 0, whose one thread is busy with the
     # first forwards, the other stages got theirs only after those: measured, 34 of 193 ms).

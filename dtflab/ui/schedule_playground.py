@@ -1,0 +1,213 @@
+"""The schedule playground: pick a pipeline schedule, its workers p, micro-batches m and chunks
+v, and see the formula's timeline at once, with its bubble; **Run** runs that schedule on the
+cluster (a small MLP of ``p x v`` layers, one traced step) and draws the timeline it really
+ran under it, the measured and the formula's bubble side by side.
+
+In [1]: playground = dtflab.schedule_playground(cluster)
+In [2]: playground                        # the widget
+In [3]: playground.set(schedule="interleaved", chunks=2, micro_batches=8)
+In [4]: playground.run()                  # or the button: a Bubble, drawn under the formula
+
+The formula's timeline is :func:`dtflab.train.formulas.schedules.pipeline_timeline`, with a
+forward taking 1, a backward ``backward`` (2 by default) and, for the zero-bubble schedule, the
+weights' share of the backward ``weight_share`` (a half by default). Run cannot run more
+workers than the cluster has worker tasks; it says so instead of drawing.
+"""
+
+from __future__ import annotations
+
+from dtflab.train.formulas import schedules
+
+#: The largest setting Run runs here: pieces of work per step (p x m x v x 3 at most).
+MAX_PIECES = 400
+
+
+class SchedulePlayground:
+    """See the module's docstring. ``timeline`` is the formula's current timeline, ``bubble``
+    the last run's (None before Run), ``status`` the line under the charts."""
+
+    def __init__(self, cluster=None, *, schedule: str = "1f1b", stages: int = 2,
+                 micro_batches: int = 4, chunks: int = 1, backward: float = 2.0,
+                 weight_share: float = 0.5, width: int = 100):
+        import ipywidgets as w
+
+        from dtflab.viz.pipeline import Timeline
+
+        self.cluster = cluster
+        self.width = width
+        self.bubble = None
+        self.status = ""
+        self.timeline: list = []
+        self.controls = {
+            "schedule": w.ToggleButtons(options=list(schedules.SCHEDULES), value=schedule,
+                                        description="schedule"),
+            "stages": w.IntSlider(value=stages, min=2, max=8, description="workers p"),
+            "micro_batches": w.IntSlider(value=micro_batches, min=1, max=32,
+                                         description="micro-batches m"),
+            "chunks": w.IntSlider(value=chunks, min=1, max=4, description="chunks v"),
+            "backward": w.FloatSlider(value=backward, min=0.5, max=4.0, step=0.1,
+                                      description="backward / forward"),
+            "weight_share": w.FloatSlider(value=weight_share, min=0.1, max=0.9, step=0.05,
+                                          description="W share of backward"),
+        }
+        for control in self.controls.values():
+            control.style.description_width = "initial"
+            control.observe(lambda _: self._redraw(), names="value")
+        self.run_button = w.Button(description="Run", icon="play",
+                                   tooltip="run this schedule on the cluster and trace a step")
+        self.run_button.on_click(lambda _: self.run())
+        self.line = w.HTML()
+        self.formula_chart = Timeline(prefix="formula_", x_label="time (a forward takes 1)")
+        self.measured_chart = Timeline(prefix="measured_", x_label="ms from the first piece")
+        self.measured_chart.figure.visible = False
+        self.widget = None
+        self._redraw()
+
+    # -- what a learner calls ------------------------------------------------------------------
+
+    @property
+    def setting(self) -> dict:
+        return {name: control.value for name, control in self.controls.items()}
+
+    def set(self, **changes) -> SchedulePlayground:
+        """Move the controls (``schedule="interleaved"``, ``chunks=2``...) as a learner would;
+        a name that is not a control is one line naming the controls."""
+        for name in changes:
+            if name not in self.controls:
+                raise ValueError(f"{name}=: the playground's controls are "
+                                 f"{', '.join(self.controls)}")
+        for name, value in changes.items():
+            self.controls[name].value = value
+        return self
+
+    def run(self, steps: int = 3):
+        """Run the current schedule on the cluster, trace its last step and draw it under the
+        formula's; returns the :class:`~dtflab.train.measure.bubble.Bubble` (None, with the
+        reason in ``status``, where it cannot run here)."""
+        s = self.setting
+        p, m, v = s["stages"], s["micro_batches"], s["chunks"]
+        reason = self._cannot_run(p, m, v)
+        if reason:
+            self.status = reason
+            self._show()
+            return None
+        from dtflab import train
+
+        self.status = "running…"
+        self._show()
+        problem = train.classification(width=self.width, batch_size=16 * m,
+                                       hidden_layers=p * v - 1)
+        run = train.pipeline(problem, self.cluster, stages=p, micro_batches=m,
+                             schedule=s["schedule"], chunks=v, steps=steps,
+                             trace_step=steps - 1, watchdog=False)
+        self.bubble = bubble = run.bubble
+        origin = min(slot.start_us for slot in bubble.slots)
+        measured = [(bubble.worker(slot), slot.kind, slot.micro_batch,
+                     (slot.start_us - origin) / 1e3, (slot.end_us - origin) / 1e3,
+                     slot.stage // p) for slot in bubble.slots]
+        chart = self.measured_chart
+        chart.draw(measured, [f"worker {d}: idle {share:.0%}" for d, share
+                              in enumerate(bubble.idle_share)], end=bubble.span_us / 1e3,
+                   what="measured", chunks=v,
+                   title=f"Measured on the cluster: idle {bubble.mean_idle_share:.0%} of "
+                         f"{bubble.span_us / 1e3:.1f} ms (bubble {bubble.bubble_ratio:.2f} of "
+                         f"the work)")
+        chart.fit(bubble.span_us / 1e3)
+        chart.figure.visible = True
+        self.status = (f"measured: idle {bubble.mean_idle_share:.1%} of the pipeline, bubble "
+                       f"{bubble.bubble_ratio:.3f} of the work; the formula with this run's "
+                       f"pieces: {bubble.formula:.1%}, {bubble.formula_ratio:.3f}. What the "
+                       f"formula leaves out (each piece's start-up, the hops between workers) "
+                       f"is the difference")
+        self._show()
+        return bubble
+
+    # -- the widget ----------------------------------------------------------------------------
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.view())
+
+    def view(self):
+        """The widget: the controls, the formula's chart, the measured one, the status line."""
+        if self.widget is None:
+            import ipywidgets as w
+            from jupyter_bokeh import BokehModel
+
+            from dtflab.viz.output import load_bokehjs
+
+            load_bokehjs()
+            c = self.controls
+            self.widget = w.VBox([
+                c["schedule"], w.HBox([c["stages"], c["micro_batches"], c["chunks"]]),
+                w.HBox([c["backward"], c["weight_share"], self.run_button]),
+                BokehModel(self.formula_chart.figure), BokehModel(self.measured_chart.figure),
+                self.line], layout=w.Layout(width="780px"))
+            self.widget.add_class("dtflab-schedule-playground")
+        return self.widget
+
+    def _cannot_run(self, p: int, m: int, v: int) -> str:
+        if not self.timeline:
+            return f"cannot run: {self.status}"
+        if self.cluster is None:
+            return "Run needs a cluster: dtflab.schedule_playground(cluster)"
+        workers = len(self.cluster.addresses.get("worker", []))
+        if p > workers:
+            return (f"Run needs {p} worker tasks and the cluster has {workers}: lower p to "
+                    f"{workers} or start a larger cluster")
+        if len(self.timeline) > MAX_PIECES:
+            return (f"Run runs up to {MAX_PIECES} pieces of work a step here; this setting has "
+                    f"{len(self.timeline)}: lower m or v")
+        return ""
+
+    def _redraw(self):
+        s = self.setting
+        p, m, v = s["stages"], s["micro_batches"], s["chunks"]
+        weight = s["backward"] * s["weight_share"]
+        try:
+            self.timeline = schedules.pipeline_timeline(
+                s["schedule"], p, m, chunks=v, forward=1.0, backward=s["backward"],
+                weight=weight if s["schedule"] == "zero_bubble" else None)
+        except ValueError as error:
+            self.timeline, self.status = [], str(error)
+            self.formula_chart.draw([], [f"worker {d}" for d in range(p)], end=1.0,
+                                    title="no timeline for this setting")
+            self._show()
+            return
+        ratio = schedules.bubble_ratio(s["schedule"], p, m, v, forward=1.0,
+                                       backward=s["backward"], weight=weight)
+        shares = schedules.idle_share(self.timeline, p)
+        end = max(piece.end for piece in self.timeline)
+        self.formula_chart.draw(self.timeline, [f"worker {d}: idle {share:.0%}" for d, share
+                                                in enumerate(shares)], what="formula", chunks=v,
+                                title=f"Formula: {s['schedule']}, p = {p}, m = {m}"
+                                      + (f", v = {v}" if v > 1 else "")
+                                      + f": bubble {ratio:.3f} of the work")
+        self.formula_chart.fit(end)
+        self.bubble, self.status = None, ""
+        self.measured_chart.figure.visible = False
+        self._show()
+
+    def _show(self):
+        s = self.setting
+        text = ""
+        if self.timeline:
+            p, m, v = s["stages"], s["micro_batches"], s["chunks"]
+            ratio = schedules.bubble_ratio(s["schedule"], p, m, v, forward=1.0,
+                                           backward=s["backward"],
+                                           weight=s["backward"] * s["weight_share"])
+            peak = max(schedules.in_flight_peak(order) for order
+                       in schedules.pipeline_order(s["schedule"], p, m, v))
+            text = (f"<b>formula: each worker idles {ratio / (1 + ratio):.1%} of the step "
+                    f"(bubble {ratio:.3f} of the work)</b>; at most {peak} pieces in flight on a "
+                    f"worker" + (f" ({peak / v:.2g} micro-batches' activations)" if v > 1 else ""))
+        if self.status:
+            text += ("<br>" if text else "") + self.status
+        self.line.value = text
+
+
+def schedule_playground(cluster=None, **setting) -> SchedulePlayground:
+    """A :class:`SchedulePlayground` on ``cluster`` (Run needs one), starting from ``setting``
+    (``schedule``, ``stages``, ``micro_batches``, ``chunks``, ``backward``, ``weight_share``)."""
+    return SchedulePlayground(cluster, **setting)

@@ -1,0 +1,60 @@
+"""The schedule playground in the kernel: moving a control redraws the formula's timeline at
+once with its bubble; a setting the schedule refuses says why and draws nothing; Run runs the
+schedule on real task servers and draws what it ran under the formula's."""
+
+import pytest
+
+import dtflab
+from dtflab.train.formulas import schedules
+
+
+def drawn(chart, kind: str) -> list:
+    return list(chart.sources[kind].data["label"])
+
+
+def test_moving_a_control_redraws_the_formulas_timeline_and_its_bubble():
+    playground = dtflab.schedule_playground(stages=4, micro_batches=8)
+    assert len(drawn(playground.formula_chart, "F")) == 4 * 8 and not drawn(playground.formula_chart, "W")
+    assert "idles 27.3% of the step (bubble 0.375 of the work)" in playground.line.value
+    playground.set(schedule="zero_bubble")
+    assert sorted(set(drawn(playground.formula_chart, "W"))) == sorted(f"W{j}" for j in range(8))
+    assert "(bubble 0.125 of the work)" in playground.line.value  # a third of 1F1B's
+    playground.set(schedule="interleaved", chunks=2)
+    assert "F0.1" in drawn(playground.formula_chart, "F")
+    assert playground.timeline == schedules.pipeline_timeline("interleaved", 4, 8, chunks=2)
+    assert "(bubble 0.188 of the work)" in playground.line.value
+    # a slower backward: GPipe's bubble share stays (p - 1) / (m + p - 1), its span grows
+    playground.set(schedule="gpipe", chunks=1, backward=3.0)
+    end = max(piece.end for piece in playground.timeline)
+    assert end == pytest.approx((8 + 3) * 4.0)
+
+
+def test_a_setting_the_schedule_refuses_says_why_and_draws_nothing(split_cluster):
+    playground = dtflab.schedule_playground(split_cluster, stages=4, micro_batches=6)
+    playground.set(schedule="interleaved", chunks=2)
+    assert "micro_batches=6: the interleaved schedule sends micro-batches in groups of 4" in \
+        playground.line.value
+    assert not drawn(playground.formula_chart, "F")
+    assert playground.run() is None and "cannot run" in playground.status
+    playground.set(micro_batches=8)
+    assert playground.run() is None
+    assert playground.status == ("Run needs 4 worker tasks and the cluster has 3: lower p to 3 "
+                                 "or start a larger cluster")
+    with pytest.raises(ValueError, match="stage=: the playground's controls are schedule, stages"):
+        playground.set(stage=2)
+
+
+@pytest.mark.slow
+def test_run_draws_the_measured_timeline_under_the_formulas(split_cluster):
+    playground = dtflab.schedule_playground(split_cluster, schedule="zero_bubble", stages=2,
+                                            micro_batches=4)
+    assert not playground.measured_chart.figure.visible
+    bubble = playground.run()
+    assert bubble.schedule == "zero_bubble" and len(bubble.slots) == 2 * 4 * 3
+    assert playground.measured_chart.figure.visible
+    assert sorted(drawn(playground.measured_chart, "W")) == sorted(f"W{j}" for j in range(4)
+                                                                   for _ in range(2))
+    assert f"bubble {bubble.bubble_ratio:.3f} of the work" in playground.status
+    assert f"{bubble.formula_ratio:.3f}" in playground.status
+    playground.set(micro_batches=8)  # a new setting: the old measurement goes
+    assert not playground.measured_chart.figure.visible and playground.bubble is None
