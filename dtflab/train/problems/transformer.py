@@ -210,7 +210,7 @@ class Transformer:
                          (ops.to_compute(tf, compute, v) for v in variables)))
         if first == 1:
             with tf.name_scope("embedding"):
-                h = tf.matmul(tf.one_hot(h, self.vocabulary, dtype=compute), named["wte"])
+                h = ops.dense(tf, tf.one_hot(h, self.vocabulary, dtype=compute), named["wte"])
                 h = h + named["wpe"]
         for b in range(first, last + 1):
             with tf.name_scope(f"block{b}"):
@@ -224,7 +224,7 @@ class Transformer:
         with tf.name_scope("output"):
             h = self.layer_norm(tf, named["lnf_scale"], named["lnf_bias"], h)
             out = tf.transpose(named["wte"]) if self.tied else named["lm_head"]
-            logits = tf.matmul(h, out)
+            logits = ops.dense(tf, h, out)
             return logits if compute == tf.float32 else ops.to_float32(tf, logits, self.loss_scale)
 
     def compute_view(self, variable):
@@ -266,13 +266,13 @@ class Transformer:
         s, size = self.sequence, self.head_size
         heads = heads or self.heads
         with tf.name_scope("attention"):
-            qkv = tf.matmul(a, qkv_w) + qkv_b
+            qkv = ops.dense(tf, a, qkv_w) + qkv_b
             q, k, v = (tf.transpose(tf.reshape(part, [-1, s, heads, size]), [0, 2, 1, 3])
                        for part in tf.split(qkv, 3, axis=-1))
             core = ops.attention_core(tf, s, size, a.dtype)
             out = (ops.recomputed(tf, core) if self.recompute == "selective" else core)(q, k, v)
             joined = tf.reshape(tf.transpose(out, [0, 2, 1, 3]), [-1, s, heads * size])
-            projected = tf.matmul(joined, proj_w)
+            projected = ops.dense(tf, joined, proj_w)
             return projected if proj_b is None else projected + proj_b
 
     @staticmethod
@@ -280,8 +280,8 @@ class Transformer:
         """The block's MLP on its normalised input ``m``; ``out_b=None`` leaves the output's
         bias to be added after tensor parallelism's sum."""
         with tf.name_scope("mlp"):
-            hidden = ops.gelu(tf)(tf.matmul(m, fc_w) + fc_b)
-            output = tf.matmul(hidden, out_w)
+            hidden = ops.gelu(tf)(ops.dense(tf, m, fc_w) + fc_b)
+            output = ops.dense(tf, hidden, out_w)
             return output if out_b is None else output + out_b
 
     def loss(self, output, t):

@@ -87,19 +87,45 @@ def padded(tf, value, shard: int, workers: int):
     return tf.concat([flat, tf.zeros([missing], flat.dtype)], 0) if missing else flat
 
 
-def adam_on_shards(tf, learning_rate, shards, ms, vs, gradients, beta1_power, beta2_power):
+def only_for(gradients, i: int) -> list:
+    """The first ops of what only ``gradients[i]`` needs (``x^T dy`` and its sum for a weight;
+    not ``dy``, which the layers below need too): the ops to hold back to make that gradient
+    later without holding back the rest of the backward."""
+    def ancestors(tensors) -> set:
+        seen, stack = set(), [t.op for t in tensors if t is not None]
+        while stack:
+            op = stack.pop()
+            if op not in seen:
+                seen.add(op)
+                stack += [t.op for t in op.inputs] + list(op.control_inputs)
+        return seen
+
+    mine = ancestors([gradients[i]])
+    own = mine - ancestors([g for j, g in enumerate(gradients) if j != i])
+    return sorted((op for op in own if op.inputs and not any(t.op in own for t in op.inputs)),
+                  key=lambda op: op.name)
+
+
+def adam_on_shards(tf, learning_rate, shards, ms, vs, gradients, beta1_power, beta2_power,
+                   one_at_a_time: bool = False):
     """tf.compat.v1.train.AdamOptimizer's update of each shard (in the order its
     ``ResourceApplyAdam`` kernel computes it), then its beta powers: ``(updated, done)``, each
-    shard's new value (a variable shard is assigned it) and the op that ends the update."""
+    shard's new value (a variable shard is assigned it) and the op that ends the update.
+    ``one_at_a_time``: each shard's update after the one before it, last shard first (the
+    order the backward makes the gradients), so one shard's temporaries are alive at once."""
     lr, beta1, beta2, epsilon = (tf.constant(value, tf.float32) for value in
                                  (learning_rate, BETA1, BETA2, EPSILON))
     alpha = lr * tf.sqrt(1.0 - beta2_power) / (1.0 - beta1_power)
-    updated = []
-    for shard, m, v, g in zip(shards, ms, vs, gradients):
-        m_t = m.assign_add((g - m) * (1.0 - beta1))
-        v_t = v.assign_add((tf.square(g) - v) * (1.0 - beta2))
-        step = m_t * alpha / (tf.sqrt(v_t) + epsilon)
-        updated.append(shard.assign_sub(step) if isinstance(shard, tf.Variable) else shard - step)
+    updated = [None] * len(shards)
+    order = list(reversed(range(len(shards)))) if one_at_a_time else list(range(len(shards)))
+    for i in order:
+        shard, m, v, g = shards[i], ms[i], vs[i], gradients[i]
+        earlier = [updated[j] for j in order[:order.index(i)][-1:]] if one_at_a_time else []
+        with tf.control_dependencies(earlier):
+            m_t = m.assign_add((g - m) * (1.0 - beta1))
+            v_t = v.assign_add((tf.square(g) - v) * (1.0 - beta2))
+            step = m_t * alpha / (tf.sqrt(v_t) + epsilon)
+            updated[i] = shard.assign_sub(step) if isinstance(shard, tf.Variable) else shard - step
     with tf.control_dependencies(updated):
         return updated, tf.group(beta1_power.assign(beta1_power * beta1),
                                  beta2_power.assign(beta2_power * beta2))

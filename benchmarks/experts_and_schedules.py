@@ -1,5 +1,6 @@
-"""Mixture of experts, measured in one run on two local worker tasks (two inter-op threads and
-one intra-op thread each: a worker answers the other's transfers while it computes).
+"""Mixture of experts and pipeline schedules, measured in one run on two local worker tasks (two
+inter-op threads and one intra-op thread each: a worker answers the other's transfers while it
+computes).
 
 - experts_vs_single_max_abs_loss_diff: the worst |loss difference| per step of
   train.expert_parallel (2 workers) against train.single on the same problem and seed.
@@ -12,8 +13,15 @@ one intra-op thread each: a worker answers the other's transfers while it comput
   beside it (the arithmetic the busy time follows).
 - experts_tokens_max_over_mean_by_step: the same two runs' tokens per expert, max over mean,
   every 10th step (the balance loss bringing it down as training goes on).
+- pipeline_bubble_measured, pipeline_bubble_formula: by schedule (gpipe, 1f1b, interleaved with
+  v = 2, zero_bubble) at p = 2 workers and m = 4 micro-batches of an MLP of four 1024-wide
+  layers: each worker's idle time over its busy time in a traced step (the median of
+  ``--rounds`` runs' traced steps, each worker's mean), and the schedule's formula with that
+  step's own mean forward, backward and weight-gradient times ((p - 1) / m, (p - 1) / (v m),
+  (p - 1)(F + B - W) / (m (F + B + W))); pipeline_idle_share_measured beside them, and
+  pipeline_vs_single_max_abs_loss_diff over all four.
 
-    python benchmarks/experts.py [--quick]
+    python benchmarks/experts_and_schedules.py [--quick] [--rounds 3]
 
 Prints one JSON line. --quick: a smaller model and fewer steps (about a minute on 2 cores).
 """
@@ -23,11 +31,40 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import statistics
 
 import numpy as np
 
 
-def main(quick: bool) -> None:
+#: The schedules measured, each with its chunks per worker.
+SCHEDULES = {"gpipe": 1, "1f1b": 1, "interleaved": 2, "zero_bubble": 1}
+
+
+def schedules(cluster, quick: bool, rounds: int) -> dict:
+    from dtflab import train
+
+    problem = train.classification(width=512 if quick else 1024, batch_size=1024,
+                                   features=512 if quick else 1024, hidden_layers=3)
+    alone = train.single(problem, steps=4, seed=0)
+    measured, formula, idle, worst = {}, {}, {}, 0.0
+    for schedule, chunks in SCHEDULES.items():
+        ratios, formulas, shares = [], [], []
+        for _ in range(rounds):
+            run = train.pipeline(problem, cluster, stages=2, micro_batches=4, schedule=schedule,
+                                 chunks=chunks, steps=4, seed=0, trace_step=3, watchdog=False)
+            worst = max(worst, float(np.max(np.abs(np.array(alone.losses) - np.array(run.losses)))))
+            ratios.append(run.bubble.bubble_ratio)
+            formulas.append(run.bubble.formula_ratio)
+            shares.append(run.bubble.mean_idle_share)
+        measured[schedule] = round(statistics.median(ratios), 3)
+        formula[schedule] = round(statistics.median(formulas), 3)
+        idle[schedule] = round(statistics.median(shares), 3)
+    return {"pipeline_bubble_measured": measured, "pipeline_bubble_formula": formula,
+            "pipeline_idle_share_measured": idle, "pipeline_vs_single_max_abs_loss_diff": worst,
+            "pipeline_setting": f"p = 2, m = 4, v = 2 (interleaved); {problem.name}"}
+
+
+def main(quick: bool, rounds: int) -> None:
     import dtflab
     from dtflab import train
     from dtflab.train.formulas import costs
@@ -76,6 +113,7 @@ def main(quick: bool) -> None:
             by_step[label] = [round(float(ratio[i].mean()), 3) for i in range(0, steps, 10)]
         results["experts_busy_max_over_mean"] = busy
         results["experts_tokens_max_over_mean_by_step"] = by_step
+        results.update(schedules(cluster, quick, rounds))
     results["shape"] = train.transformer(**shape).name
     print(json.dumps(results))
 
@@ -83,4 +121,6 @@ def main(quick: bool) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    main(parser.parse_args().quick)
+    parser.add_argument("--rounds", type=int, default=3)
+    arguments = parser.parse_args()
+    main(arguments.quick, arguments.rounds)
