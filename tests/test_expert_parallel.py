@@ -83,7 +83,9 @@ def test_a_skewed_router_keeps_one_expert_worker_busy_and_the_other_idle(split_c
     assert (taken[:, 0] == 8 * 64).all()  # every token's expert is expert 0, on worker 0
     busy = busy_ms(run.trace, 2)
     print(f"busy in the experts' ops, ms: {busy}; max over mean {max(busy) / np.mean(busy):.2f}")
-    assert busy[0] > busy[1]
+    # Worker 1 took no token: what is left of its experts' ops is their fixed cost and the
+    # zeros of their weights' gradients (measured 1.3 ms against worker 0's 12.9; 1.82)
+    assert max(busy) / np.mean(busy) >= 1.5 and busy[0] > busy[1]
 
 
 def test_experts_that_do_not_split_and_bad_routing_are_refused_with_the_fix(split_cluster):

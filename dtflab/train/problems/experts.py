@@ -71,6 +71,9 @@ def mixture(tf, problem, m, weights):
         flat = tf.reshape(m, [-1, d])
         gate = tf.reshape(weight, [-1, problem.experts])
         output = tf.zeros_like(flat)
+        # one unstack each: its gradient is one stack (indexing each expert made a full-size
+        # gradient per expert)
+        fc_w, fc_b, out_w, out_b = (tf.unstack(w) for w in (fc_w, fc_b, out_w, out_b))
         for e in range(problem.experts):
             with tf.name_scope(f"expert{e}"):
                 index = taken_by(tf, routed, e)

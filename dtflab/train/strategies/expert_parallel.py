@@ -80,6 +80,8 @@ def expert_graph(problem, devices, seed: int, slow: dict | None = None) -> Train
                     balances[w].append(balance)
                     flat[w], gates[w] = tf.reshape(m, [-1, d]), tf.reshape(weight, [-1, E])
             outputs = {w: tf.zeros_like(flat[w]) for w in range(W)}
+            split = {}  # (owner, part) -> that worker's experts one by one: one unstack, whose
+            # gradient is one stack (indexing each expert made a full-size gradient per expert)
             for e in range(E):
                 owner, local = divmod(e, mine)
                 sent, index = [], {}
@@ -89,8 +91,11 @@ def expert_graph(problem, devices, seed: int, slow: dict | None = None) -> Train
                         sent.append(tf.gather(flat[w], index[w]))
                 with tf.device(devices[owner]):
                     with tf.name_scope(f"block{b}/experts_on_worker{owner}/expert{e}"):
-                        weights = [problem.compute_view(held[f"h{b}", part][owner])[local]
-                                   for part in EXPERT_PARTS]
+                        for part in EXPERT_PARTS:
+                            if (owner, part) not in split:
+                                split[owner, part] = tf.unstack(
+                                    problem.compute_view(held[f"h{b}", part][owner]))
+                        weights = [split[owner, part][local] for part in EXPERT_PARTS]
                         y = moe.expert_mlp(tf, tf.concat(sent, axis=0), *weights)
                         back = tf.split(y, tf.stack([tf.shape(s)[0] for s in sent]), num=W)
                 for w, device in enumerate(devices):
