@@ -1,6 +1,6 @@
 """The schedule playground: pick a pipeline schedule, its workers p, micro-batches m and chunks
 v, and see the formula's timeline at once, with its bubble; **Run** runs that schedule on the
-cluster (a small MLP of ``p x v`` layers, one traced step) and draws the timeline it really
+cluster (a small MLP with ``p x v`` full-width layers, one traced step) and draws the timeline it really
 ran under it, the measured and the formula's bubble side by side.
 
 In [1]: playground = dtflab.schedule_playground(cluster)
@@ -28,7 +28,7 @@ class SchedulePlayground:
 
     def __init__(self, cluster=None, *, schedule: str = "1f1b", stages: int = 2,
                  micro_batches: int = 4, chunks: int = 1, backward: float = 2.0,
-                 weight_share: float = 0.5, width: int = 100):
+                 weight_share: float = 0.5, width: int = 256):
         import ipywidgets as w
 
         from dtflab.viz.pipeline import Timeline
@@ -95,8 +95,9 @@ class SchedulePlayground:
 
         self.status = "running…"
         self._show()
-        problem = train.classification(width=self.width, batch_size=16 * m,
-                                       hidden_layers=p * v - 1)
+        # p x v full-width layers between a narrow input and output: every stage gets one
+        problem = train.classification(width=self.width, features=8, batch_size=32 * m,
+                                       hidden_layers=p * v + 1)
         run = train.pipeline(problem, self.cluster, stages=p, micro_batches=m,
                              schedule=s["schedule"], chunks=v, steps=steps,
                              trace_step=steps - 1, watchdog=False)
