@@ -475,6 +475,48 @@ def test_the_memory_planner_draws_moves_with_a_field_and_measures(lab, page):
     assert page.console_errors == []
 
 
+def test_the_schedule_playground_redraws_with_a_control_and_runs_the_schedule(lab, page):
+    # Notebook 13's set-up, its cluster and its playground cells (the notebook tests run all of
+    # it): the formula's timeline on the page, a click on another schedule redrawing it, Run
+    # drawing what the cluster ran under it.
+    url, token, root = lab
+    notebook = json.loads((root / "notebooks" / "13_experts_and_schedules.ipynb").read_text())
+    code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
+    source = lambda cell: "".join(cell["source"])  # noqa: E731
+    at = next(i for i, cell in enumerate(code) if "dtflab.schedule_playground(" in source(cell))
+    notebook["cells"] = code[:2] + code[at:at + 2]  # set-up, cluster, playground and its run
+    assert "playground.run()" in source(notebook["cells"][-1])
+    (root / "notebooks" / "playground.ipynb").write_text(json.dumps(notebook))
+    open_and_run_all(page, url, token, "playground.ipynb")
+    widget = cell_containing(page, "dtflab.schedule_playground(").locator(".jp-OutputArea")
+    reveal(widget)
+    painted(page, widget, 5_000, SHOTS / "schedule_playground.png", canvases=2)
+    weights = page.evaluate(DATA, "formula_weights")  # zero bubble: the W pieces
+    assert weights and len(weights["label"]) == 2 * 4, weights
+    measured = page.evaluate(DATA, "measured_weights")  # the run's cell ran Run
+    assert measured and len(measured["label"]) == 2 * 4, measured
+    widget.locator(".widget-toggle-buttons button", has_text="gpipe").click()
+
+    def redrawn():
+        reveal(widget)
+        now = page.evaluate(DATA, "formula_forward")
+        return now is not None and "gpipe" in now["_title"]
+
+    assert wait_until(redrawn, timeout=30), page.evaluate(DATA, "formula_forward")
+    assert "(bubble 0.250 of the work)" in widget.inner_text()
+    widget.locator("button", has_text="Run").click()
+
+    def ran():
+        reveal(widget)  # a windowed notebook lays out only the cells in view
+        now = page.evaluate(DATA, "measured_backward")
+        return now is not None and len(now["label"]) == 2 * 4 and "Measured" in now["_title"]
+
+    assert wait_until(ran, timeout=90), widget.inner_text()[-500:]
+    assert "measured: idle" in widget.inner_text()
+    shot(page, widget, str(SHOTS / "schedule_playground_gpipe.png"))
+    assert page.console_errors == []
+
+
 def test_long_sequences_draws_the_ring_the_imbalance_and_the_mesh_with_its_bytes(lab, page):
     url, token, _ = lab
     open_and_run_all(page, url, token, "12_long_sequences_and_3d.ipynb")

@@ -40,6 +40,15 @@ def test_a_setting_the_schedule_refuses_says_why_and_draws_nothing(split_cluster
     assert playground.run() is None
     assert playground.status == ("Run needs 4 worker tasks and the cluster has 3: lower p to 3 "
                                  "or start a larger cluster")
+
+
+def test_run_on_a_stopped_cluster_says_so_and_starts_nothing(start_cluster):
+    cluster = start_cluster(workers=2)
+    playground = dtflab.schedule_playground(cluster)
+    cluster.stop()
+    playground.run_button.click()  # as the button does: the reason in the status line
+    assert playground.bubble is None
+    assert "this one was stopped: start one" in playground.line.value
     with pytest.raises(ValueError, match="stage=: the playground's controls are schedule, stages"):
         playground.set(stage=2)
 

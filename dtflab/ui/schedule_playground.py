@@ -55,7 +55,7 @@ class SchedulePlayground:
             control.observe(lambda _: self._redraw(), names="value")
         self.run_button = w.Button(description="Run", icon="play",
                                    tooltip="run this schedule on the cluster and trace a step")
-        self.run_button.on_click(lambda _: self.run())
+        self.run_button.on_click(lambda _: self._clicked())
         self.line = w.HTML()
         self.formula_chart = Timeline(prefix="formula_", x_label="time (a forward takes 1)")
         self.measured_chart = Timeline(prefix="measured_", x_label="ms from the first piece")
@@ -125,6 +125,15 @@ class SchedulePlayground:
 
     # -- the widget ----------------------------------------------------------------------------
 
+    def _clicked(self):
+        """Run, from the button: an error is the status line's (a widget's callback has nowhere
+        else to show it), not a status left at "running…"."""
+        try:
+            self.run()
+        except Exception as error:  # noqa: BLE001 - shown, not swallowed
+            self.status = f"Run failed: {type(error).__name__}: {error}"
+            self._show()
+
     def _ipython_display_(self):
         from IPython.display import display
 
@@ -153,6 +162,9 @@ class SchedulePlayground:
             return f"cannot run: {self.status}"
         if self.cluster is None:
             return "Run needs a cluster: dtflab.schedule_playground(cluster)"
+        if self.cluster.stopped:
+            return ("Run needs a running cluster and this one was stopped: start one, "
+                    "e.g. dtflab.start_cluster(workers=2), and pass it to the playground")
         workers = len(self.cluster.addresses.get("worker", []))
         if p > workers:
             return (f"Run needs {p} worker tasks and the cluster has {workers}: lower p to "
