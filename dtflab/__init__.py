@@ -51,6 +51,10 @@ def __getattr__(name):
         from dtflab.ui import memory_planner
 
         return getattr(memory_planner, name)
+    if name in ("plan", "RunPlans"):
+        from dtflab.train.experiments import planning
+
+        return getattr(planning, name)
     if name in ("schedule_playground", "SchedulePlayground"):
         from dtflab.ui import schedule_playground
 
@@ -136,7 +140,7 @@ def load_ipython_extension(ipython) -> None:
 __all__ = ["Cluster", "PlacementPlan", "PlacementEditor", "Dashboard", "architectures",
            "ScalingModel", "scaling_figure", "curves_figure", *PICTURES, "slices_picture",
            "bytes_sent", "memory_planner", "MemoryPlanner", "schedule_playground",
-           "SchedulePlayground",
+           "SchedulePlayground", "plan", "RunPlans",
            "short_device", "show", "compare", "train", "TaskInfo", "TaskState", "start_cluster", "run",
            "trace", "profile", "tf_log", "DtflabError",
            "NotSupportedError", "TaskError", "__version__"]

@@ -63,16 +63,35 @@ class Plan:
     pipeline: int = 1
     stage: int = 0
     tied: bool = True
+    # The planner's levers (formulas.step_time, formulas.planner); the defaults change nothing
+    # above. ``context``: ways the sequence is cut (ring attention); ``experts`` E and
+    # ``top_k``: a mixture in each block's MLP, its experts over ``expert`` of the data ways;
+    # ``sequence_parallel`` with tensor ways; ``chunks``: the interleaved schedule's v;
+    # ``dropout``: Megatron's dropouts (their masks and outputs kept, Korthikanti et al.'s
+    # count); ``regather``: sequence parallelism gathers a block's input again in the backward
+    # instead of keeping it whole (Megatron's choice, Korthikanti et al. section 4.2.2);
+    # ``overlap``: the data axis's gradient exchange under the backward.
+    context: int = 1
+    experts: int = 0
+    top_k: int = 1
+    expert: int = 1
+    sequence_parallel: bool = False
+    chunks: int = 1
+    dropout: bool = False
+    regather: bool = False
+    overlap: bool = False
 
     def __post_init__(self):
         from dtflab import checks
 
         for name in ("blocks", "d_model", "heads", "sequence", "vocabulary", "batch",
-                     "micro_batches", "data", "tensor", "pipeline"):
+                     "micro_batches", "data", "tensor", "pipeline", "context", "top_k",
+                     "expert", "chunks"):
             checks.whole(getattr(self, name), name)
         checks.one_of(self.precision, "precision", tuple(memory.BYTES))
         checks.one_of(self.recompute, "recompute", RECOMPUTE)
         checks.one_of(self.stage, "stage", STAGES)
+        self._check_levers()
         if self.d_model % self.heads:
             raise ValueError(f"heads={self.heads}: d_model={self.d_model} does not split into "
                              f"{self.heads} equal heads; use a heads that divides it")
@@ -88,9 +107,37 @@ class Plan:
                              f"{self.micro_batches} equal micro-batches; use a batch divisible "
                              f"by {self.data * self.micro_batches}")
 
+    def _check_levers(self):
+        if self.sequence % self.context:
+            raise ValueError(f"context={self.context}: a sequence of {self.sequence} does not cut "
+                             f"into {self.context} equal pieces; use a context that divides it")
+        if self.experts:
+            if self.experts % self.expert or self.data % self.expert:
+                raise ValueError(f"expert={self.expert}: the {self.experts} experts and the "
+                                 f"{self.data} data ways must both divide by it; use an expert "
+                                 f"that divides both")
+            if self.top_k > self.experts:
+                raise ValueError(f"top_k={self.top_k}: at most experts={self.experts}")
+        elif self.expert != 1:
+            raise ValueError(f"expert={self.expert}: a dense model has no experts to spread; "
+                             f"use expert=1 or experts=E")
+        if self.sequence_parallel and self.tensor == 1:
+            raise ValueError("sequence_parallel=True: it cuts what tensor parallelism leaves "
+                             "whole; use tensor > 1")
+        if self.chunks > 1:
+            if self.blocks % (self.pipeline * self.chunks):
+                raise ValueError(f"chunks={self.chunks}: {self.blocks} blocks do not cut into "
+                                 f"{self.pipeline} x {self.chunks} equal stages; use chunks "
+                                 f"that divide {self.blocks // self.pipeline}")
+            if self.micro_batches % self.pipeline:
+                raise ValueError(f"chunks={self.chunks}: the interleaved schedule takes "
+                                 f"micro-batches in groups of {self.pipeline}; use "
+                                 f"micro_batches a multiple of it")
+
     @property
     def devices(self) -> int:
-        return self.data * self.tensor * self.pipeline
+        """Data x tensor x pipeline x context (the expert ways are some of the data ways)."""
+        return self.data * self.tensor * self.pipeline * self.context
 
     @property
     def micro_batch(self) -> int:
@@ -108,11 +155,17 @@ class Plan:
 
 def stage_parameters(plan: Plan, first: bool, last: bool) -> dict[str, int]:
     """Parameters on one device of a stage: ``{"total", "matrices"}`` (``matrices``: those a
-    backward multiplies by, whose 16-bit copies the forward keeps)."""
+    backward multiplies by, whose 16-bit copies the forward keeps). With experts, a block's
+    MLP is E experts of 8 d² + 5 d, spread over the expert ways and split over the tensor
+    ways, and a router of d x E."""
     d, v, t = plan.d_model, plan.vocabulary, plan.tensor
     blocks = plan.blocks // plan.pipeline
     block_matrices = 12 * d * d // t
     block = block_matrices + (3 * d + 4 * d) // t + 2 * d + 4 * d  # split biases; whole ones
+    if plan.experts:
+        mine = plan.experts // plan.expert
+        block_matrices = 4 * d * d // t + mine * 8 * d * d // t + d * plan.experts
+        block = block_matrices + 3 * d // t + 4 * d + mine * (4 * d // t + d) + plan.experts
     total, matrices = blocks * block, blocks * block_matrices
     embedding = math.ceil(v / t) * d
     if first:
@@ -125,6 +178,40 @@ def stage_parameters(plan: Plan, first: bool, last: bool) -> dict[str, int]:
     return {"total": total, "matrices": matrices, "blocks": blocks, "block": block}
 
 
+def block_activations(plan: Plan) -> float:
+    """Bytes one block keeps for its backward, for one micro-batch on one device.
+
+    Without dropout, dtflab's transformer (``formulas.memory``, measured to the byte): 16·s·b·d
+    + a·s²·b elements and 2·s·b float32 1/std, tensor parallelism cutting the 12·s·b·d + a·s²·b
+    between the matrices, sequence parallelism the LayerNorms' share but the gathered input it
+    keeps whole (``memory.split_activation_bytes``). With ``dropout`` (Megatron's GPT),
+    Korthikanti et al. 2022's Table 2 in 16 bits, scaled to the compute type: s·b·h·(10 + 24/t
+    + 5·a·s/(h·t)), with sequence parallelism s·b·h·(34/t + 5·a·s/(h·t)); selective
+    recomputation drops the 5·a·s/h; full keeps 2·s·b·h. Context ways cut s everywhere
+    (ring attention keeps its own queries' scores); experts keep their MLP's share k times."""
+    s, b, d, a, t = plan.sequence / plan.context, plan.micro_batch, plan.d_model, plan.heads, \
+        plan.tensor
+    p = memory.BYTES[plan.precision]
+    f32 = memory.FLOAT32
+    sp = plan.sequence_parallel
+    full_s = plan.sequence
+    if plan.dropout:
+        if plan.recompute == "full":
+            return 2 * s * b * d * p / 2
+        softmax = 5 * a * full_s / (d * t) if plan.recompute == "none" else 0.0
+        mlp = 19 / t * s * b * d * (plan.top_k if plan.experts else 1)
+        rest = (15 / t if sp else 10 + 5 / t) * s * b * d
+        return (rest + mlp + softmax * s * b * d) * p / 2
+    if plan.recompute == "full":
+        return p * s * b * d
+    gathered = 2 * s * b * d / t if plan.regather else 2 * s * b * d
+    norms = (p * (2 * s * b * d / t + gathered) + f32 * 2 * s * b / t) if sp else \
+        (p * 4 * s * b * d + f32 * 2 * s * b)
+    mlp = 8 * s * b * d / t * (plan.top_k if plan.experts else 1)
+    softmax = a * s * full_s * b / t if plan.recompute == "none" else 0.0
+    return norms + p * (4 * s * b * d / t + mlp + softmax)
+
+
 def stage_activations(plan: Plan, first: bool, last: bool) -> int:
     """Bytes one device of a stage keeps for its backward (``formulas.memory``'s count,
     split as the module's docstring says)."""
@@ -132,12 +219,22 @@ def stage_activations(plan: Plan, first: bool, last: bool) -> int:
     p = memory.BYTES[plan.precision]
     f32 = memory.FLOAT32
     v = math.ceil(plan.vocabulary / t)
-    per_block = {"none": p * (4 * s * b * d + (12 * s * b * d + a * s * s * b) // t) + f32 * 2 * s * b,
-                 "selective": p * (4 * s * b * d + 12 * s * b * d // t) + f32 * 2 * s * b,
-                 "full": p * s * b * d}[plan.recompute]
+    levers = (plan.context, plan.experts, plan.sequence_parallel, plan.chunks, plan.dropout,
+              plan.regather)
+    if levers == (1, 0, False, 1, False, False):  # the memory planner's own count, unchanged
+        per_block = {"none": p * (4 * s * b * d + (12 * s * b * d + a * s * s * b) // t)
+                     + f32 * 2 * s * b,
+                     "selective": p * (4 * s * b * d + 12 * s * b * d // t) + f32 * 2 * s * b,
+                     "full": p * s * b * d}[plan.recompute]
+    else:
+        per_block = block_activations(plan)
+        s = s // plan.context
     parameters = stage_parameters(plan, first, last)
     in_flight = min(plan.pipeline, plan.micro_batches) if first else 1
-    kept = in_flight * parameters["blocks"] * per_block
+    if first and plan.chunks > 1 and plan.micro_batches >= plan.pipeline:
+        # the interleaved schedule's first worker (Korthikanti et al. 2022, eq. 5's factor)
+        in_flight *= 1 + (plan.pipeline - 1) / (plan.pipeline * plan.chunks)
+    kept = int(in_flight * parameters["blocks"] * per_block)
     if first:
         kept += in_flight * p * s * b * v  # the one-hot tokens
     if last:

@@ -1,0 +1,146 @@
+"""Plan a run: every layout of a transformer over N devices, predicted on hardware measured
+here or taken from a datasheet (``dtflab.plan``; the arithmetic is ``formulas.planner``'s).
+
+In [1]: plans = dtflab.plan("GPT, 80 x 8192 (65 B)", devices=1024, hardware="h100", batch=1024)
+In [2]: plans.best                       # the fastest layout that fits, with its breakdown
+In [3]: plans.heatmap()                  # tensor x pipeline ways, each cell its best layout
+In [4]: dtflab.plan(train.transformer(), devices=2, hardware="here", cluster=cluster)
+
+What it cannot see: stragglers, a network that other jobs share, kernels a framework fuses or
+leaves unfused beyond what ``formulas.step_time`` counts, and memory the framework itself
+holds (allocator slack, CUDA context, communication buffers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+from dtflab.train.formulas import hardware as machines
+from dtflab.train.formulas import plan as shapes
+from dtflab.train.formulas import planner
+from dtflab.train.formulas.hardware import Hardware
+
+VIEWS = "dtflab.viz.plan_map"
+#: Ways ``plan()`` may be told to keep (``tensor=8``): only layouts with them are planned.
+WAYS = ("data", "tensor", "pipeline", "context", "expert")
+
+
+class RunPlans:
+    """Every layout's :class:`~dtflab.train.formulas.planner.Row` for one model, device count
+    and hardware: ``rows`` (fastest that fit first), ``best``, ``fitting``, a text ``table()``
+    and the ``heatmap()``."""
+
+    def __init__(self, base: shapes.Plan, devices: int, hardware: Hardware, rows):
+        self.base, self.devices, self.hardware, self.rows = base, devices, hardware, rows
+
+    @property
+    def fitting(self) -> list:
+        return [row for row in self.rows if row.fits]
+
+    @property
+    def best(self):
+        """The fastest layout that fits (a ValueError naming the smallest memory any layout
+        reaches, and the lever that would help, where none does)."""
+        if not self.fitting:
+            raise ValueError(planner.cannot_fit(self.rows, self.hardware))
+        return self.fitting[0]
+
+    def table(self, count: int = 10) -> str:
+        lines = [f"{self.devices} devices, {self.hardware.describe()}",
+                 f"{'layout':<44}{'GB/device':>10}{'step s':>9}{'MFU':>7}{'tok/s':>11}"
+                 f"{'crit. batch':>12}   largest parts"]
+        for row in (self.fitting or self.rows)[:count]:
+            parts = sorted(((v, k) for k, v in row.seconds.items() if k != "total"),
+                           reverse=True)[:3]
+            critical = "-" if row.critical_batch is None else f"{row.critical_batch:,}"
+            lines.append(f"{row.layout:<44}{row.memory['total'] / 1e9:>10.2f}"
+                         f"{row.seconds['total']:>9.3f}{row.mfu:>7.1%}{row.tokens_per_s:>11,.0f}"
+                         f"{critical:>12}   " + ", ".join(f"{k} {v:.3g}" for v, k in parts))
+        if not self.fitting:
+            lines.append(planner.cannot_fit(self.rows, self.hardware))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"<RunPlans {len(self.rows)} layouts, {len(self.fitting)} fit; "
+                f"best: {self.best.layout if self.fitting else 'none fits'}>")
+
+    def heatmap(self, **options):
+        """The configuration map (``dtflab.viz.plan_map``)."""
+        return importlib.import_module(VIEWS).heatmap(self, **options)
+
+    def show(self, **options) -> None:
+        importlib.import_module(VIEWS).show_map(self, **options)
+
+
+def base_plan(model, **overrides) -> shapes.Plan:
+    """A Plan of ``model``'s shape: a ``train.transformer(...)`` problem, a preset's name
+    (``formulas.plan.PRESETS``) or a dict of Plan fields; ``overrides`` (``batch=``,
+    ``precision=``...) on top."""
+    if isinstance(model, str):
+        if model not in shapes.PRESETS:
+            raise ValueError(f"model={model!r}: not a known model; choose one of "
+                             f"{', '.join(repr(name) for name in shapes.PRESETS)}, pass "
+                             f"train.transformer(...), or a dict of its shape")
+        fields = dict(shapes.PRESETS[model])
+    elif isinstance(model, dict):
+        fields = dict(model)
+    elif hasattr(model, "d_model"):
+        fields = dict(blocks=model.blocks, d_model=model.d_model, heads=model.heads,
+                      sequence=model.sequence, vocabulary=model.vocabulary,
+                      batch=model.batch_size, precision=model.precision, tied=model.tied,
+                      experts=model.experts, top_k=model.top_k if model.experts else 1)
+    else:
+        raise ValueError(f"model={model!r}: plan a transformer: train.transformer(...), a "
+                         f"preset's name ({', '.join(repr(n) for n in shapes.PRESETS)}) or a "
+                         f"dict of its shape")
+    fields.update(overrides)
+    return shapes.Plan(**fields)
+
+
+def resolve(hardware, cluster=None) -> Hardware:
+    """``hardware`` as a Hardware: itself, a preset by name, or ``"here"`` measured on
+    ``cluster``."""
+    if isinstance(hardware, Hardware):
+        return hardware
+    if hardware == machines.HERE:
+        if cluster is None:
+            raise ValueError("hardware='here' measures a cluster: pass cluster=... (e.g. "
+                             "dtflab.start_cluster(workers=2)), or name a preset: "
+                             + ", ".join(repr(name) for name in machines.PRESETS))
+        from dtflab.train.experiments.calibration import calibrate
+
+        return calibrate(cluster)
+    return machines.preset(hardware)
+
+
+def plan(model, devices: int, hardware="h100", *, cluster=None, memory_gb: float | None = None,
+         **overrides) -> RunPlans:
+    """Every layout of ``model`` over ``devices`` devices of ``hardware``, predicted (see
+    the module's docstring). ``memory_gb`` plans against less memory a device than the
+    hardware has; ``overrides`` change the model's Plan fields (``batch=1024``,
+    ``precision="bfloat16"``, ``dropout=True``...), and a way among them (``tensor=8``) keeps
+    only the layouts with it."""
+    from dtflab import checks
+
+    checks.whole(devices, "devices", example=8)
+    fixed = {axis: overrides.pop(axis) for axis in WAYS if axis in overrides}
+    for axis, ways in fixed.items():
+        checks.whole(ways, axis, example=1)
+        if devices % ways:
+            raise ValueError(f"{axis}={ways}: {ways} {axis} ways do not divide {devices} devices; "
+                             f"use one of {', '.join(map(str, planner.divisors(devices)))}")
+    base = base_plan(model, **overrides)
+    machine = resolve(hardware, cluster)
+    if memory_gb is not None:
+        machine = machines.with_memory(machine, memory_gb * 1e9)
+    rows = planner.plans(dataclasses.replace(base, data=1, tensor=1, pipeline=1), devices,
+                         machine)
+    rows = [row for row in rows if all(getattr(row.plan, axis) == ways
+                                       for axis, ways in fixed.items())]
+    if not rows:
+        raise ValueError(f"{', '.join(f'{a}={w}' for a, w in fixed.items())}: no layout of this "
+                         f"model over {devices} devices has those ways (the heads, blocks, "
+                         f"sequence or batch do not split so); drop one, or see "
+                         f"dtflab.plan(...) without it")
+    return RunPlans(base, devices, machine, rows)

@@ -1,0 +1,218 @@
+"""The machines a run is planned on: each device's arithmetic rate and memory, and the links
+between devices, as the planner's step-time model reads them (pure Python).
+
+A :class:`Hardware` is measured here (``dtflab.train.experiments.calibrate``: ``measured=True``)
+or taken from a datasheet and a paper (:data:`PRESETS`, each figure's source in its entry). The
+model (``formulas.step_time``) charges each op of a step:
+
+- arithmetic: FLOPs over the peak rate of its kind (a matrix multiply, or anything else) times
+  that kind's efficiency at the op's size (:meth:`Hardware.efficiency`, thresholds in GFLOP as
+  the Calculon simulator states them), and the bytes the op reads and writes over the memory
+  bandwidth times its efficiency at that size; the op takes the larger of the two (a roofline),
+  or their sum where the hardware says its ops do not overlap the two (``overlap=False``, the
+  processing mode Calculon validated its A100 and H100 files with);
+- a fixed cost per op (``per_op_s``: a GPU kernel's launch, TensorFlow's executor here);
+- a collective over n devices on a :class:`Link`: ``latency + bytes x factor / (bandwidth x
+  efficiency)``, the factor ring-shaped (an all-reduce 2 (n - 1) / n, a reduce-scatter or an
+  all-gather (n - 1) / n, a send 1).
+
+A group of devices talks over the node's link when it fits inside one node (``per_node``
+consecutive devices), else over the cluster's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+#: What ``hardware=`` takes besides a Hardware: ``"here"`` (measured) and the presets' names.
+HERE = "here"
+
+
+@dataclass(frozen=True)
+class Link:
+    """One kind of link: ``bandwidth`` bytes/s one way per device, ``efficiency`` the share a
+    collective reaches on large messages, ``latency`` seconds per collective or send."""
+
+    name: str
+    bandwidth: float
+    latency: float
+    efficiency: float = 1.0
+
+    def seconds(self, nbytes: float, factor: float = 1.0) -> float:
+        """One collective or send moving ``nbytes`` x ``factor`` through each device."""
+        if nbytes <= 0:
+            return 0.0
+        return self.latency + nbytes * factor / (self.bandwidth * self.efficiency)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A device and its links (see the module's docstring). ``flops`` maps a compute type
+    (``"float32"``, ``"bfloat16"``, ``"float16"``) to the peak FLOP/s of matrix multiplies,
+    ``vector_flops`` of everything else; efficiencies are ``((threshold, share), ...)`` from the
+    largest threshold down: an op of at least ``threshold`` GFLOP (memory: MB) reaches
+    ``share`` of the peak."""
+
+    name: str
+    flops: dict
+    memory_bytes: float
+    memory_bandwidth: float
+    per_node: int
+    node: Link
+    cluster: Link
+    vector_flops: dict = field(default_factory=dict)
+    matrix_efficiency: tuple = ((0.0, 1.0),)
+    vector_efficiency: tuple = ((0.0, 1.0),)
+    memory_efficiency: tuple = ((0.0, 1.0),)
+    per_op_s: float = 0.0
+    overlap: bool = True
+    measured: bool = False
+    source: str = ""
+
+    def peak(self, precision: str, kind: str = "matrix") -> float:
+        """Peak FLOP/s for ``precision``; a 16-bit type a device lacks runs at float32's."""
+        table = self.flops if kind == "matrix" else (self.vector_flops or self.flops)
+        return table.get(precision) or table.get("bfloat16") or table["float32"]
+
+    @staticmethod
+    def efficiency(curve, size: float) -> float:
+        for threshold, share in curve:
+            if size >= threshold:
+                return share
+        return curve[-1][1]
+
+    def op_seconds(self, flops: float, nbytes: float, precision: str,
+                   kind: str = "matrix") -> float:
+        """One op: its arithmetic and its memory traffic (the larger, or their sum where
+        ``overlap`` is False), plus ``per_op_s``."""
+        curve = self.matrix_efficiency if kind == "matrix" else self.vector_efficiency
+        compute = flops / (self.peak(precision, kind) * self.efficiency(curve, flops / 1e9)) \
+            if flops else 0.0
+        memory = nbytes / (self.memory_bandwidth
+                           * self.efficiency(self.memory_efficiency, nbytes / 1e6)) \
+            if nbytes else 0.0
+        return (max(compute, memory) if self.overlap else compute + memory) + self.per_op_s
+
+    def link(self, group: int, stride: int = 1) -> Link:
+        """The link a group of ``group`` devices, ``stride`` apart, talks over."""
+        return self.node if group * stride <= self.per_node else self.cluster
+
+    def describe(self) -> str:
+        how = "measured here" if self.measured else "from datasheets and papers"
+        best = max(self.flops.values())
+        return (f"{self.name} ({how}): {best / 1e12:.4g} TFLOP/s, "
+                f"{self.memory_bytes / 1e9:.4g} GB at {self.memory_bandwidth / 1e9:.4g} GB/s, "
+                f"{self.per_node} a node; {self.node.name} {self.node.bandwidth / 1e9:.4g} GB/s, "
+                f"{self.cluster.name} {self.cluster.bandwidth / 1e9:.4g} GB/s")
+
+
+# Calculon's efficiency curves (calculon-ai/calculon, systems/a100_80g.json and
+# h100_80g_nvl8.json, SC'23): matrix ops of >= 128 / 16 / 1 GFLOP reach 95 / 90 / 60% of peak,
+# smaller 10%; vector ops >= 16 / 1 GFLOP 95 / 50%, smaller 10%; memory traffic of >= 100 /
+# 10 / 1 MB 90 / 75 / 60%, smaller 30%.
+_CALCULON_MATRIX = ((128.0, 0.95), (16.0, 0.9), (1.0, 0.6), (0.0, 0.1))
+_CALCULON_VECTOR = ((16.0, 0.95), (1.0, 0.5), (0.0, 0.1))
+_CALCULON_MEMORY = ((100.0, 0.90), (10.0, 0.75), (1.0, 0.6), (0.0, 0.3))
+
+
+def a100_node() -> Hardware:
+    """NVIDIA DGX A100, 80 GB SXM4 (Selene's nodes, where Korthikanti et al. 2022 measured).
+
+    - 312 TFLOP/s dense bfloat16/float16 tensor, 19.5 float32 (NVIDIA A100 datasheet,
+      nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf); 78 TFLOP/s 16-bit non-tensor and the
+      efficiency curves as Calculon's ``systems/a100_80g.json`` states them;
+    - 80 GB HBM2e at 2,039 GB/s (datasheet; Calculon uses 2,048);
+    - 8 GPUs a node on NVLink 3: 300 GB/s a direction (12 links x 25 GB/s, NCCL's maintainers in
+      NVIDIA/nccl-tests#149), 0.65 of it and 10 µs a collective as Calculon models it;
+    - one 200 Gb/s HDR InfiniBand adapter a GPU: 25 GB/s, 0.9 of it and 20 µs (Calculon);
+    - each op's arithmetic and memory time added, not overlapped (Calculon's ``no_overlap``)."""
+    return Hardware(
+        "A100 node (8 x A100 80 GB, NVLink, HDR InfiniBand)",
+        flops={"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12},
+        vector_flops={"bfloat16": 78e12, "float16": 78e12, "float32": 19.5e12},
+        memory_bytes=80e9, memory_bandwidth=2039e9, per_node=8,
+        node=Link("NVLink 3", 300e9, 10e-6, 0.65), cluster=Link("HDR InfiniBand", 25e9, 20e-6, 0.9),
+        matrix_efficiency=_CALCULON_MATRIX, vector_efficiency=_CALCULON_VECTOR,
+        memory_efficiency=_CALCULON_MEMORY, per_op_s=0.0, overlap=False,
+        source="NVIDIA A100 datasheet; Calculon systems/a100_80g.json; nccl-tests#149")
+
+
+def h100_node() -> Hardware:
+    """NVIDIA DGX/HGX H100, 80 GB SXM5.
+
+    - 989.4 TFLOP/s dense bfloat16/float16 tensor (the datasheet's 1,979 is with sparsity),
+      66.9 float32 (NVIDIA H100 datasheet; Hopper whitepaper's table); 16-bit non-tensor 133.8;
+    - 80 GB HBM3 at 3,350 GB/s (datasheet);
+    - 8 GPUs a node on NVLink 4 with 4 NVSwitches: 450 GB/s a direction (18 links x 25 GB/s);
+      NCCL reaches ~370 GB/s on ring collectives, 0.82 (NVIDIA/nccl-tests#212), 10 µs;
+    - one 400 Gb/s NDR ConnectX-7 a GPU: 50 GB/s, NCCL 46-48 GB/s (nccl-tests#290): 0.93, 20 µs;
+    - efficiency curves and the added arithmetic and memory times as Calculon's
+      ``systems/h100_80g_nvl8.json``."""
+    return Hardware(
+        "H100 node (8 x H100 80 GB, NVLink 4, NDR InfiniBand)",
+        flops={"bfloat16": 989.4e12, "float16": 989.4e12, "float32": 66.9e12},
+        vector_flops={"bfloat16": 133.8e12, "float16": 133.8e12, "float32": 66.9e12},
+        memory_bytes=80e9, memory_bandwidth=3350e9, per_node=8,
+        node=Link("NVLink 4", 450e9, 10e-6, 0.82), cluster=Link("NDR InfiniBand", 50e9, 20e-6, 0.93),
+        matrix_efficiency=_CALCULON_MATRIX, vector_efficiency=_CALCULON_VECTOR,
+        memory_efficiency=_CALCULON_MEMORY, per_op_s=0.0, overlap=False,
+        source="NVIDIA H100 datasheet; Calculon systems/h100_80g_nvl8.json; nccl-tests#212, #290")
+
+
+def tpu_v5e_slice() -> Hardware:
+    """A Google TPU v5e slice (16 x 16 chips, a 2-D torus; 8 chips a host).
+
+    - 197 TFLOP/s bfloat16 a chip; 16 GB HBM at 819 GB/s (Google Cloud's TPU v5e page; the
+      Scaling Book's table, ``jax-ml/scaling-book`` tpus.md, gives 1.97e14 and 8.1e11);
+    - ICI 45 GB/s one way a link (the Scaling Book), 4 links a chip; a ring along one axis uses
+      two of them, 90 GB/s, ~1 µs a hop (the book's assumption);
+    - the 16 x 16 slice is one ICI domain; beyond it, DCN: 2 x 100 Gb/s a host of 8, 3.125
+      GB/s a chip (Google Cloud; the book);
+    - the efficiency curves are not published for the TPU: the matrix units' share is taken as
+      Calculon's GPU curve, an assumption, not a measurement."""
+    return Hardware(
+        "TPU v5e slice (256 chips, ICI; DCN beyond)",
+        flops={"bfloat16": 197e12, "float32": 197e12 / 4},
+        memory_bytes=16e9, memory_bandwidth=819e9, per_node=256,
+        node=Link("ICI", 90e9, 1e-6, 1.0), cluster=Link("DCN", 3.125e9, 20e-6, 0.9),
+        matrix_efficiency=_CALCULON_MATRIX, vector_efficiency=_CALCULON_VECTOR,
+        memory_efficiency=_CALCULON_MEMORY, overlap=True,
+        source="Google Cloud TPU v5e page; jax-ml/scaling-book tpus.md")
+
+
+def cpu_cluster() -> Hardware:
+    """Servers of 2 x Intel Xeon Platinum 8480+ (Sapphire Rapids, 112 cores at 2.0 GHz), a
+    device being one server, over 25 Gb Ethernet.
+
+    - float32 112 x 2.0 GHz x 64 FLOP/cycle (two AVX-512 FMA units) = 14.3 TFLOP/s; bfloat16
+      by AMX, 1,024 operations a cycle a core, 229 TFLOP/s: arithmetic from Intel's
+      specifications, peaks a server reaches only at its base clock or below;
+    - 8 DDR5-4800 channels a socket: 614 GB/s; 512 GB a server (a common configuration);
+    - 25 GbE: 3.125 GB/s; TCP collectives reach ~0.8 of a link's rate (gloo's maintainers, 1
+      GbE, pytorch/gloo#21) and ~25 µs a message (from memory, not a stored measurement);
+    - one server a node: every group crosses the Ethernet."""
+    return Hardware(
+        "CPU cluster (2 x Xeon 8480+ servers, 25 GbE)",
+        flops={"float32": 14.3e12, "bfloat16": 229e12}, memory_bytes=512e9,
+        memory_bandwidth=614e9, per_node=1,
+        node=Link("inside a server", 614e9, 1e-6, 0.5), cluster=Link("25 GbE", 3.125e9, 25e-6, 0.8),
+        matrix_efficiency=((1.0, 0.6), (0.0, 0.3)), overlap=True,
+        source="Intel Xeon 8480+ specifications (arithmetic); pytorch/gloo#21")
+
+
+#: The presets by name: what ``dtflab.plan(..., hardware=NAME)`` takes.
+PRESETS = {"a100": a100_node, "h100": h100_node, "tpu-v5e": tpu_v5e_slice, "cpu": cpu_cluster}
+
+
+def preset(name: str) -> Hardware:
+    """The preset ``name``: one line naming the choices where it is not one."""
+    if name not in PRESETS:
+        raise ValueError(f"hardware={name!r}: not a known hardware; choose one of "
+                         f"{', '.join(repr(n) for n in (HERE, *PRESETS))} "
+                         f"({HERE!r} measures this cluster), or pass a Hardware")
+    return PRESETS[name]()
+
+
+def with_memory(hardware: Hardware, memory_bytes: float) -> Hardware:
+    """``hardware`` with another memory size a device (a smaller budget to plan against)."""
+    return replace(hardware, memory_bytes=memory_bytes)

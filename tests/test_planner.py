@@ -1,0 +1,134 @@
+"""The planner: its step-time model against published measured runs (Korthikanti et al. 2022 on
+A100s), its layouts over N devices, its configuration map, and bad input refused with the fix.
+Its check against runs on this machine is ``tests/test_plan_here.py``."""
+
+import dataclasses
+
+import pytest
+
+import dtflab
+from dtflab.train.formulas import hardware, planner, published, step_time
+from dtflab.train.formulas.plan import Plan, per_device
+
+GPT_65B = "GPT, 80 x 8192 (65 B)"
+
+
+@pytest.mark.parametrize("run", published.RUNS, ids=lambda run: run.name)
+def test_each_published_run_is_predicted_within_15_percent_on_the_a100_preset(run):
+    (found,) = [row for row in published.check() if row["run"] == run.name]
+    print(f"{run.name}: measured {run.measured_s} s, predicted {found['predicted_s']:.2f} s "
+          f"({found['error']:+.1%}); Calculon {found['calculon_s']}")
+    assert abs(found["error"]) <= 0.15
+    # the same time, as the paper's MFU (eq. 7, 312 TFLOP/s): where the paper states one
+    if run.mfu is not None:
+        assert found["predicted_mfu"] == pytest.approx(run.mfu * run.measured_s
+                                                       / found["predicted_s"], rel=0.01)
+
+
+def test_the_published_check_as_a_whole_and_what_each_lever_bought():
+    rows = published.check()
+    errors = [abs(row["error"]) for row in rows]
+    print(f"mean {sum(errors) / len(errors):.2%}, worst {max(errors):.2%} "
+          f"(Calculon on its eight: 3.65%, 8.87%)")
+    assert sum(errors) / len(errors) <= 0.10
+    # Table 5's point: the present work runs 29-32% more steps than full recomputation. The
+    # model sees the gain on every model and overestimates it by 5-15% (so does Calculon:
+    # 1.23-1.45): it charges sequence parallelism's reduce-scatters and all-gathers an
+    # all-reduce's bytes, and the paper measured them slower than that
+    for model in published.MODELS:
+        full, present = (row for row in rows[:8] if row["run"].startswith(model + ","))
+        measured = full["measured_s"] / present["measured_s"]
+        predicted = full["predicted_s"] / present["predicted_s"]
+        print(f"{model}: present work over full recomputation, measured {measured:.2f}, "
+              f"predicted {predicted:.2f}")
+        assert 1 < predicted <= 1.2 * measured, model
+
+
+def test_every_layout_uses_the_devices_and_the_fastest_that_fits_comes_first():
+    plans = dtflab.plan(GPT_65B, devices=64, hardware="h100", batch=64, precision="bfloat16")
+    assert plans.rows and all(row.plan.devices == 64 for row in plans.rows)
+    times = [row.seconds["total"] for row in plans.fitting]
+    assert times == sorted(times) and plans.best is plans.fitting[0]
+    assert all(row.memory["total"] <= 80e9 for row in plans.fitting)
+    assert all(row.memory["total"] > 80e9 for row in plans.rows if not row.fits)
+    best = plans.best
+    assert best.seconds["total"] == pytest.approx(sum(v for k, v in best.seconds.items()
+                                                      if k != "total"))
+    assert 0 < best.mfu < 1 and best.plan.tensor <= 8  # a tensor group inside a node
+    assert "d" in plans.table() and best.layout in plans.table()
+
+
+def test_a_fixed_way_keeps_only_its_layouts_and_one_that_does_not_divide_is_refused():
+    plans = dtflab.plan(GPT_65B, devices=64, hardware="h100", batch=64, tensor=8)
+    assert {row.plan.tensor for row in plans.rows} == {8}
+    with pytest.raises(ValueError, match=r"tensor=3: 3 tensor ways do not divide 64 devices; "
+                                         r"use one of 1, 2, 4, 8, 16, 32, 64"):
+        dtflab.plan(GPT_65B, devices=64, hardware="h100", tensor=3)
+
+
+def test_the_critical_batch_is_where_the_arithmetic_first_outlasts_the_communication():
+    base = Plan(blocks=8, d_model=1024, heads=16, sequence=1024, vocabulary=32000, batch=64,
+                precision="bfloat16", data=8, micro_batches=8)
+    machine = hardware.cpu_cluster()  # a slow network: the data axis binds at small batches
+    batch = planner.critical_batch(base, machine)
+    assert batch is not None and batch % 8 == 0
+
+    def bound(global_batch):
+        plan = dataclasses.replace(base, batch=global_batch, micro_batches=global_batch // 8)
+        per = step_time.micro_batch_seconds(plan, machine)
+        work = plan.micro_batches * (per["compute"] + per["recompute"])
+        return work >= step_time.data_seconds(plan, machine)
+
+    assert bound(batch) and (batch == 8 or not bound(batch - 8))
+
+
+def test_the_configuration_map_colours_the_layouts_that_fit_and_greys_the_rest():
+    plans = dtflab.plan(GPT_65B, devices=64, hardware="h100", batch=64, precision="bfloat16")
+    figure = plans.heatmap()
+    (cells,) = [r for r in figure.renderers if r.name == "plan_cells"]
+    data = cells.data_source.data
+    assert len(data["tensor"]) == len({(r.plan.tensor, r.plan.pipeline) for r in plans.rows})
+    assert any(data["fits"]) and not all(data["fits"])  # one tensor way alone does not fit
+    for fits, colour in zip(data["fits"], data["colour"]):
+        assert (colour == "#d9d9d9") != fits
+
+
+def test_a_model_that_fits_on_no_layout_names_the_smallest_memory_and_the_lever():
+    plans = dtflab.plan(GPT_65B, devices=8, hardware="h100", batch=8)
+    assert not plans.fitting
+    with pytest.raises(ValueError, match=r"no layout fits in 80 GB a device: the smallest "
+                                         r"reaches [\d.]+ GB \(.*\), most of it optimizer .*; "
+                                         r"try more devices, or ZeRO stage 1 or more"):
+        plans.best
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: dtflab.plan(GPT_65B, devices=8, hardware="b200"),
+     r"hardware='b200': not a known hardware; choose one of 'here', 'a100', 'h100', 'tpu-v5e', "
+     r"'cpu' \('here' measures this cluster\), or pass a Hardware"),
+    (lambda: dtflab.plan(GPT_65B, devices=8, hardware="here"),
+     r"hardware='here' measures a cluster: pass cluster=\.\.\."),
+    (lambda: dtflab.plan("GPT-5", devices=8),
+     r"model='GPT-5': not a known model; choose one of 'dtflab default"),
+    (lambda: dtflab.plan(GPT_65B, devices=7, batch=16),
+     r"devices=7: no layout of 80 blocks, 64 heads, a sequence of 4096 and a batch of 16 uses 7 "
+     r"devices; use a batch divisible by the data ways, e.g. batch=7"),
+    (lambda: dtflab.plan(GPT_65B, devices=0), r"devices=0"),
+])
+def test_bad_input_is_one_line_naming_the_value_and_the_fix(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_memory_levers_move_the_memory_the_way_the_formulas_say():
+    plan = Plan(blocks=8, d_model=1024, heads=16, sequence=2048, vocabulary=32000, batch=8,
+                precision="bfloat16", tensor=4, dropout=True)
+    none = per_device(plan)["activations"]
+    sp = per_device(dataclasses.replace(plan, sequence_parallel=True, regather=True))
+    # Korthikanti et al. Table 2: 10 + 24/t + 5as/(ht) against 34/t + 5as/(ht) per s·b·h
+    s, h, a, t = 2048, 1024, 16, 4
+    expected = (34 / t + 5 * a * s / (h * t)) / (10 + 24 / t + 5 * a * s / (h * t))
+    blocks_share = (sp["activations"] - 0) / none
+    assert blocks_share == pytest.approx(expected, rel=0.05)  # the outside terms move it a little
+    with pytest.raises(ValueError, match="sequence_parallel=True: it cuts what tensor"):
+        dataclasses.replace(plan, tensor=1, sequence_parallel=True)
