@@ -8,7 +8,8 @@ counts as stalled and how often it is retried on a new session (train.run.watchd
 
 The rooms, top to bottom (each imports only the rooms below it; ``tests/test_layers.py``):
 
-- ``experiments/``: runs of several strategies and what they fit (scaling, the scaling model).
+- ``experiments/``: runs of several strategies and what they fit (scaling, the scaling model),
+  the planner's front door (``dtflab.plan``) and the calibration it plans "here" on.
 - ``strategies/``: one module per loop, named like the function it defines: ``single``,
   ``model_parallel`` (2016: variables on the ps tasks), ``sync_data_parallel`` (towers
   through a ps), ``async_parameter_server`` (Downpour), ``ps_strategy`` (TF2's
@@ -55,7 +56,7 @@ WHERE = {
     "context_parallel": "strategies.context_parallel", "combined": "strategies.combined",
     "expert_parallel": "strategies.expert_parallel",
     "sharded_data_parallel": "strategies.sharded_data_parallel", "zero": "strategies.zero",
-    "Layout": "layouts.mesh",
+    "Layout": "layouts.mesh", "calibrate": "experiments.calibration",
 }
 
 
@@ -66,7 +67,9 @@ MOVED = {"costs": "formulas.costs", "bubble": "measure.bubble",
          "scaling_model": "experiments.scaling_model", "callbacks": "run.callbacks",
          "history": "run.history", "runner": "run.runner", "watchdog": "run.watchdog",
          "checkpoints": "run.checkpoints", "ring": "layouts.ring",
-         "schedules": "formulas.schedules"}
+         "schedules": "formulas.schedules", "step_time": "formulas.step_time",
+         "hardware": "formulas.hardware", "published": "formulas.published",
+         "planner": "formulas.planner"}
 
 
 def __getattr__(name):
@@ -92,4 +95,4 @@ __all__ = ["Problem", "exp_regression", "classification", "Transformer", "transf
            "expert_parallel",
            "sharded_data_parallel", "zero", "WireBytes",
            "Runner", "Update", "Watchdog", "stage_arithmetic_s", "memory", "step_memory",
-           "split_activation_bytes", "Layout"]
+           "split_activation_bytes", "Layout", "calibrate"]

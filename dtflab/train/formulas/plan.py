@@ -70,7 +70,8 @@ class Plan:
     # ``dropout``: Megatron's dropouts (their masks and outputs kept, Korthikanti et al.'s
     # count); ``regather``: sequence parallelism gathers a block's input again in the backward
     # instead of keeping it whole (Megatron's choice, Korthikanti et al. section 4.2.2);
-    # ``overlap``: the data axis's gradient exchange under the backward.
+    # ``overlap``: the data axis's gradient exchange under the backward; ``schedule``: the
+    # pipeline's (``formulas.schedules``; "interleaved" with chunks > 1).
     context: int = 1
     experts: int = 0
     top_k: int = 1
@@ -80,6 +81,7 @@ class Plan:
     dropout: bool = False
     regather: bool = False
     overlap: bool = False
+    schedule: str = "1f1b"
 
     def __post_init__(self):
         from dtflab import checks
@@ -91,6 +93,9 @@ class Plan:
         checks.one_of(self.precision, "precision", tuple(memory.BYTES))
         checks.one_of(self.recompute, "recompute", RECOMPUTE)
         checks.one_of(self.stage, "stage", STAGES)
+        from dtflab.train.formulas import schedules
+
+        checks.one_of(self.schedule, "schedule", schedules.SCHEDULES)
         self._check_levers()
         if self.d_model % self.heads:
             raise ValueError(f"heads={self.heads}: d_model={self.d_model} does not split into "
@@ -124,6 +129,10 @@ class Plan:
         if self.sequence_parallel and self.tensor == 1:
             raise ValueError("sequence_parallel=True: it cuts what tensor parallelism leaves "
                              "whole; use tensor > 1")
+        if (self.chunks > 1) != (self.schedule == "interleaved"):
+            raise ValueError(f"chunks={self.chunks}: chunks above 1 go with the interleaved "
+                             f"schedule and it with them; use schedule='interleaved' and "
+                             f"chunks=2, or chunks=1")
         if self.chunks > 1:
             if self.blocks % (self.pipeline * self.chunks):
                 raise ValueError(f"chunks={self.chunks}: {self.blocks} blocks do not cut into "

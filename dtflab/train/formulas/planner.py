@@ -96,7 +96,8 @@ def _levers(base, d, t, p, c, micro_batch_sizes, recompute, stages):
                             continue
                         yield dataclasses.replace(base, data=d, tensor=t, pipeline=p, context=c,
                                                   expert=e, micro_batches=m, recompute=r,
-                                                  stage=z, chunks=v, sequence_parallel=t > 1)
+                                                  stage=z, chunks=v, sequence_parallel=t > 1,
+                                                  schedule="interleaved" if v > 1 else "1f1b")
 
 
 def row(plan: Plan, hardware: Hardware) -> Row:

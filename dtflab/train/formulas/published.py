@@ -49,7 +49,7 @@ def _plan(model: str, pipeline: int, batch: int, micro_batch: int, chunks: int, 
                 batch=batch, micro_batches=batch // (data * micro_batch), precision="float16",
                 recompute="selective" if present else "full", data=data, tensor=8,
                 pipeline=pipeline, chunks=chunks, sequence_parallel=present, regather=present,
-                dropout=True, tied=True)
+                dropout=True, tied=True, schedule="interleaved" if chunks > 1 else "1f1b")
 
 
 FULL, PRESENT = "full recomputation", "selective + sequence parallel"

@@ -7,7 +7,9 @@ loss), each op charged by the hardware's roofline (``Hardware.op_seconds``), plu
 collectives its tensor, context and expert groups make for that micro-batch, plus the sends
 between pipeline stages. A step is
 
-    (m + (p - 1) / v) x (that per-micro-batch time)  [1F1B and interleaved; GPipe the same]
+    (m + bubble) x (that per-micro-batch time)
+        [the schedule's bubble over the work: (p - 1) / m GPipe and 1F1B, (p - 1) / (v m)
+        interleaved, ZB-H1's with a third of the micro-batch each F, B and W]
     + the data axis's gradient exchange (what the backward does not hide)
     + the optimizer's update (memory-bound)
 
@@ -36,7 +38,7 @@ embedding's gather cost, and anything a framework adds between ops beyond ``per_
 
 from __future__ import annotations
 
-from dtflab.train.formulas import memory
+from dtflab.train.formulas import memory, schedules
 from dtflab.train.formulas.hardware import Hardware
 from dtflab.train.formulas.plan import Plan, stage_parameters
 
@@ -172,7 +174,12 @@ def step_seconds(plan: Plan, hardware: Hardware) -> dict[str, float]:
     one = sum(per.values()) + sends
     parts = {name: m * value for name, value in per.items()}
     parts["pipeline"] = m * sends
-    parts["bubble"] = (p - 1) / v * one if p > 1 else 0.0
+    # the schedule's bubble over the work, with this micro-batch's forward, backward and the
+    # weights' half of the backward's multiplies
+    forward = per["compute"] / 3
+    ratio = schedules.bubble_ratio(plan.schedule, p, m, v, forward=forward,
+                                   backward=2 * forward, weight=forward) if p > 1 else 0.0
+    parts["bubble"] = ratio * m * one
     parts["data"] = data_seconds(plan, hardware, backward=m * per["compute"] * 2 / 3)
     parts["optimizer"] = optimizer_seconds(plan, hardware)
     parts = {name: parts.get(name, 0.0) for name in PARTS}

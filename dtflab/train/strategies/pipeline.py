@@ -185,7 +185,8 @@ class _StepBuilder:
             self.last[worker] = parts.input_ends
             return
         one_multiply_at_a_time(tf.compat.v1.get_default_graph(), scope + "/")
-        self._accumulate(s, own)
+        with tf.device(self.stages.device(s)), tf.name_scope(scope):  # the sums on the stage
+            self._accumulate(s, own)
         self.last[worker] = self.sums[s] + ([input_grad] if s > 0 else [])
 
     def weights(self, s, j):
