@@ -94,10 +94,15 @@ def runs(shape: dict, experts: bool):
                       dataclasses.replace(base, data=2, experts=4, top_k=2, expert=2)))
     found.append(("all-reduce", 2, lambda c: train.all_reduce(problem, workers=2, **go),
                   dataclasses.replace(base, data=2)))
+    tensors = len(problem.initial_values(0))  # dtflab's ZeRO programs: each parameter alone
     for stage in (1, 2, 3):
         found.append((f"ZeRO stage {stage}", 2,
                       lambda c, z=stage: train.zero(problem, stage=z, workers=2, **go),
-                      dataclasses.replace(base, data=2, stage=stage)))
+                      # stage 3 gathers a block's parameters again for the backward and runs
+                      # its forward again there (train.sharded_data_parallel)
+                      dataclasses.replace(base, data=2, stage=stage,
+                                          exchanges=tensors if stage < 3 else base.blocks + 2,
+                                          recompute="full" if stage == 3 else "none")))
     found.append(("data x tensor (2 x 2)", 4,
                   lambda c: train.combined(problem, c, train.Layout(data=2, tensor=2), **go),
                   dataclasses.replace(base, data=2, tensor=2)))
@@ -124,9 +129,13 @@ def main(quick: bool) -> None:
                 results["calibration"] = {
                     "matmul_gflops": {k: round(v / 1e9, 1) for k, v in hardware.flops.items()},
                     "memory_gb_s": round(hardware.memory_bandwidth / 1e9, 1),
+                    "memory_curve": [(mb, round(share, 2))
+                                     for mb, share in hardware.memory_efficiency],
                     "link_latency_us": round(hardware.node.latency * 1e6, 1),
                     "link_gb_s": round(hardware.node.bandwidth / 1e9, 2),
-                    "per_modelled_op_us": round(hardware.per_op_s * 1e6, 1)}
+                    "per_modelled_op_us": round(hardware.per_op_s * 1e6, 1),
+                    "per_step_ms": round(hardware.per_step_s * 1e3, 2),
+                    "vector_traffic": round(hardware.vector_traffic, 2)}
             for shape in shapes:
                 todo = [r for r in runs(shape, experts=True) if r[1] == workers]
                 if quick:

@@ -1,18 +1,24 @@
 """This cluster's hardware, measured in one call: what the planner's ``hardware="here"`` plans
 on (``formulas.hardware.Hardware`` with ``measured=True``).
 
-Four measurements, on the cluster's worker tasks, each a median of several runs:
+Five measurements, on the cluster's worker tasks, each a median of several runs; where an op is
+timed, a chain of it runs in one step (Grappler off, so the chain is not folded), less a step
+of none, per op: its fixed cost included, as a run's ops pay it, and no tracing's cost:
 
-- **matrix multiplies**: each task multiplies two n x n matrices (n = 256, 512, 1024, float32
-  and bfloat16), every task at once, as a run's workers compute at once; the traced kernel's
-  time gives each size's rate, the best of them the peak, each size's share of it the
-  efficiency curve (the sizes' GFLOP as its thresholds);
-- **memory bandwidth**: each task adds 1 to a 64 MB tensor (read and written);
-- **a transfer**: one task's tensor read by another, at 4 kB and 4 MB: the time that grows
-  with the bytes (one over the bandwidth) and the time that does not (the latency);
-- **the executor's cost per op**: a chain of 200 additions of one number on one task, less a
-  run of none, per addition, times the TensorFlow ops dtflab's transformer block runs for each
-  op the step-time model counts (``ops_per_modelled_op``, read from a built graph).
+- **matrix multiplies**: each task a chain of n x n multiplies (n = 256, 512, 1024, float32 and
+  bfloat16), every task at once, as a run's workers compute at once; the best size's rate is
+  the peak, each size's share of it the efficiency curve (the sizes' GFLOP as its thresholds);
+- **memory bandwidth**: each task a chain of additions on a 64 MB tensor (read and written);
+- **a transfer**: one task's tensor read by another, at 4 kB and 4 MB, less the same step with
+  the tensor read where it was made: the time that grows with the bytes (one over the
+  bandwidth) and the time that does not (the latency);
+- **a step**: feeding one number to a task and fetching it, from a session on another task:
+  what a training step costs before any work (``per_step_s``);
+- **the block's element-wise work**: untraced training steps of dtflab's transformer (1 and 3
+  blocks, at two widths) on one task; each block's time less its multiplies' is solved for a
+  fixed cost per op the model counts (``per_op_s``) and a cost per element-wise byte
+  (``vector_traffic`` over the bandwidth): dtflab's LayerNorm, GELU and softmax are several
+  TensorFlow ops each where fused kernels are one, and this prices what they cost here.
 
 Every task runs on this machine, so one node holds them all and its link is the loopback. The
 tasks share the machine's cores: what a task's multiply reaches with every task multiplying is
@@ -23,15 +29,16 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 
 from dtflab import checks, names
 from dtflab._quiet import import_tf
+from dtflab.machine import cpus
 from dtflab.train.formulas.hardware import Hardware, Link
 
 SIZES = (256, 512, 1024)
-#: TensorFlow ops a dtflab transformer block builds (forward, backward, Adam's share) over the
-#: ops the step-time model charges for it (``formulas.step_time.block_ops``: 12 forward, each
-#: also backward): measured by :func:`ops_per_modelled_op`.
+#: The op charges the step-time model makes for a block (``formulas.step_time.block_ops``: 12
+#: ops forward, each again backward).
 MODELLED_OPS_PER_BLOCK = 2 * 12
 
 
@@ -54,14 +61,30 @@ def calibrate(cluster, *, repeats: int = 5) -> Hardware:
     curve = curve[:-1] + ((0.0, curve[-1][1]),)
     bandwidth = _memory_bandwidth(target, devices, repeats)
     latency, per_byte = _transfer(target, devices[:2], repeats)
-    per_op = _per_op(target, devices[0], repeats) * ops_per_modelled_op()
+    per_step = _per_step(cluster.target("worker", tasks - 1), devices[0], repeats)
     link = Link("this machine's loopback (gRPC)", 1 / per_byte, latency, 1.0)
-    return Hardware(
+    hardware = Hardware(
         f"here ({tasks} worker tasks on {psutil.cpu_count()} cores)", flops=peak,
         memory_bytes=psutil.virtual_memory().total / tasks, memory_bandwidth=bandwidth,
         per_node=tasks, node=link, cluster=link, matrix_efficiency=curve,
-        vector_efficiency=((0.0, 1.0),), per_op_s=per_op, overlap=True, measured=True,
+        vector_efficiency=((0.0, 1.0),), per_step_s=per_step, overlap=True, measured=True,
         source=f"calibrate(), {time.strftime('%Y-%m-%d %H:%M')}")
+    per_op, seconds_per_byte = element_wise(target, devices[0], hardware, repeats)
+    # timed on one task while the others wait: with more tasks than CPUs, each gets a share
+    # (the multiplies were timed with every task at once and carry it already)
+    sharing = max(1.0, tasks / cpus())
+    # an element-wise op's bytes cost what the block's did: bytes x traffic / bandwidth
+    return replace(hardware, per_op_s=per_op * sharing,
+                   vector_traffic=max(seconds_per_byte * bandwidth, 1e-3) * sharing)
+
+
+def _session(target, graph):
+    """A session with Grappler off: a chain of the same op is timed as that many ops, not
+    folded into one."""
+    tf = import_tf()
+    config = tf.compat.v1.ConfigProto()
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    return tf.compat.v1.Session(target, graph=graph, config=config)
 
 
 def _median_run(session, fetch, repeats: int) -> float:
@@ -74,106 +97,139 @@ def _median_run(session, fetch, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _traced_op_s(session, fetch, op_type: str, repeats: int) -> float:
-    """The median over runs of the slowest task's time in ``op_type`` ops (all at once)."""
-    from dtflab.tracing.capture import trace
-
-    session.run(fetch)
-    found = []
-    for _ in range(repeats):
-        step = trace(session, fetch)
-        per_task = [sum(t.duration_us for t in timings if op_type in t.op)
-                    for timings in step.timings.values()]
-        found.append(max(per_task) / 1e6)
-    return statistics.median(found)
-
-
-def _matmul_rates(target, devices, precision: str, repeats: int) -> dict[int, float]:
+def _chained(target, devices, make, repeats: int, chain: int = 8) -> float:
+    """Seconds one op of a chain of ``chain`` takes, every task running its chain at once:
+    a step of chains less a step of none, over ``chain``. ``make(tf, i)`` is ``(start,
+    step)``: the chain's first tensor and the op applied to it."""
     tf = import_tf()
-    rates = {}
-    for n in SIZES:
+    times = {}
+    for count in (0, chain):
         graph = tf.Graph()
         with graph.as_default():
             outs = []
             for i, device in enumerate(devices):
                 with tf.device(device):
-                    a = tf.Variable(tf.random.normal([n, n], seed=i), name=f"a{i}")
-                    b = tf.Variable(tf.random.normal([n, n], seed=i + 7), name=f"b{i}")
-                    product = tf.matmul(tf.cast(a, precision), tf.cast(b, precision))
-                    outs.append(tf.reduce_sum(tf.cast(product[:1, :1], tf.float32)))
+                    h, step = make(tf, i)
+                    for _ in range(count):
+                        h = step(h)
+                    outs.append(tf.reduce_sum(tf.reshape(h, [-1])[:1]))
             fetch = tf.add_n(outs)
             init = tf.compat.v1.global_variables_initializer()
-        with tf.compat.v1.Session(target, graph=graph) as session:
+        with _session(target, graph) as session:
             session.run(init)
-            seconds = _traced_op_s(session, fetch, "MatMul", repeats)
-        rates[n] = 2 * n ** 3 / seconds
+            times[count] = _median_run(session, fetch, repeats)
+    return max((times[chain] - times[0]) / chain, 1e-9)
+
+
+def _matmul_rates(target, devices, precision: str, repeats: int) -> dict[int, float]:
+    """FLOP/s of an n x n multiply on every task at once, by n (its fixed cost included)."""
+    rates = {}
+    for n in SIZES:
+        def make(tf, i, n=n):
+            w = tf.cast(tf.Variable(tf.random.normal([n, n], stddev=n ** -0.5, seed=i),
+                                    name=f"w{i}"), precision)
+            return tf.cast(tf.Variable(tf.random.normal([n, n], seed=i + 7), name=f"a{i}"),
+                           precision), lambda h: tf.matmul(h, w)
+
+        rates[n] = 2 * n ** 3 / _chained(target, devices, make, repeats)
     return rates
 
 
-def _memory_bandwidth(target, devices, repeats: int) -> float:
-    tf = import_tf()
-    elements = 16 * 2 ** 20  # 64 MB of float32
-    graph = tf.Graph()
-    with graph.as_default():
-        outs = []
-        for i, device in enumerate(devices):
-            with tf.device(device):
-                x = tf.Variable(tf.zeros([elements]), name=f"x{i}")
-                outs.append(tf.reduce_sum((x + 1.0)[:1]))
-        fetch = tf.add_n(outs)
-        init = tf.compat.v1.global_variables_initializer()
-    with tf.compat.v1.Session(target, graph=graph) as session:
-        session.run(init)
-        seconds = _traced_op_s(session, fetch, "AddV2", repeats)
-    return 2 * 4 * elements / seconds
+def _memory_bandwidth(target, devices, repeats: int, megabytes: int = 64) -> float:
+    """Bytes a second an addition reads and writes on a 64 MB tensor, every task at once."""
+    elements = megabytes * 2 ** 20 // 4
+
+    def make(tf, i):
+        return tf.Variable(tf.zeros([elements]), name=f"x{i}") * 1.0, lambda h: h + 1.0
+
+    return 2 * 4 * elements / _chained(target, devices, make, repeats)
 
 
 def _transfer(target, pair, repeats: int) -> tuple[float, float]:
-    """(latency s, seconds a byte) of one tensor sent from ``pair[0]`` to ``pair[1]``."""
+    """(latency s, seconds a byte) of one tensor sent from ``pair[0]`` to ``pair[1]``: a step
+    that sends it, less the same step with the tensor read where it was made."""
     tf = import_tf()
     times = {}
     for nbytes in (4096, 4 * 2 ** 20):
-        graph = tf.Graph()
-        with graph.as_default():
-            with tf.device(pair[0]):
-                x = tf.Variable(tf.zeros([nbytes // 4]), name="x")
-                sent = x + 0.0
-            with tf.device(pair[1]):
-                fetch = tf.reduce_sum(sent[:1])
-            init = tf.compat.v1.global_variables_initializer()
-        with tf.compat.v1.Session(target, graph=graph) as session:
-            session.run(init)
-            times[nbytes] = _median_run(session, fetch, 3 * repeats)
-    per_byte = max((times[4 * 2 ** 20] - times[4096]) / (4 * 2 ** 20 - 4096), 1e-12)
-    return max(times[4096] - 4096 * per_byte, 0.0), per_byte
+        for reader in pair:
+            graph = tf.Graph()
+            with graph.as_default():
+                with tf.device(pair[0]):
+                    x = tf.Variable(tf.zeros([nbytes // 4]), name="x")
+                    sent = x + 0.0
+                with tf.device(reader):
+                    fetch = tf.reduce_sum(tf.math.sin(sent))
+                init = tf.compat.v1.global_variables_initializer()
+            with tf.compat.v1.Session(target, graph=graph) as session:
+                session.run(init)
+                times[nbytes, reader] = _median_run(session, fetch, 3 * repeats)
+    cost = {n: times[n, pair[1]] - times[n, pair[0]] for n in (4096, 4 * 2 ** 20)}
+    per_byte = max((cost[4 * 2 ** 20] - cost[4096]) / (4 * 2 ** 20 - 4096), 1e-12)
+    return max(cost[4096] - 4096 * per_byte, 0.0), per_byte
 
 
-def _per_op(target, device, repeats: int, chain: int = 200) -> float:
+def _per_step(target, device, repeats: int) -> float:
+    """A step that does nothing but feed one number and fetch it back from a task."""
     tf = import_tf()
-    times = {}
-    for count in (0, chain):
-        graph = tf.Graph()
-        with graph.as_default(), tf.device(device):
-            h = tf.constant([1.0])
-            for _ in range(count):
-                h = h + 1.0
-            fetch = tf.reduce_sum(h)
-        with tf.compat.v1.Session(target, graph=graph) as session:
-            times[count] = _median_run(session, fetch, 3 * repeats)
-    return max((times[chain] - times[0]) / chain, 0.0)
+    graph = tf.Graph()
+    with graph.as_default(), tf.device(device):
+        x = tf.compat.v1.placeholder(tf.float32, [1])
+        fetch = x + 1.0
+    with tf.compat.v1.Session(target, graph=graph) as session:
+        session.run(fetch, {x: [0.0]})
+        times = []
+        for _ in range(3 * repeats):
+            start = time.perf_counter()
+            session.run(fetch, {x: [0.0]})
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
-def ops_per_modelled_op(blocks: int = 2) -> float:
-    """TensorFlow ops in one of dtflab's transformer blocks' training step (the ops a block's
-    forward, backward and Adam update build, from a graph of 1 and of ``blocks`` blocks: the
-    difference over the added blocks) over the ops the step-time model charges a block."""
+#: The two shapes the block's element-wise work is timed at (blocks vary: 1 and 3).
+BLOCK_SHAPES = (dict(d_model=64, heads=4, sequence=32, batch_size=8),
+                dict(d_model=128, heads=4, sequence=64, batch_size=8))
+
+
+def element_wise(target, device, hardware: Hardware, repeats: int) -> tuple[float, float]:
+    """``(per_op_s, seconds_per_byte)`` of the ops of dtflab's transformer block that are not
+    multiplies, as the step-time model counts them (``formulas.step_time.block_ops``: 24 op
+    charges a block, forward and backward, and their element-wise bytes): from untraced
+    training steps of 1 and 3 blocks on one task at two widths, each block's time less its
+    multiplies' (``hardware``'s rates), solved for a fixed cost a modelled op and a cost a
+    modelled byte. dtflab's LayerNorm, GELU and softmax are several TensorFlow ops each, and
+    its executor runs each one; this prices what that costs here."""
+    from dtflab.train.formulas import step_time
+    from dtflab.train.formulas.plan import Plan
     from dtflab.train.problems import transformer
     from dtflab.train.run.graphs import single_graph
 
-    counts = []
-    for depth in (1, blocks):
-        built = single_graph(transformer(blocks=depth, d_model=32, heads=2, sequence=8,
-                                         batch_size=2), seed=0)
-        counts.append(len(built.graph.get_operations()))
-    per_block = (counts[1] - counts[0]) / (blocks - 1)
-    return per_block / MODELLED_OPS_PER_BLOCK
+    tf = import_tf()
+    rows = []
+    for shape in BLOCK_SHAPES:
+        seconds = {}
+        for blocks in (1, 3):
+            problem = transformer(blocks=blocks, **shape)
+            built = single_graph(problem, seed=0, device=device)
+            x, t = built.inputs
+            xs, ts = problem.batch(0, 0)
+            with tf.compat.v1.Session(target, graph=built.graph) as session:
+                session.run(built.init)
+                session.run(built.train, {x: xs, t: ts})
+                times = []
+                for _ in range(3 * repeats):
+                    start = time.perf_counter()
+                    session.run(built.train, {x: xs, t: ts})
+                    times.append(time.perf_counter() - start)
+            seconds[blocks] = statistics.median(times)
+        plan = Plan(blocks=1, d_model=shape["d_model"], heads=shape["heads"],
+                    sequence=shape["sequence"], vocabulary=problem.vocabulary,
+                    batch=shape["batch_size"])
+        ops = step_time.block_ops(plan)
+        multiplies = sum(hardware.op_seconds(scale * flops, 0.0, "float32") for scale in (1, 2)
+                         for _, kind, flops, _ in ops if kind == "matrix")
+        vector_bytes = 3 * sum(nbytes for _, kind, _, nbytes in ops if kind == "vector")
+        rows.append(((seconds[3] - seconds[1]) / 2 - multiplies, vector_bytes))
+    (rest_a, bytes_a), (rest_b, bytes_b) = rows
+    per_byte = max((rest_b - rest_a) / (bytes_b - bytes_a), 0.0)
+    per_op = max((rest_a - bytes_a * per_byte) / MODELLED_OPS_PER_BLOCK, 0.0)
+    return per_op, per_byte

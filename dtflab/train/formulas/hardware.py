@@ -11,7 +11,13 @@ model (``formulas.step_time``) charges each op of a step:
   bandwidth times its efficiency at that size; the op takes the larger of the two (a roofline),
   or their sum where the hardware says its ops do not overlap the two (``overlap=False``, the
   processing mode Calculon validated its A100 and H100 files with);
-- a fixed cost per op (``per_op_s``: a GPU kernel's launch, TensorFlow's executor here);
+- element-wise ops' bytes times ``vector_traffic``: the bytes the framework's unfused kernels
+  move for each byte the model counts (1 where kernels are fused, as Megatron's and XLA's are;
+  measured here from a traced step of dtflab's transformer, whose LayerNorm, GELU and softmax
+  are several TensorFlow ops each);
+- a fixed cost per op (``per_op_s``: a GPU kernel's launch, TensorFlow's executor here), and
+  one per step (``per_step_s``: running the step and feeding its batch, measured here; none in
+  the presets, whose runs hide it behind the device's queue);
 - a collective over n devices on a :class:`Link`: ``latency + bytes x factor / (bandwidth x
   efficiency)``, the factor ring-shaped (an all-reduce 2 (n - 1) / n, a reduce-scatter or an
   all-gather (n - 1) / n, a send 1).
@@ -51,7 +57,8 @@ class Hardware:
     (``"float32"``, ``"bfloat16"``, ``"float16"``) to the peak FLOP/s of matrix multiplies,
     ``vector_flops`` of everything else; efficiencies are ``((threshold, share), ...)`` from the
     largest threshold down: an op of at least ``threshold`` GFLOP (memory: MB) reaches
-    ``share`` of the peak."""
+    ``share`` of the peak (a share above 1: a CPU's caches serve a small op faster than its
+    memory serves a large one)."""
 
     name: str
     flops: dict
@@ -65,6 +72,8 @@ class Hardware:
     vector_efficiency: tuple = ((0.0, 1.0),)
     memory_efficiency: tuple = ((0.0, 1.0),)
     per_op_s: float = 0.0
+    per_step_s: float = 0.0
+    vector_traffic: float = 1.0
     overlap: bool = True
     measured: bool = False
     source: str = ""
@@ -91,6 +100,8 @@ class Hardware:
         memory = nbytes / (self.memory_bandwidth
                            * self.efficiency(self.memory_efficiency, nbytes / 1e6)) \
             if nbytes else 0.0
+        if kind != "matrix":
+            memory *= self.vector_traffic  # more ops of the same size, not bigger ones
         return (max(compute, memory) if self.overlap else compute + memory) + self.per_op_s
 
     def link(self, group: int, stride: int = 1) -> Link:

@@ -71,7 +71,9 @@ class Plan:
     # count); ``regather``: sequence parallelism gathers a block's input again in the backward
     # instead of keeping it whole (Megatron's choice, Korthikanti et al. section 4.2.2);
     # ``overlap``: the data axis's gradient exchange under the backward; ``schedule``: the
-    # pipeline's (``formulas.schedules``; "interleaved" with chunks > 1).
+    # pipeline's (``formulas.schedules``; "interleaved" with chunks > 1); ``exchanges``: the
+    # collectives the data axis's exchange is cut into (1: bucketed, as DDP and Megatron do;
+    # dtflab's ZeRO programs exchange each parameter on its own).
     context: int = 1
     experts: int = 0
     top_k: int = 1
@@ -82,13 +84,14 @@ class Plan:
     regather: bool = False
     overlap: bool = False
     schedule: str = "1f1b"
+    exchanges: int = 1
 
     def __post_init__(self):
         from dtflab import checks
 
         for name in ("blocks", "d_model", "heads", "sequence", "vocabulary", "batch",
                      "micro_batches", "data", "tensor", "pipeline", "context", "top_k",
-                     "expert", "chunks"):
+                     "expert", "chunks", "exchanges"):
             checks.whole(getattr(self, name), name)
         checks.one_of(self.precision, "precision", tuple(memory.BYTES))
         checks.one_of(self.recompute, "recompute", RECOMPUTE)
@@ -197,7 +200,8 @@ def block_activations(plan: Plan) -> float:
     Korthikanti et al. 2022's Table 2 in 16 bits, scaled to the compute type: s·b·h·(10 + 24/t
     + 5·a·s/(h·t)), with sequence parallelism s·b·h·(34/t + 5·a·s/(h·t)); selective
     recomputation drops the 5·a·s/h; full keeps 2·s·b·h. Context ways cut s everywhere
-    (ring attention keeps its own queries' scores); experts keep their MLP's share k times."""
+    (ring attention keeps its own queries' scores); experts keep their MLP's share k times,
+    and each taken token's gathered input and scattered output (dtflab's dispatch)."""
     s, b, d, a, t = plan.sequence / plan.context, plan.micro_batch, plan.d_model, plan.heads, \
         plan.tensor
     p = memory.BYTES[plan.precision]
@@ -217,8 +221,11 @@ def block_activations(plan: Plan) -> float:
     norms = (p * (2 * s * b * d / t + gathered) + f32 * 2 * s * b / t) if sp else \
         (p * 4 * s * b * d + f32 * 2 * s * b)
     mlp = 8 * s * b * d / t * (plan.top_k if plan.experts else 1)
+    # a mixture also keeps, for each token an expert took, the gathered input its expert
+    # multiplied and the weighted output the combine scattered back
+    dispatch = 2 * plan.top_k * s * b * d if plan.experts else 0.0
     softmax = a * s * full_s * b / t if plan.recompute == "none" else 0.0
-    return norms + p * (4 * s * b * d / t + mlp + softmax)
+    return norms + p * (4 * s * b * d / t + mlp + dispatch + softmax)
 
 
 def stage_activations(plan: Plan, first: bool, last: bool) -> int:
@@ -240,6 +247,8 @@ def stage_activations(plan: Plan, first: bool, last: bool) -> int:
         s = s // plan.context
     parameters = stage_parameters(plan, first, last)
     in_flight = min(plan.pipeline, plan.micro_batches) if first else 1
+    if plan.schedule == "gpipe" and plan.pipeline > 1:
+        in_flight = plan.micro_batches  # every forward before the first backward
     if first and plan.chunks > 1 and plan.micro_batches >= plan.pipeline:
         # the interleaved schedule's first worker (Korthikanti et al. 2022, eq. 5's factor)
         in_flight *= 1 + (plan.pipeline - 1) / (plan.pipeline * plan.chunks)

@@ -12,6 +12,7 @@ between pipeline stages. A step is
         interleaved, ZB-H1's with a third of the micro-batch each F, B and W]
     + the data axis's gradient exchange (what the backward does not hide)
     + the optimizer's update (memory-bound)
+    + the framework's fixed cost per step (``Hardware.per_step_s``)
 
 The ops of a block, for b sequences of s tokens, d = d_model, a heads, t tensor ways, c
 context ways (each device holds s / c of the tokens), 4d-wide MLP, p bytes an element:
@@ -44,7 +45,7 @@ from dtflab.train.formulas.plan import Plan, stage_parameters
 
 #: The parts of a step, in the order a breakdown lists them.
 PARTS = ("compute", "recompute", "tensor", "context", "expert", "pipeline", "bubble", "data",
-         "optimizer")
+         "optimizer", "framework")
 
 
 def block_ops(plan: Plan) -> list[tuple[str, str, float, float]]:
@@ -182,6 +183,7 @@ def step_seconds(plan: Plan, hardware: Hardware) -> dict[str, float]:
     parts["bubble"] = ratio * m * one
     parts["data"] = data_seconds(plan, hardware, backward=m * per["compute"] * 2 / 3)
     parts["optimizer"] = optimizer_seconds(plan, hardware)
+    parts["framework"] = hardware.per_step_s
     parts = {name: parts.get(name, 0.0) for name in PARTS}
     parts["total"] = sum(parts.values())
     return parts
@@ -199,6 +201,10 @@ def data_seconds(plan: Plan, hardware: Hardware, backward: float = 0.0) -> float
     link = hardware.link(d, stride=plan.tensor * plan.context)
     factor = 2 * (d - 1) / d * (1.5 if plan.stage == 3 else 1.0)
     exchange = link.seconds(memory.FLOAT32 * n, factor)
+    # each collective pays the link's latency; ZeRO 1 and 2 a reduce-scatter and an all-gather
+    # a piece, ZeRO 3 two gathers and a reduce-scatter
+    collectives = plan.exchanges * {0: 1, 1: 2, 2: 2, 3: 3}[plan.stage]
+    exchange += (collectives - 1) * link.latency
     return max(0.0, exchange - backward) if plan.overlap else exchange
 
 
