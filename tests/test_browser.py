@@ -517,6 +517,28 @@ def test_the_schedule_playground_redraws_with_a_control_and_runs_the_schedule(la
     assert page.console_errors == []
 
 
+def test_the_plan_of_a_65b_model_draws_its_configuration_map(lab, page):
+    # Notebook 14's set-up and its 65 B plan and map (no cluster: the H100 preset); the notebook
+    # tests run all of it.
+    url, token, root = lab
+    notebook = json.loads((root / "notebooks" / "14_plan_a_run.ipynb").read_text())
+    code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
+    source = lambda cell: "".join(cell["source"])  # noqa: E731
+    at = next(i for i, cell in enumerate(code) if "devices=1024" in source(cell))
+    notebook["cells"] = [code[0], code[at], code[at + 1]]
+    assert source(code[at + 1]).strip() == "big.show()"
+    (root / "notebooks" / "plan.ipynb").write_text(json.dumps(notebook))
+    open_and_run_all(page, url, token, "plan.ipynb")
+    figure = cell_containing(page, "big.show()").locator(".jp-OutputArea")
+    reveal(figure)
+    assert ink(painted(page, figure, 5_000, SHOTS / "plan_map.png")) > 5_000
+    cells = page.evaluate(DATA, "plan_cells")
+    assert cells and len(cells["tensor"]) >= 4, cells
+    assert any(cells["fits"]) and not all(cells["fits"]), cells["fits"]  # some grey
+    assert "1024 devices" in cells["_title"]
+    assert page.console_errors == []
+
+
 def test_long_sequences_draws_the_ring_the_imbalance_and_the_mesh_with_its_bytes(lab, page):
     url, token, _ = lab
     open_and_run_all(page, url, token, "12_long_sequences_and_3d.ipynb")
