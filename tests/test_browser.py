@@ -257,6 +257,18 @@ def solve_by_hand(page):
     page.evaluate(SOLVE_BY_HAND, [exercises.solution_code(notebook["cells"][at]), at - 2])
 
 
+def run_cells(page, lab, notebook: str, pick) -> None:
+    """Run, as a notebook of its own in the page, the code cells of ``notebook`` that
+    ``pick(code, source)`` returns (``code`` its code cells, ``source(cell)`` a cell's text):
+    the notebook tests run all of it; here the page is the subject."""
+    url, token, root = lab
+    cells = json.loads((root / "notebooks" / notebook).read_text())
+    code = [cell for cell in cells["cells"] if cell["cell_type"] == "code"]
+    cells["cells"] = pick(code, lambda cell: "".join(cell["source"]))
+    (root / "notebooks" / f"part_of_{notebook}").write_text(json.dumps(cells))
+    open_and_run_all(page, url, token, f"part_of_{notebook}")
+
+
 def test_quickstart_shows_the_cluster_panel_row_by_row(lab, page):
     url, token, _ = lab
     open_and_run_all(page, url, token, "00_quickstart.ipynb")
@@ -435,17 +447,14 @@ def test_tensor_and_sharded_parallelism_draws_the_slices_and_the_bytes_against_t
 
 
 def test_the_memory_planner_draws_moves_with_a_field_and_measures(lab, page):
-    # Notebook 11's own cells for the planner (its set-up and the two planners), not the whole
-    # notebook: the notebook tests run all of it; here the page is the subject.
-    url, token, root = lab
-    notebook = json.loads((root / "notebooks" / "11_transformer_memory.ipynb").read_text())
-    code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
-    source = lambda cell: "".join(cell["source"])  # noqa: E731
-    planners = [i for i, cell in enumerate(code) if "dtflab.memory_planner(" in source(cell)]
-    notebook["cells"] = [code[0]] + code[planners[0]:planners[-1] + 2]  # and the check after
-    assert "small.errors" in source(notebook["cells"][-1])
-    (root / "notebooks" / "planner.ipynb").write_text(json.dumps(notebook))
-    open_and_run_all(page, url, token, "planner.ipynb")
+    # Notebook 11's own cells for the planner: its set-up, the two planners and the check.
+    def planners(code, source):
+        found = [i for i, cell in enumerate(code) if "dtflab.memory_planner(" in source(cell)]
+        picked = [code[0]] + code[found[0]:found[-1] + 2]  # and the check after
+        assert "small.errors" in source(picked[-1])
+        return picked
+
+    run_cells(page, lab, "11_transformer_memory.ipynb", planners)
     big = cell_containing(page, "planner = dtflab.memory_planner(").locator(".jp-OutputArea")
     reveal(big)
     assert ink(painted(page, big, 5_000, SHOTS / "memory_planner.png")) > 5_000
@@ -476,18 +485,14 @@ def test_the_memory_planner_draws_moves_with_a_field_and_measures(lab, page):
 
 
 def test_the_schedule_playground_redraws_with_a_control_and_runs_the_schedule(lab, page):
-    # Notebook 13's set-up, its cluster and its playground cells (the notebook tests run all of
-    # it): the formula's timeline on the page, a click on another schedule redrawing it, Run
-    # drawing what the cluster ran under it.
-    url, token, root = lab
-    notebook = json.loads((root / "notebooks" / "13_experts_and_schedules.ipynb").read_text())
-    code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
-    source = lambda cell: "".join(cell["source"])  # noqa: E731
-    at = next(i for i, cell in enumerate(code) if "dtflab.schedule_playground(" in source(cell))
-    notebook["cells"] = code[:2] + code[at:at + 2]  # set-up, cluster, playground and its run
-    assert "playground.run()" in source(notebook["cells"][-1])
-    (root / "notebooks" / "playground.ipynb").write_text(json.dumps(notebook))
-    open_and_run_all(page, url, token, "playground.ipynb")
+    # Notebook 13's set-up, its cluster, its playground and its run: the formula's timeline on
+    # the page, a click on another schedule redrawing it, Run drawing what the cluster ran.
+    def playground(code, source):
+        at = next(i for i, cell in enumerate(code) if "dtflab.schedule_playground(" in source(cell))
+        assert "playground.run()" in source(code[at + 1])
+        return code[:2] + code[at:at + 2]
+
+    run_cells(page, lab, "13_experts_and_schedules.ipynb", playground)
     widget = cell_containing(page, "dtflab.schedule_playground(").locator(".jp-OutputArea")
     reveal(widget)
     painted(page, widget, 5_000, SHOTS / "schedule_playground.png", canvases=2)
@@ -518,17 +523,13 @@ def test_the_schedule_playground_redraws_with_a_control_and_runs_the_schedule(la
 
 
 def test_the_plan_of_a_65b_model_draws_its_configuration_map(lab, page):
-    # Notebook 14's set-up and its 65 B plan and map (no cluster: the H100 preset); the notebook
-    # tests run all of it.
-    url, token, root = lab
-    notebook = json.loads((root / "notebooks" / "14_plan_a_run.ipynb").read_text())
-    code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
-    source = lambda cell: "".join(cell["source"])  # noqa: E731
-    at = next(i for i, cell in enumerate(code) if "devices=1024" in source(cell))
-    notebook["cells"] = [code[0], code[at], code[at + 1]]
-    assert source(code[at + 1]).strip() == "big.show()"
-    (root / "notebooks" / "plan.ipynb").write_text(json.dumps(notebook))
-    open_and_run_all(page, url, token, "plan.ipynb")
+    # Notebook 14's set-up and its 65 B plan and map (no cluster: the H100 preset).
+    def plan_and_map(code, source):
+        at = next(i for i, cell in enumerate(code) if "devices=1024" in source(cell))
+        assert source(code[at + 1]).strip() == "big.show()"
+        return [code[0], code[at], code[at + 1]]
+
+    run_cells(page, lab, "14_plan_a_run.ipynb", plan_and_map)
     figure = cell_containing(page, "big.show()").locator(".jp-OutputArea")
     reveal(figure)
     assert ink(painted(page, figure, 5_000, SHOTS / "plan_map.png")) > 5_000

@@ -151,7 +151,7 @@ class StepTrace:
                            if t.kind == "transfer" and t.name.endswith("CollectiveReduceV2")]
             if not collectives:
                 continue
-            busy = _union((t.start_us, t.end_us) for t in timings
+            busy = union((t.start_us, t.end_us) for t in timings
                           if t.kind == "compute" and not _UPDATE.search(t.name))
             hidden = sum(max(0.0, min(end, b) - max(start, a))
                          for start, end in collectives for a, b in busy)
@@ -204,7 +204,7 @@ class StepTrace:
 _UPDATE = re.compile(r"(^|/)(Adam|update_[^/]*)/|:ResourceApply|:(SplitV|Split|Reshape)$")
 
 
-def _union(intervals) -> list[tuple[float, float]]:
+def union(intervals) -> list[tuple[float, float]]:
     """Overlapping ``(start, end)`` intervals merged, in time order."""
     merged: list[list[float]] = []
     for start, end in sorted(intervals):

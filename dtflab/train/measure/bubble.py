@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from dtflab import names
+from dtflab.tracing.step import union
 from dtflab.train.formulas import costs
 
 #: The module that draws a Bubble, named rather than imported: the data does not depend on
@@ -267,7 +268,7 @@ def _slot(key, ops) -> Slot:
     (reading a variable, a shape) may run long before the slot does, on a second inter-op
     thread."""
     work = [t for t in ops if ARITHMETIC.search(t.op) or "/straggler/" in t.name] or ops
-    busy = _merged([(t.start_us, t.end_us) for t in ops])
+    busy = union([(t.start_us, t.end_us) for t in ops])
     return Slot(*key, min(t.start_us for t in work), max(t.end_us for t in work),
                 sum(b - a for a, b in busy),
                 sum(t.duration_us for t in ops if ARITHMETIC.search(t.op)),
@@ -275,19 +276,8 @@ def _slot(key, ops) -> Slot:
                 tuple(busy))
 
 
-def _merged(intervals) -> list[tuple[float, float]]:
-    """``intervals`` joined where they overlap, in order."""
-    merged: list[list[float]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(a, b) for a, b in merged]
-
-
 def _covered(intervals) -> float:
-    return sum(b - a for a, b in _merged(intervals))
+    return sum(b - a for a, b in union(intervals))
 
 
 def activation_peaks(metadata, devices) -> list[int]:
