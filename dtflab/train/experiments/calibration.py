@@ -50,7 +50,8 @@ def calibrate(cluster, *, repeats: int = 5) -> Hardware:
     tasks = len(cluster.addresses.get("worker", []))
     if tasks < 2:
         raise ValueError(f"calibrate needs two worker tasks to time a transfer between them; "
-                         f"this cluster has {tasks}: start one with dtflab.start_cluster(workers=2)")
+                         f"this cluster has {tasks}: start one with "
+                         f"dtflab.start_cluster(workers=2)")
     devices = [names.device(f"worker:{i}") for i in range(tasks)]
     target = cluster.target("worker", 0)
     rates = {precision: _matmul_rates(target, devices, precision, repeats)

@@ -142,7 +142,8 @@ def a100_node() -> Hardware:
         flops={"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12},
         vector_flops={"bfloat16": 78e12, "float16": 78e12, "float32": 19.5e12},
         memory_bytes=80e9, memory_bandwidth=2039e9, per_node=8,
-        node=Link("NVLink 3", 300e9, 10e-6, 0.65), cluster=Link("HDR InfiniBand", 25e9, 20e-6, 0.9),
+        node=Link("NVLink 3", 300e9, 10e-6, 0.65),
+        cluster=Link("HDR InfiniBand", 25e9, 20e-6, 0.9),
         matrix_efficiency=_CALCULON_MATRIX, vector_efficiency=_CALCULON_VECTOR,
         memory_efficiency=_CALCULON_MEMORY, per_op_s=0.0, overlap=False,
         source="NVIDIA A100 datasheet; Calculon systems/a100_80g.json; nccl-tests#149")
@@ -164,7 +165,8 @@ def h100_node() -> Hardware:
         flops={"bfloat16": 989.4e12, "float16": 989.4e12, "float32": 66.9e12},
         vector_flops={"bfloat16": 133.8e12, "float16": 133.8e12, "float32": 66.9e12},
         memory_bytes=80e9, memory_bandwidth=3350e9, per_node=8,
-        node=Link("NVLink 4", 450e9, 10e-6, 0.82), cluster=Link("NDR InfiniBand", 50e9, 20e-6, 0.93),
+        node=Link("NVLink 4", 450e9, 10e-6, 0.82),
+        cluster=Link("NDR InfiniBand", 50e9, 20e-6, 0.93),
         matrix_efficiency=_CALCULON_MATRIX, vector_efficiency=_CALCULON_VECTOR,
         memory_efficiency=_CALCULON_MEMORY, per_op_s=0.0, overlap=False,
         source="NVIDIA H100 datasheet; Calculon systems/h100_80g_nvl8.json; nccl-tests#212, #290")

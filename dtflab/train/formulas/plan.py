@@ -193,9 +193,9 @@ def stage_parameters(plan: Plan, first: bool, last: bool) -> dict[str, int]:
 def block_activations(plan: Plan) -> float:
     """Bytes one block keeps for its backward, for one micro-batch on one device.
 
-    Without dropout, dtflab's transformer (``formulas.memory``, measured to the byte): 16·s·b·d
-    + a·s²·b elements and 2·s·b float32 1/std, tensor parallelism cutting the 12·s·b·d + a·s²·b
-    between the matrices, sequence parallelism the LayerNorms' share but the gathered input it
+    Without dropout, dtflab's transformer (``formulas.memory``, measured to the byte):
+    16·s·b·d + a·s²·b elements and 2·s·b float32 1/std, tensor parallelism cutting the
+    12·s·b·d + a·s²·b between the matrices, sequence parallelism the LayerNorms' share but the gathered input it
     keeps whole (``memory.split_activation_bytes``). With ``dropout`` (Megatron's GPT),
     Korthikanti et al. 2022's Table 2 in 16 bits, scaled to the compute type: s·b·h·(10 + 24/t
     + 5·a·s/(h·t)), with sequence parallelism s·b·h·(34/t + 5·a·s/(h·t)); selective

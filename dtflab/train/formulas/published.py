@@ -87,7 +87,8 @@ def check(hardware=None) -> list[dict]:
             "measured_s": run.measured_s, "predicted_s": seconds,
             "error": seconds / run.measured_s - 1,
             "calculon_s": run.calculon_s,
-            "calculon_error": None if run.calculon_s is None else run.calculon_s / run.measured_s - 1,
+            "calculon_error": (None if run.calculon_s is None
+                               else run.calculon_s / run.measured_s - 1),
             "mfu": run.mfu, "predicted_mfu": step_time.mfu(run.plan, hardware, seconds),
             "memory_gib": per_device(run.plan)["total"] / 2 ** 30,
             "calculon_gib": run.calculon_gib, "parts": parts})

@@ -27,7 +27,8 @@ context ways (each device holds s / c of the tokens), 4d-wide MLP, p bytes an el
 Collectives, per block and micro-batch: tensor parallelism sums each half-block's output
 forward and its input's gradient backward (an all-reduce of s·b·d·p bytes; with sequence
 parallelism a reduce-scatter and an all-gather, the same bytes, and with ``regather`` the two
-inputs gathered again in the backward; with full recomputation the forward's two again); ring attention sends each block's keys and values round c workers (c - 1
+inputs gathered again in the backward; with full recomputation the forward's two again);
+ring attention sends each block's keys and values round c workers (c - 1
 hops of 2·(s/c)·b·d·p / t, hidden under the attention's arithmetic where it is shorter);
 experts send each token to its experts' worker and back (dispatch and combine, forward and
 backward: 4 all-to-alls of k·s·b·d·p·(e - 1)/e bytes). Pipeline stages send each micro-batch's
@@ -58,23 +59,26 @@ def block_ops(plan: Plan) -> list[tuple[str, str, float, float]]:
     k = plan.top_k if plan.experts else 1
     sp = t if plan.sequence_parallel else 1  # what sequence parallelism cuts
     rows = s * b
+    heads_s = b * a / t * s * full  # the scores of every head this device holds
     ops = [
         ("ln1", "vector", 8 * rows * d / sp, 2 * p * rows * d / sp),
-        ("qkv", "matrix", 2 * rows * d * 3 * d / t, p * (rows * d + 3 * d * d / t + 3 * rows * d / t)),
-        ("scores", "matrix", 2 * b * s * full * d / t, p * (2 * rows * d / t + b * a / t * s * full)),
-        ("softmax", "vector", 5 * b * a / t * s * full, 2 * p * b * a / t * s * full),
-        ("values", "matrix", 2 * b * s * full * d / t, p * (b * a / t * s * full + 2 * rows * d / t)),
+        ("qkv", "matrix", 2 * rows * d * 3 * d / t,
+         p * (rows * d + 3 * d * d / t + 3 * rows * d / t)),
+        ("scores", "matrix", 2 * b * s * full * d / t, p * (2 * rows * d / t + heads_s)),
+        ("softmax", "vector", 5 * heads_s, 2 * p * heads_s),
+        ("values", "matrix", 2 * b * s * full * d / t, p * (heads_s + 2 * rows * d / t)),
         ("projection", "matrix", 2 * rows * d * d / t, p * (2 * rows * d / t + d * d / t)),
         ("residual1", "vector", rows * d / sp, 3 * p * rows * d / sp),
         ("ln2", "vector", 8 * rows * d / sp, 2 * p * rows * d / sp),
-        ("fc", "matrix", k * 2 * rows * d * 4 * d / t, p * k * (rows * d + 4 * d * d / t + 4 * rows * d / t)),
+        ("fc", "matrix", k * 2 * rows * d * 4 * d / t,
+         p * k * (rows * d + 4 * d * d / t + 4 * rows * d / t)),
         ("gelu", "vector", k * 8 * rows * 4 * d / t, k * 2 * p * rows * 4 * d / t),
-        ("out", "matrix", k * 2 * rows * 4 * d * d / t, p * k * (4 * rows * d / t + 4 * d * d / t + rows * d)),
+        ("out", "matrix", k * 2 * rows * 4 * d * d / t,
+         p * k * (4 * rows * d / t + 4 * d * d / t + rows * d)),
         ("residual2", "vector", rows * d / sp, 3 * p * rows * d / sp),
     ]
     if plan.dropout:  # the attention's dropout and two bias-dropout-adds (1-byte masks)
-        ops += [("attention_dropout", "vector", b * a / t * s * full,
-                 (2 * p + 1) * b * a / t * s * full),
+        ops += [("attention_dropout", "vector", heads_s, (2 * p + 1) * heads_s),
                 ("dropouts", "vector", 2 * rows * d / sp, 2 * (p + 1) * rows * d / sp)]
     if plan.experts:
         ops.append(("router", "matrix", 2 * rows * d * plan.experts, p * rows * d))

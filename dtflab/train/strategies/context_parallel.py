@@ -55,7 +55,8 @@ def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = Non
                     read[device] = {name: tf.identity(v, name=name) for name, v in variables.items()}
                 tokens, targets[device] = (tf.identity(ids) for ids in mine)
                 wpe = read[device]["wpe"]
-                h[device] = (ops.dense(tf, tf.one_hot(tokens, problem.vocabulary), read[device]["wte"])
+                h[device] = (ops.dense(tf, tf.one_hot(tokens, problem.vocabulary),
+                                       read[device]["wte"])
                              + tf.concat([wpe[a:b] for a, b in pieces[m]], axis=0))
 
         def split(tensor, m):  # [batch, n, d] -> {chunk: [batch, heads, length, size]}
@@ -91,7 +92,8 @@ def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = Non
                         joined = tf.concat([tf.reshape(tf.transpose(out[chunk], [0, 2, 1, 3]),
                                                        [-1, chunk[1] - chunk[0], d])
                                             for chunk in sorted(out, key=pieces[m].index)], 1)
-                        h[device] += ops.dense(tf, joined, w[device]["proj_w"]) + w[device]["proj_b"]
+                        h[device] += (ops.dense(tf, joined, w[device]["proj_w"])
+                                      + w[device]["proj_b"])
                         n = problem.layer_norm(tf, w[device]["ln2_scale"], w[device]["ln2_bias"],
                                                h[device], "ln2")
                         h[device] += problem.mlp(tf, n, w[device]["fc_w"], w[device]["fc_b"],
@@ -101,7 +103,8 @@ def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = Non
             with tf.device(device), tf.name_scope(f"output_on_{_task(device)}"):
                 own = read[device]
                 out = problem.layer_norm(tf, own["lnf_scale"], own["lnf_bias"], h[device])
-                logits = ops.dense(tf, out, tf.transpose(own["wte"]) if problem.tied else own["lm_head"])
+                logits = ops.dense(tf, out, tf.transpose(own["wte"]) if problem.tied
+                                   else own["lm_head"])
                 per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(
                     labels=targets[device], logits=logits)
                 losses.append(tf.reduce_sum(per_token) / problem.sequence)
