@@ -65,7 +65,7 @@ def calibrate(cluster, *, repeats: int = 5) -> Hardware:
     per_step = _per_step(cluster.target("worker", tasks - 1), devices[0], repeats)
     link = Link("this machine's loopback (gRPC)", 1 / per_byte, latency, 1.0)
     hardware = Hardware(
-        f"here ({tasks} worker tasks on {psutil.cpu_count()} cores)", flops=peak,
+        f"here ({tasks} worker tasks on {psutil.cpu_count()} cores)", flops=peak, cpus=cpus(),
         memory_bytes=psutil.virtual_memory().total / tasks, memory_bandwidth=bandwidth,
         per_node=tasks, node=link, cluster=link, matrix_efficiency=curve,
         vector_efficiency=((0.0, 1.0),), per_step_s=per_step, overlap=True, measured=True,

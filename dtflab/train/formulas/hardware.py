@@ -77,6 +77,7 @@ class Hardware:
     overlap: bool = True
     measured: bool = False
     source: str = ""
+    cpus: float = 0.0  # measured: the CPUs' worth of time the tasks shared
 
     def peak(self, precision: str, kind: str = "matrix") -> float:
         """Peak FLOP/s for ``precision``; a 16-bit type a device lacks runs at float32's."""
@@ -107,6 +108,20 @@ class Hardware:
     def link(self, group: int, stride: int = 1) -> Link:
         """The link a group of ``group`` devices, ``stride`` apart, talks over."""
         return self.node if group * stride <= self.per_node else self.cluster
+
+    def with_tasks(self, tasks: int) -> Hardware:
+        """This measured machine with ``tasks`` tasks sharing its CPUs instead of the
+        ``per_node`` it was measured with: each task's share of the arithmetic and of the
+        memory's bandwidth follows ``cpus / tasks`` where the tasks outnumber the CPUs."""
+        if not self.measured or not self.cpus:
+            raise ValueError(f"with_tasks: {self.name} was not measured here; only "
+                             f"train.calibrate(cluster)'s hardware shares its CPUs")
+        share = min(1.0, self.cpus / tasks) / min(1.0, self.cpus / self.per_node)
+        return replace(self, name=f"here ({tasks} tasks sharing {self.cpus:g} CPUs)",
+                       flops={k: v * share for k, v in self.flops.items()},
+                       memory_bandwidth=self.memory_bandwidth * share,
+                       memory_bytes=self.memory_bytes * self.per_node / tasks,
+                       per_op_s=self.per_op_s / share, per_node=tasks)
 
     def describe(self) -> str:
         how = "measured here" if self.measured else "from datasheets and papers"
