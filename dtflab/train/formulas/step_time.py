@@ -5,7 +5,7 @@ One device's work for one micro-batch is the ops of its blocks (forward, backwar
 recomputation runs again; and the first stage's embedding, the last stage's output layer and
 loss), each op charged by the hardware's roofline (``Hardware.op_seconds``), plus the
 collectives its tensor, context and expert groups make for that micro-batch, plus the sends
-between pipeline stages. A step is
+between pipeline stages. A step is::
 
     (m + bubble) x (that per-micro-batch time)
         [the schedule's bubble over the work: (p - 1) / m GPipe and 1F1B, (p - 1) / (v m)
