@@ -128,19 +128,26 @@ class _Binder:
             remove_group(group)
 
 
-def execute(path: Path, label: str, specs: Path) -> Run:
-    """Run one notebook as ``learner_then_solved``, inside Binder's limits where they can be set."""
-    from jupyter_client import KernelManager
+def execute(path: Path, label: str, specs: Path, tutorial: bool = True) -> Run:
+    """Run one notebook inside Binder's limits where they can be set: a tutorial as
+    ``learner_then_solved``, its outputs kept for the site; any other notebook as it is."""
+    from jupyter_client import AsyncKernelManager
     from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_core.utils import run_sync
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
-    notebook, at = learner_then_solved(nbformat.read(path, as_version=4))
+    notebook, at = nbformat.read(path, as_version=4), {}
+    if tutorial:
+        notebook, at = learner_then_solved(notebook)
     binder = None if cgroups_unavailable() else _Binder(label)
     manager = None
     if binder is not None:
         spec = binder.kernel_spec(specs / f"binder-{label}")
-        manager = KernelManager(kernel_name=spec, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)]))
+        # asynchronous, as nbclient expects: a blocking client's output poll would hold the
+        # event loop, and with it nbclient's check that the kernel lives (a kernel killed at
+        # the memory limit left the run waiting on a zombie)
+        manager = AsyncKernelManager(kernel_name=spec, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)]))
     client = NotebookClient(notebook, km=manager, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     started, error = time.perf_counter(), None
@@ -152,14 +159,14 @@ def execute(path: Path, label: str, specs: Path) -> Run:
         error = f"{type(exc).__name__}: {exc}"
     finally:
         if manager is not None and manager.has_kernel:  # nbclient ends only kernels it made
-            manager.shutdown_kernel(now=False)
+            run_sync(manager.shutdown_kernel)(now=False)
     run = Run(notebook, at, round(time.perf_counter() - started, 1), error)
     if binder is not None:
         run.leftovers = binder.leftovers()
         for key, value in binder.figures().items():
             setattr(run, key, value)
         binder.remove()
-    if error is None:
+    if error is None and tutorial:
         target = EXECUTED / path.relative_to(ROOT / "notebooks")
         target.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(notebook, target)

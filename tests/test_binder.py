@@ -60,3 +60,32 @@ def test_each_notebook_runs_inside_binders_2_gib_on_one_cpu(path, notebook_runs)
     assert run.error is None, run.error
     assert run.oom_kills == 0 and run.limit_hits == 0, vars(run)
     assert 300 < run.cgroup_peak_mb < LIMIT_MB  # the kernel and its tasks were inside
+
+
+@pytest.mark.timeout(300)  # the cell limit is 600 s: a wait on the dead kernel ends here
+def test_a_kernel_killed_inside_the_limits_is_reported_at_once(tmp_path):
+    """A kernel that dies mid-notebook (Binder restarts one above 2 GB) ends its execution with
+    that error in seconds; the harness once waited on the dead kernel until the run's limit."""
+    import json
+    import subprocess
+    import sys
+
+    import nbformat
+
+    reason = cgroups_unavailable()
+    if reason:
+        pytest.skip(f"BINDER CHECK NOT RUN: {reason}")
+    notebook = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("import os, signal"),
+        nbformat.v4.new_code_cell("os.kill(os.getpid(), signal.SIGKILL)"),
+        nbformat.v4.new_code_cell("print('never')")])
+    path = tmp_path / "dies.ipynb"
+    nbformat.write(notebook, path)
+    code = ("import json, sys; from pathlib import Path; from notebook_runs import execute; "
+            f"run = execute(Path({str(path)!r}), 'dies', Path({str(tmp_path / 'kernels')!r}), tutorial=False); "
+            "print(json.dumps([run.error, run.leftovers, str(run.notebook.cells[2].get('outputs'))]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent, capture_output=True,
+                          text=True, timeout=280)  # as the executor does: a process of its own
+    error, leftovers, last_outputs = json.loads(done.stdout.strip().splitlines()[-1])
+    assert error is not None and "Kernel died" in error, error
+    assert "never" not in last_outputs and leftovers == []
