@@ -45,8 +45,18 @@ def snapshot() -> dict:
 
 
 def listening(ports: set[int]) -> list[int]:
+    """Which of ``ports`` a process of this program's, or an orphan, still listens on (another
+    program may since have been given one of them: the tests' notebooks run beside this)."""
+    mine = {os.getpid()} | {child.pid for child in psutil.Process().children(recursive=True)}
+
+    def ours_or_orphaned(pid) -> bool:
+        try:
+            return pid is None or pid in mine or psutil.Process(pid).ppid() == 1
+        except psutil.Error:
+            return False
+
     return sorted({c.laddr.port for c in psutil.net_connections("tcp")
-                   if c.status == psutil.CONN_LISTEN and c.laddr.port in ports})
+                   if c.status == psutil.CONN_LISTEN and c.laddr.port in ports and ours_or_orphaned(c.pid)})
 
 
 def one_cycle(backend: str) -> tuple[float, set[int], list[int]]:

@@ -5,15 +5,19 @@ reports the host's cores). Each notebook runs in a fresh kernel, as a learner's 
 solved (``learner_then_solved``), and, where this machine allows it (root, cgroup v1), inside
 a child cgroup of its own limited to 2 GiB and to one CPU (``cpu.cfs_quota_us`` =
 ``cpu.cfs_period_us``): the kernel from its first instruction and every task, fork server and
-Dask worker it starts. Two notebooks run at a time, each on its one CPU's worth, so the 22
-executions take about half their sum on 2 cores. The notebook tests read the executed
-notebooks, the Binder tests their peaks and seconds, and the site renders them
-(``build/notebooks/``): no tier executes a notebook again.
+Dask worker it starts. The executions start with the test run, one at a time in the
+background (their cgroup's ``cpu.shares`` at the minimum: they take the CPU time the other
+tests leave idle, about half of two cores, and yield it the moment a test wants it); once the
+first test that reads one asks (``NotebookRuns.get``), two run at a time at full shares, each
+on its one CPU's worth. The notebook tests read the executed notebooks, the Binder tests their
+peaks and CPU seconds, and the site renders them (``build/notebooks/``): no tier executes a
+notebook again.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import copy
 import json
 import os
@@ -34,7 +38,12 @@ from notebook_memory import memory_figures, own_cgroup, remove_group  # noqa: E4
 EXECUTED = ROOT / "build" / "notebooks"  # the documentation site renders these outputs
 LIMIT_MB = 2048
 AT_ONCE = 2
+#: cgroup-v1 ``cpu.shares`` of a notebook run in the background: the least there is (a test's
+#: process has 1024), so a test is never kept waiting for a notebook's CPU time.
+BACKGROUND_SHARES = 2
+FOREGROUND_SHARES = 1024
 CGROUPS = Path("/sys/fs/cgroup")
+GROUP_PREFIX = "dtflab-notebook-"  # each notebook's cgroups: f"{GROUP_PREFIX}{pid}-{label}-{ns}"
 JOIN = Path(__file__).with_name("join_cgroup.py")
 
 
@@ -45,13 +54,41 @@ class Run:
 
     notebook: nbformat.NotebookNode
     at: dict[str, int]
-    seconds: float
+    seconds: float  # wall seconds; more than on Binder where it began in the background
     error: str | None = None
+    cpu_s: float | None = None  # CPU seconds, all the cgroup's processes: what one CPU needs at least
+    background: bool = False  # began while the other tests ran (``BACKGROUND_SHARES``)
     cgroup_peak_mb: int | None = None
     limit_hits: int | None = None
     oom_kills: int | None = None
     cpu_quota: bool = False
     leftovers: list[str] = field(default_factory=list)  # processes that outlived the kernel
+
+
+def in_a_notebook(pid: int) -> bool:
+    """Whether process ``pid`` runs inside a notebook's cgroup (a kernel, or what it started):
+    what a test that scans the whole machine's processes or ports must leave out while the
+    notebooks run beside it."""
+    try:
+        return GROUP_PREFIX in Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return False
+
+
+def beside_the_notebooks(processes: list) -> list:
+    """``processes`` (``psutil.Process``) without the notebook executor, what it started and
+    what runs in a notebook's cgroup."""
+    import psutil
+
+    def of_the_notebooks(process) -> bool:
+        try:
+            chain = [process, *process.parents()]
+            return in_a_notebook(process.pid) or any(
+                "notebook_runs.py" in " ".join(p.cmdline()[:3]) for p in chain)
+        except psutil.Error:  # gone (or going) while we looked: nothing left behind
+            return True
+
+    return [process for process in processes if not of_the_notebooks(process)]
 
 
 def cgroups_unavailable() -> str | None:
@@ -81,29 +118,42 @@ def learner_then_solved(notebook) -> tuple[nbformat.NotebookNode, dict[str, int]
 
 
 class _Binder:
-    """A fresh pair of cgroups (memory: 2 GiB; cpu: one CPU's quota) for one notebook."""
+    """Fresh cgroups for one notebook: memory (2 GiB), cpu (one CPU's quota; ``shares``) and
+    cpuacct (its CPU seconds), wherever the last is mounted apart from cpu."""
 
-    def __init__(self, label: str):
-        name = f"dtflab-notebook-{os.getpid()}-{label}-{time.monotonic_ns()}"
+    def __init__(self, label: str, shares: int = FOREGROUND_SHARES):
+        name = f"{GROUP_PREFIX}{os.getpid()}-{label}-{time.monotonic_ns()}"
         self.memory, self.cpu = own_cgroup("memory") / name, own_cgroup("cpu") / name
+        self.cpuacct = own_cgroup("cpuacct") / name
         self.memory.mkdir()
         self.cpu.mkdir()
+        if not self.cpuacct.exists():  # mounted apart ("cpu" and "cpuacct", not "cpu,cpuacct")
+            self.cpuacct.mkdir()
         (self.memory / "memory.limit_in_bytes").write_text(str(LIMIT_MB * 2**20))
         period = (self.cpu / "cpu.cfs_period_us").read_text().strip()
         (self.cpu / "cpu.cfs_quota_us").write_text(period)
+        self.set_shares(shares)
+
+    def set_shares(self, shares: int) -> None:
+        (self.cpu / "cpu.shares").write_text(str(shares))
+
+    @property
+    def groups(self) -> list[Path]:
+        return list(dict.fromkeys([self.memory, self.cpu, self.cpuacct]))
 
     def kernel_spec(self, folder: Path) -> str:
         """A kernel spec whose kernel joins both cgroups before it starts; returns its name."""
         name = folder.name
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "kernel.json").write_text(json.dumps({
-            "argv": [sys.executable, str(JOIN), str(self.memory), str(self.cpu), "--",
+            "argv": [sys.executable, str(JOIN), *map(str, self.groups), "--",
                      sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
             "display_name": "Python 3 (Binder's limits)", "language": "python"}))
         return name
 
     def figures(self) -> dict:
-        return {**memory_figures(self.memory), "cpu_quota": True}
+        cpu_s = int((self.cpuacct / "cpuacct.usage").read_text()) / 1e9
+        return {**memory_figures(self.memory), "cpu_quota": True, "cpu_s": round(cpu_s, 1)}
 
     def leftovers(self, grace_s: float = 10.0) -> list[str]:
         """What still runs in the cgroup ``grace_s`` after the kernel ended (then killed)."""
@@ -124,13 +174,14 @@ class _Binder:
         return left
 
     def remove(self) -> None:
-        for group in (self.memory, self.cpu):
+        for group in self.groups:
             remove_group(group)
 
 
-def execute(path: Path, label: str, specs: Path, tutorial: bool = True) -> Run:
+def execute(path: Path, label: str, specs: Path, tutorial: bool = True, pace=None) -> Run:
     """Run one notebook inside Binder's limits where they can be set: a tutorial as
-    ``learner_then_solved``, its outputs kept for the site; any other notebook as it is."""
+    ``learner_then_solved``, its outputs kept for the site; any other notebook as it is.
+    ``pace`` (a ``_Pace``) runs it in the background until the tests ask for the notebooks."""
     from jupyter_client import AsyncKernelManager
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_core.utils import run_sync
@@ -140,7 +191,13 @@ def execute(path: Path, label: str, specs: Path, tutorial: bool = True) -> Run:
     notebook, at = nbformat.read(path, as_version=4), {}
     if tutorial:
         notebook, at = learner_then_solved(notebook)
-    binder = None if cgroups_unavailable() else _Binder(label)
+    binder, background = None, False
+    with pace.running.lock if pace is not None else contextlib.nullcontext():
+        background = pace is not None and pace.background
+        if not cgroups_unavailable():
+            binder = _Binder(label, BACKGROUND_SHARES if background else FOREGROUND_SHARES)
+            if pace is not None:
+                pace.running.add(binder)
     manager = None
     if binder is not None:
         spec = binder.kernel_spec(specs / f"binder-{label}")
@@ -160,8 +217,10 @@ def execute(path: Path, label: str, specs: Path, tutorial: bool = True) -> Run:
     finally:
         if manager is not None and manager.has_kernel:  # nbclient ends only kernels it made
             run_sync(manager.shutdown_kernel)(now=False)
-    run = Run(notebook, at, round(time.perf_counter() - started, 1), error)
+    run = Run(notebook, at, round(time.perf_counter() - started, 1), error, background=background)
     if binder is not None:
+        if pace is not None:
+            pace.running.discard(binder)
         run.leftovers = binder.leftovers()
         for key, value in binder.figures().items():
             setattr(run, key, value)
@@ -185,13 +244,18 @@ class NotebookRuns:
         self._lock = threading.Lock()
         self._executor: subprocess.Popen | None = None
 
-    def get(self, path: Path, timeout: float = 3000) -> Run:
+    def start(self) -> None:
+        """Start the executor, in the background (``_Pace``), if it has not started."""
         with self._lock:
-            if self._executor is None:
+            if self._executor is None and self.paths:
                 self._log = open(self.folder / "executor.log", "wb")
                 self._executor = subprocess.Popen(
                     [sys.executable, __file__, str(self.folder), *map(str, self.paths)],
                     stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def get(self, path: Path, timeout: float = 3000) -> Run:
+        self.start()
+        (self.folder / _Pace.FLAG).touch()  # the tests read the notebooks now: full speed
         result = self.folder / f"{self.paths.index(path)}.json"
         deadline = time.monotonic() + timeout
         while not result.exists():
@@ -213,6 +277,46 @@ class NotebookRuns:
             self._log.close()
 
 
+class _Pace:
+    """How fast the executor goes: one notebook at a time at ``BACKGROUND_SHARES`` until the
+    file ``FLAG`` appears in its folder, then ``AT_ONCE`` at a time at full shares (the running
+    one raised too)."""
+
+    FLAG = "foreground"
+
+    def __init__(self, folder: Path):
+        self.folder, self.background = folder, True
+        self.slots = threading.Semaphore(1)
+        self.running = _Running()
+        threading.Thread(target=self._watch, daemon=True, name="pace").start()
+
+    def _watch(self) -> None:
+        while not (self.folder / self.FLAG).exists():
+            time.sleep(0.5)
+        with self.running.lock:
+            self.background = False
+            for binder in self.running:
+                binder.set_shares(FOREGROUND_SHARES)
+        for _ in range(AT_ONCE - 1):
+            self.slots.release()
+
+
+class _Running(set):
+    """The ``_Binder``s of the notebooks running now, with the lock that changes them."""
+
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.RLock()
+
+    def add(self, binder) -> None:
+        with self.lock:
+            super().add(binder)
+
+    def discard(self, binder) -> None:
+        with self.lock:
+            super().discard(binder)
+
+
 def main(folder: str, *paths: str) -> None:
     """The executor: each notebook's ``Run`` as ``FOLDER/<i>.json`` and ``<i>.ipynb``. It ends
     with the test run that started it (SIGTERM from the kernel when its parent ends); its
@@ -222,9 +326,11 @@ def main(folder: str, *paths: str) -> None:
 
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     out, specs = Path(folder), Path(folder) / "kernels"
+    pace = _Pace(out)
 
     def one(index: int, path: Path) -> None:
-        run = execute(path, str(index), specs)
+        with pace.slots:
+            run = execute(path, str(index), specs, pace=pace)
         nbformat.write(run.notebook, out / f"{index}.ipynb")
         fields = {key: value for key, value in vars(run).items() if key != "notebook"}
         (out / f"{index}.json.part").write_text(json.dumps(fields))

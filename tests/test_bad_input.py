@@ -27,6 +27,7 @@ import dtflab
 from dtflab import train
 from dtflab.cluster import base, running
 from dtflab.placement import PlacementPlan
+from notebook_runs import beside_the_notebooks, in_a_notebook
 
 from test_cli import DTFLAB
 
@@ -284,11 +285,17 @@ def own_temp_folder(tmp_path, monkeypatch):
 
 def leftovers() -> dict:
     me = psutil.Process()
-    tree = {me.pid} | {child.pid for child in me.children(recursive=True)
-                       if child.status() != psutil.STATUS_ZOMBIE}
+    def alive(process) -> bool:
+        try:
+            return process.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    tree = {me.pid} | {child.pid for child in beside_the_notebooks(me.children(recursive=True)) if alive(child)}
     orphans = set()
     for process in psutil.process_iter(["cmdline", "ppid"]):
-        if process.info["ppid"] == 1 and any("dtflab" in part for part in process.info["cmdline"] or ()):
+        if process.info["ppid"] == 1 and any("dtflab" in part for part in process.info["cmdline"] or ()) \
+                and not in_a_notebook(process.pid):
             orphans.add(process.pid)
     listening = {c.laddr.port for c in psutil.net_connections("tcp")
                  if c.status == psutil.CONN_LISTEN and c.pid in tree | orphans}

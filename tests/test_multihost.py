@@ -373,13 +373,22 @@ out = {}
 
 def strays():
     """worker programs of train.all_reduce still running, on any host (the namespaces share one pid
-    namespace: this machine's process table shows every host's)."""
+    namespace: this machine's process table shows every host's), but not a tutorial's (notebook
+    08's, in its notebook's cgroup: the notebooks run beside the tests)."""
     found = []
     for process in psutil.process_iter(["cmdline"]):
         command = " ".join(process.info["cmdline"] or [])
-        if "worker_programs/all_reduce.py" in command:
+        if "worker_programs/all_reduce.py" in command and not in_a_notebook(process.pid):
             found.append(command[:200])
     return found
+
+
+def in_a_notebook(pid):
+    try:
+        with open(f"/proc/{pid}/cgroup") as groups:
+            return "dtflab-notebook-" in groups.read()  # notebook_runs.GROUP_PREFIX
+    except OSError:
+        return False
 
 
 with Client(scheduler, timeout="30s") as client:
