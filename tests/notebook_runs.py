@@ -95,7 +95,8 @@ def cgroups_unavailable() -> str | None:
     """Why Binder's limits cannot be set here, or None."""
     if os.geteuid() != 0:
         return "not root"
-    for controller, knob in (("memory", "memory.limit_in_bytes"), ("cpu", "cpu.cfs_quota_us")):
+    for controller, knob in (("memory", "memory.limit_in_bytes"), ("cpu", "cpu.cfs_quota_us"),
+                             ("cpuacct", "cpuacct.usage")):
         if not (CGROUPS / controller / knob).exists():
             return f"no cgroup-v1 {controller} controller at {CGROUPS / controller}"
     return None
@@ -139,7 +140,7 @@ class _Binder:
 
     @property
     def groups(self) -> list[Path]:
-        return list(dict.fromkeys([self.memory, self.cpu, self.cpuacct]))
+        return list({group.resolve(): group for group in (self.memory, self.cpu, self.cpuacct)}.values())
 
     def kernel_spec(self, folder: Path) -> str:
         """A kernel spec whose kernel joins both cgroups before it starts; returns its name."""
