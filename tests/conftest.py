@@ -284,6 +284,9 @@ TIERS = ("browser", "docs", "binder", "notebook", "multihost", "slow")
 RUN_LAST = {"binder": 1, "notebook": 1, "docs": 2, "browser": 3}
 _tier_seconds: dict[str, float] = {}
 _tier_tests: dict[str, int] = {}
+#: Lines a test prints that the run's summary repeats (captured output is shown only on failure).
+FIGURES = "Binder's limits:"
+_figures: list[str] = []
 
 
 def tier_of(keywords) -> str:
@@ -297,10 +300,17 @@ def pytest_runtest_logreport(report):
     _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + report.duration
     if report.when == "call" or (report.when == "setup" and report.skipped):
         _tier_tests[tier] = _tier_tests.get(tier, 0) + 1
+    if report.when == "call":
+        _figures.extend(line for line in report.capstdout.splitlines() if line.startswith(FIGURES))
 
 
 def pytest_terminal_summary(terminalreporter):
-    """One line per tier: its tests and their seconds (set-up and teardown included)."""
+    """One line per tier: its tests and their seconds (set-up and teardown included); then the
+    figures the Binder tier printed, a line per notebook."""
+    if _figures:
+        terminalreporter.section("each notebook inside Binder's limits")
+        for line in _figures:
+            terminalreporter.write_line(line[len(FIGURES):].strip())
     terminalreporter.section("time per tier")
     for tier in (*TIERS, "fast"):
         if tier in _tier_seconds:
