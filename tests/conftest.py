@@ -305,8 +305,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """One line per tier: its tests and their seconds (set-up and teardown included); then the
-    figures the Binder tier printed, a line per notebook."""
+    """The figures the Binder tier printed, a line per notebook; then one line per tier: its
+    tests and their seconds (set-up and teardown included)."""
     if _figures:
         terminalreporter.section("each notebook inside Binder's limits")
         for line in _figures:
