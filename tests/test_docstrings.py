@@ -32,27 +32,33 @@ def _load(dotted: str):
         return getattr(importlib.import_module(module), name)
 
 
+def docstrings() -> list[tuple[str, str]]:
+    """``(where, text)`` for the docstring of every module, class and function of dtflab."""
+    found = []
+    for name in ["dtflab"] + [m.name for m in pkgutil.walk_packages(dtflab.__path__, "dtflab.")]:
+        tree = ast.parse(inspect.getsource(importlib.import_module(name)))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc:
+                    found.append((f"{name}:{getattr(node, 'name', '')}", doc))
+    return found
+
+
 def examples() -> list[tuple[str, str]]:
     """``(where, code)`` for every example in every docstring of dtflab."""
     found = []
-    names = ["dtflab"] + [m.name for m in pkgutil.walk_packages(dtflab.__path__, "dtflab.")]
-    for name in names:
-        module = importlib.import_module(name)
-        tree = ast.parse(inspect.getsource(module))
-        for node in ast.walk(tree):
-            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            doc = ast.get_docstring(node) or ""
-            current = None
-            for line in doc.splitlines():
-                prompt, more = PROMPT.match(line), MORE.match(line)
-                if prompt:
-                    current = [prompt.group(1)]
-                    found.append((f"{name}:{getattr(node, 'name', '')}", current))
-                elif more and current is not None:
-                    current.append(more.group(1))
-                else:
-                    current = None
+    for where, doc in docstrings():
+        current = None
+        for line in doc.splitlines():
+            prompt, more = PROMPT.match(line), MORE.match(line)
+            if prompt:
+                current = [prompt.group(1)]
+                found.append((where, current))
+            elif more and current is not None:
+                current.append(more.group(1))
+            else:
+                current = None
     return [(where, "\n".join(lines)) for where, lines in found]
 
 
@@ -160,19 +166,6 @@ def _sphinx_roles_as_plain_text() -> None:
     for name in ("class", "func", "meth", "mod", "attr", "data", "exc", "obj", "doc", "ref",
                  "py:class", "py:func", "py:meth", "py:mod", "py:attr", "py:obj"):
         roles.register_local_role(name, literal)
-
-
-def docstrings() -> list[tuple[str, str]]:
-    """``(where, text)`` for the docstring of every module, class and function of dtflab."""
-    found = []
-    for name in ["dtflab"] + [m.name for m in pkgutil.walk_packages(dtflab.__path__, "dtflab.")]:
-        tree = ast.parse(inspect.getsource(importlib.import_module(name)))
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                doc = ast.get_docstring(node)
-                if doc:
-                    found.append((f"{name}:{getattr(node, 'name', '')}", doc))
-    return found
 
 
 def test_every_docstring_is_valid_restructured_text():
