@@ -287,6 +287,8 @@ _tier_tests: dict[str, int] = {}
 #: Lines a test prints that the run's summary repeats (captured output is shown only on failure).
 FIGURES = "Binder's limits:"
 _figures: list[str] = []
+#: Each rerun test's first failure: pytest-rerunfailures prints none for a test that then passed.
+_reruns: list[tuple[str, str]] = []
 
 
 def tier_of(keywords) -> str:
@@ -302,11 +304,18 @@ def pytest_runtest_logreport(report):
         _tier_tests[tier] = _tier_tests.get(tier, 0) + 1
     if report.when == "call":
         _figures.extend(line for line in report.capstdout.splitlines() if line.startswith(FIGURES))
+    if report.outcome == "rerun":
+        _reruns.append((f"{report.nodeid} ({report.when})", str(report.longrepr)))
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The figures the Binder tier printed, a line per notebook; then one line per tier: its
-    tests and their seconds (set-up and teardown included)."""
+    """The figures the Binder tier printed, a line per notebook; each rerun test's first
+    failure (its last 40 lines); then one line per tier: its tests and their seconds (set-up
+    and teardown included)."""
+    for name, failure in _reruns:
+        terminalreporter.section(f"rerun: {name} first failed with")
+        for line in failure.splitlines()[-40:]:
+            terminalreporter.write_line(line)
     if _figures:
         terminalreporter.section("each notebook inside Binder's limits")
         for line in _figures:
