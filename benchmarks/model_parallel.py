@@ -12,11 +12,16 @@ Two stages of the classifier with three hidden layers (two layers a stage, width
   does not multiply at the same rate per row on every CPU).
 - pipeline_step_model_ms, pipeline_step_model_max_rel_error: ``costs.pipeline_step_s`` with the
   stage's arithmetic, the per-micro-batch cost, the overlap (weight gradients the stage before
-  does not wait for) and the rest all read from ONE traced step at m = 4, the arithmetic
-  scaled to each m by the measured ``pipeline_stage_arithmetic_ms`` (nothing fitted to any step
-  time), against the measured steps; the worst m. ``pipeline_step_model_equal_shares_*``: the
-  arithmetic assumed to split into m equal shares (the model before issue 33);
-  ``pipeline_step_model_no_overlap_*``: equal shares and no overlap term.
+  does not wait for) and the rest read from the traced steps (``train.StepModel.median_of``:
+  one traced step per run, every m and round, each part their median, each stage time scaled
+  to m = 4 by the measured ``pipeline_stage_arithmetic_ms``), the arithmetic scaled to each m
+  the same way (nothing fitted to any step time), against the measured steps; the worst m.
+  ``pipeline_step_model_m4_traces_max_rel_error``: the parts from the m = 4 traces alone;
+  ``pipeline_step_model_one_trace_max_rel_error``: from each m = 4 trace alone, one figure a
+  round (one step is one sample: on a shared machine it can run 20-40% slow).
+  ``pipeline_step_model_equal_shares_*``: the arithmetic assumed to split into m equal shares
+  (the model before issue 33); ``pipeline_step_model_no_overlap_*``: equal shares and no
+  overlap term.
 - pipeline_best_m / pipeline_model_best_m: the fastest m measured, and the model's.
 - pipeline_best_speedup_over_m1: steps/s at the best m over m = 1.
 - naive_best_speedup_over_m1: the same for the naive graph (one ``tf.gradients`` of the summed
@@ -43,7 +48,7 @@ Two stages of the classifier with three hidden layers (two layers a stage, width
 - sharded_vs_single_max_abs_loss_diff: exp(x) (200 steps) and the classifier (30 steps), 2
   workers, against train.single, same seed and batches.
 
-    python benchmarks/model_parallel.py [--quick] [--rounds 3]
+    python benchmarks/model_parallel.py [--quick] [--rounds 5]
 
 Prints one JSON line. --quick uses width 512 and batch 1024 (under 3 minutes on 2 cores).
 """
@@ -66,7 +71,7 @@ from dtflab._quiet import import_tf  # noqa: E402
 from dtflab.train.formulas import costs  # noqa: E402
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
-MODEL_FROM = 4  # the one m whose traced step the cost model reads
+MODEL_FROM = 4  # the m the cost model's stage time is scaled to
 
 
 def step_times(history, skip: int = 3) -> list[float]:
@@ -125,11 +130,11 @@ def naive_step_times(problem, cluster, m, steps) -> list[float]:
     return list(np.diff(ends)[2:])
 
 
-def model_predictions(bubble, arithmetic=None) -> tuple[dict, dict]:
-    """The cost model from one traced step: step(m) for every m, and its parts."""
-    parts = {"stage_ms": bubble.stage_s * 1e3, "per_micro_batch_ms": bubble.per_micro_batch_s * 1e3,
-             "overlap_ms": bubble.overlap_s * 1e3, "rest_ms": bubble.rest_s * 1e3}
-    return {m: bubble.predicted_step_s(m, arithmetic) * 1e3 for m in MICRO_BATCHES}, parts
+def model_predictions(model, arithmetic=None) -> tuple[dict, dict]:
+    """A ``train.StepModel``'s step(m) for every m, and its parts."""
+    parts = {"stage_ms": model.stage_s * 1e3, "per_micro_batch_ms": model.per_micro_batch_s * 1e3,
+             "overlap_ms": model.overlap_s * 1e3, "rest_ms": model.rest_s * 1e3}
+    return {m: model.predicted_step_s(m, arithmetic) * 1e3 for m in MICRO_BATCHES}, parts
 
 
 def loss_agreement(cluster) -> float:
@@ -212,8 +217,8 @@ def sharded_figures() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="width 512, batch 1024")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians)")
-    parser.add_argument("--steps", type=int, default=10, help="steps per run")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians)")
+    parser.add_argument("--steps", type=int, default=12, help="steps per run")
     args = parser.parse_args()
     width, batch = (512, 1024) if args.quick else (1024, 2048)
     problem = train.classification(width=width, batch_size=batch, hidden_layers=3)
@@ -237,13 +242,14 @@ def main() -> None:
         result.update(tensor_parallel_figures(cluster))
     result.update(sharded_figures())
     step_ms = {m: statistics.median(times[m]) * 1e3 for m in MICRO_BATCHES}
-    # The model reads the traced step at m = 4 whose own step time is the round's median.
-    traced = sorted(bubbles[MODEL_FROM], key=lambda b: b.step_us)[len(bubbles[MODEL_FROM]) // 2]
-    predicted, parts = model_predictions(traced, arithmetic)
-    equal_shares, _ = model_predictions(traced)
+    every = bubbles[MODEL_FROM] + [b for m in MICRO_BATCHES if m != MODEL_FROM for b in bubbles[m]]
+    model = train.StepModel.median_of(every, arithmetic)
+    predicted, parts = model_predictions(model, arithmetic)
+    from_m4, _ = model_predictions(train.StepModel.median_of(bubbles[MODEL_FROM]), arithmetic)
+    equal_shares, _ = model_predictions(train.StepModel.median_of(bubbles[MODEL_FROM]))
 
-    def worst(model):
-        return round(max(abs(model[m] - step_ms[m]) / step_ms[m] for m in MICRO_BATCHES), 3)
+    def worst(predicted_ms):
+        return round(max(abs(predicted_ms[m] - step_ms[m]) / step_ms[m] for m in MICRO_BATCHES), 3)
     best = min(step_ms, key=step_ms.get)
     naive_ms = {m: statistics.median(v) * 1e3 for m, v in naive.items()}
     result.update({
@@ -255,9 +261,14 @@ def main() -> None:
         "pipeline_step_model_ms": {m: round(v, 1) for m, v in predicted.items()},
         "pipeline_step_model_parts_ms": {k: round(v, 2) for k, v in parts.items()},
         "pipeline_step_model_no_overlap_max_rel_error": round(max(
-            abs(costs.pipeline_step_s(2, m, traced.stage_s, traced.per_micro_batch_s, traced.rest_s) * 1e3
+            abs(costs.pipeline_step_s(2, m, model.stage_s, model.per_micro_batch_s, model.rest_s) * 1e3
                 - step_ms[m]) / step_ms[m] for m in MICRO_BATCHES), 3),
+        "pipeline_step_model_traced_steps": model.steps,
         "pipeline_step_model_max_rel_error": worst(predicted),
+        "pipeline_step_model_m4_traces_max_rel_error": worst(from_m4),
+        "pipeline_step_model_one_trace_max_rel_error": [
+            worst(model_predictions(train.StepModel.median_of([b]), arithmetic)[0])
+            for b in bubbles[MODEL_FROM]],
         "pipeline_step_model_equal_shares_ms": {m: round(v, 1) for m, v in equal_shares.items()},
         "pipeline_step_model_equal_shares_max_rel_error": worst(equal_shares),
         "pipeline_best_m": best,

@@ -164,6 +164,22 @@ def test_each_micro_batch_size_has_its_own_measured_arithmetic_in_the_cost_model
         bubble.rest_s, overlap_s=bubble.overlap_s))
     with pytest.raises(ValueError, match="no figure for m = 2"):
         bubble.predicted_step_s(2, arithmetic)
+    # Several traced steps, at any m: each part their median, the stage times scaled to the
+    # first step's m by the arithmetic measured at each.
+    again = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, steps=3, trace_step=1).bubble
+    eight = train.pipeline(DEEP, cluster, stages=2, micro_batches=8, steps=3, trace_step=1).bubble
+    model = train.StepModel.median_of([bubble, again, eight], arithmetic)
+    stages = sorted([bubble.stage_s, again.stage_s, eight.stage_s * arithmetic[4] / arithmetic[8]])
+    assert (model.micro_batches, model.steps, model.stage_s) == (4, 3, stages[1])
+    assert model.rest_s == sorted(b.rest_s for b in (bubble, again, eight))[1]
+    assert model.predicted_step_s(8, arithmetic) == pytest.approx(costs.pipeline_step_s(
+        2, 8, stages[1] * arithmetic[8] / arithmetic[4], model.per_micro_batch_s, model.rest_s,
+        overlap_s=model.overlap_s))
+    assert model.best_micro_batches((1, 4, 8), arithmetic) in (1, 4, 8)
+    with pytest.raises(ValueError, match=r"traced at m = \[4, 8\] need arithmetic="):
+        train.StepModel.median_of([bubble, eight])
+    with pytest.raises(ValueError, match="bubbles is empty"):
+        train.StepModel.median_of([])
     with pytest.raises(ValueError, match="micro_batches: 3 does not divide the batch of 256"):
         train.stage_arithmetic_s(DEEP, cluster, micro_batches=(1, 3))
 

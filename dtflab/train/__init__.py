@@ -45,7 +45,8 @@ WHERE = {
     "Callback": "run.callbacks", "WireBytes": "run.callbacks",
     "BackgroundRun": "run.runner", "Runner": "run.runner", "Update": "run.runner",
     "Watchdog": "run.watchdog",
-    "stage_arithmetic_s": "measure.stage_arithmetic", "memory": "measure.memory",
+    "stage_arithmetic_s": "measure.stage_arithmetic", "StepModel": "measure.bubble",
+    "memory": "measure.memory",
     "step_memory": "measure.memory", "split_activation_bytes": "formulas.memory",
     "single": "strategies.single", "model_parallel": "strategies.model_parallel",
     "sync_data_parallel": "strategies.sync_data_parallel",
@@ -94,5 +95,5 @@ __all__ = ["Problem", "exp_regression", "classification", "Transformer", "transf
            "all_reduce", "pipeline", "tensor_parallel", "context_parallel", "combined",
            "expert_parallel",
            "sharded_data_parallel", "zero", "WireBytes",
-           "Runner", "Update", "Watchdog", "stage_arithmetic_s", "memory", "step_memory",
+           "Runner", "Update", "Watchdog", "stage_arithmetic_s", "StepModel", "memory", "step_memory",
            "split_activation_bytes", "Layout", "calibrate"]

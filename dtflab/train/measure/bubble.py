@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import statistics
 from dataclasses import dataclass, field
 
 from dtflab import names
@@ -202,27 +203,10 @@ class Bubble:
         return max(self.step_us - self.span_us, 0.0) / 1e6
 
     def predicted_step_s(self, micro_batches: int, arithmetic: dict | None = None) -> float:
-        """The cost model's step time for ``micro_batches`` micro-batches, from this step's
-        arithmetic, per-micro-batch cost, overlap and rest
-        (:func:`dtflab.train.formulas.costs.pipeline_step_s`).
-
-        Without ``arithmetic`` a stage's multiplies are assumed to cost the same per row at
-        every micro-batch size. ``arithmetic`` (``train.stage_arithmetic_s``: the stage's
-        arithmetic for the whole batch at each m, measured) scales this step's arithmetic by
-        ``arithmetic[m] / arithmetic[this step's m]``: on a CPU where a smaller micro-batch
-        multiplies slower or faster per row, the model follows. The overlap stays as traced
-        (the weight-gradient multiplies measured 136-152 ms at every m on the AMD EPYC where
-        the whole stage went from 380 to 570 ms). GPipe and 1F1B only."""
-        self._model_covers()
-        scale = 1.0
-        if arithmetic is not None:
-            for m in (micro_batches, self.micro_batches):
-                if m not in arithmetic:
-                    raise ValueError(f"arithmetic has no figure for m = {m}; measure it: "
-                                     f"train.stage_arithmetic_s(..., micro_batches=(..., {m}))")
-            scale = arithmetic[micro_batches] / arithmetic[self.micro_batches]
-        return costs.pipeline_step_s(self.stages, micro_batches, self.stage_s * scale,
-                                     self.per_micro_batch_s, self.rest_s, overlap_s=self.overlap_s)
+        """The cost model's step time for ``micro_batches`` micro-batches, from this one traced
+        step's parts (:class:`StepModel`; ``arithmetic`` as there). One step is one sample: on
+        a busy machine read the parts from several, ``StepModel.median_of(bubbles)``."""
+        return StepModel.median_of([self]).predicted_step_s(micro_batches, arithmetic)
 
     def _input_ready_us(self, slot: Slot) -> float:
         """When the slot's input was made: the previous stage's forward, the next stage's
@@ -311,3 +295,90 @@ def _matching(full: str, devices) -> str | None:
         if names.task(device) == names.task(full):
             return device
     return None
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """The pipeline's step-time model (:func:`dtflab.train.formulas.costs.pipeline_step_s`)
+    with its four parts read from traced steps: ``stage_s`` one stage's arithmetic for the
+    whole batch at ``micro_batches``, ``per_micro_batch_s`` (c), ``overlap_s`` (w) and
+    ``rest_s``. GPipe and 1F1B only, ``stages`` workers of one chunk.
+
+    In [1]: model = StepModel.median_of([h.bubble for h in runs.values()], arithmetic)
+    In [2]: model.predicted_step_s(8, arithmetic)
+
+    Without ``arithmetic`` a stage's multiplies are assumed to cost the same per row at every
+    micro-batch size. With it (``train.stage_arithmetic_s``: the stage's arithmetic for the
+    whole batch at each m, measured alone) ``stage_s`` is scaled by
+    ``arithmetic[m] / arithmetic[micro_batches]``, so the model follows a CPU on which a
+    smaller micro-batch multiplies slower per row. The overlap stays as traced (the
+    weight-gradient multiplies measured 136-152 ms at every m on the AMD EPYC where the whole
+    stage went from 380 to 570 ms).
+    """
+
+    stages: int
+    micro_batches: int
+    stage_s: float
+    per_micro_batch_s: float
+    overlap_s: float
+    rest_s: float
+    steps: int = 1  # the traced steps the parts are read from
+
+    @classmethod
+    def median_of(cls, bubbles, arithmetic: dict | None = None) -> "StepModel":
+        """Each part the median over ``bubbles`` (traced steps of one pipeline, any m): on a
+        shared machine one step can run 20-40% slow, and a model read from it is as far off.
+
+        Traced steps at different m need ``arithmetic`` with a figure for each: their stage
+        times are scaled to the first step's m before the median. ``c`` is read from the steps
+        with m > 1 where there are any (at m = 1 no slot waits on its stage alone)."""
+        bubbles = list(bubbles)
+        if not bubbles:
+            raise ValueError("bubbles is empty; pass the history.bubble of at least one run "
+                             "traced with trace_step=k")
+        first = bubbles[0]
+        for bubble in bubbles:
+            bubble._model_covers()
+            if bubble.stages != first.stages or bubble.chunks != 1:
+                raise ValueError(f"bubbles: a step of {bubble.stages} workers x {bubble.chunks} "
+                                 f"chunks beside one of {first.stages} x 1; read one pipeline's "
+                                 f"steps, one chunk a worker")
+        ms = sorted({b.micro_batches for b in bubbles})
+        if len(ms) > 1 and arithmetic is None:
+            raise ValueError(f"bubbles: steps traced at m = {ms} need arithmetic= to scale their "
+                             f"stage times to one m: train.stage_arithmetic_s(..., "
+                             f"micro_batches={tuple(ms)})")
+        if len(ms) > 1:
+            _covers(arithmetic, ms)
+
+        def stage(bubble):
+            if bubble.micro_batches == first.micro_batches:
+                return bubble.stage_s
+            return bubble.stage_s * arithmetic[first.micro_batches] / arithmetic[bubble.micro_batches]
+
+        several = [b for b in bubbles if b.micro_batches > 1] or bubbles
+        return cls(first.stages, first.micro_batches,
+                   statistics.median(stage(b) for b in bubbles),
+                   statistics.median(b.per_micro_batch_s for b in several),
+                   statistics.median(b.overlap_s for b in bubbles),
+                   statistics.median(b.rest_s for b in bubbles), len(bubbles))
+
+    def predicted_step_s(self, micro_batches: int, arithmetic: dict | None = None) -> float:
+        """The step time for ``micro_batches`` micro-batches, in seconds."""
+        scale = 1.0
+        if arithmetic is not None:
+            _covers(arithmetic, (micro_batches, self.micro_batches))
+            scale = arithmetic[micro_batches] / arithmetic[self.micro_batches]
+        return costs.pipeline_step_s(self.stages, micro_batches, self.stage_s * scale,
+                                     self.per_micro_batch_s, self.rest_s, overlap_s=self.overlap_s)
+
+    def best_micro_batches(self, choices=(1, 2, 4, 8, 16), arithmetic: dict | None = None) -> int:
+        """The m among ``choices`` with the shortest predicted step."""
+        return min(choices, key=lambda m: self.predicted_step_s(m, arithmetic))
+
+
+def _covers(arithmetic, micro_batches) -> None:
+    for m in sorted(micro_batches):
+        if m not in arithmetic:
+            raise ValueError(f"arithmetic has no figure for m = {m}; measure it: "
+                             f"train.stage_arithmetic_s(..., micro_batches=(..., {m}))")
