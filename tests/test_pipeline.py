@@ -209,11 +209,17 @@ def test_1f1b_holds_fewer_activations_than_gpipe(cluster):
                                  steps=3, trace_step=1)
         peaks[schedule] = history.bubble.peak_activation_bytes
     # Stage 0 keeps two layer outputs of 64 x 256 floats per micro-batch until its backward:
-    # all 8 micro-batches under GPipe, at most p = 2 (and the next one's first) under 1F1B.
+    # all 8 micro-batches under GPipe, at most p = 2 under 1F1B, and the next one's first layer
+    # (2.5 micro-batches' worth on a quiet machine). On a busy one the allocator records show
+    # up to one micro-batch more for a moment: stage 0's output after its backward, still held
+    # by the gRPC transport that sent it, and a bias-add's output its ReLU did not overwrite in
+    # place (3.0 and 3.5 in 3 of 60 steps beside two busy loops; 3.5 failed the bound of 3 once
+    # in a CI run).
     held = costs.activation_bytes([256, 256], 64)
     assert held == 2 * 64 * 256 * 4
     assert peaks["gpipe"][0] >= 8 * held
-    assert peaks["1f1b"][0] <= 3 * held
+    assert peaks["1f1b"][0] <= 4 * held, (
+        f"1F1B's stage 0 held {peaks['1f1b'][0] / held:.2f} micro-batches' activations at once")
 
 
 def test_a_slow_stage_holds_up_the_pipeline(cluster):

@@ -267,7 +267,9 @@ def _covered(intervals) -> float:
 def activation_peaks(metadata, devices) -> list[int]:
     """Per device, the most bytes that forward ops' outputs held at once during the step:
     TensorFlow's allocator records (each op's allocations and frees, with their times), summed
-    in time order. Variables, gradients and the optimizer's slots are not in it."""
+    in time order. Variables, gradients and the optimizer's slots are not in it. A layer output
+    sent to the next stage is held until the gRPC transport lets it go, which on a busy
+    machine can be after the stage's own backward: it counts, as memory then in use."""
     records: dict[str, list[tuple[int, int]]] = {d: [] for d in devices}
     for dev in metadata.step_stats.dev_stats:
         device = _matching(dev.device, devices)
