@@ -6,6 +6,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -142,37 +143,24 @@ def test_warm_starts_fork_restarts_fork_and_spawn_still_works(start_cluster):
     assert "tasks spawned" in cold._repr_html_() and "tasks forked" in warm._repr_html_()
 
 
-def test_a_task_forked_with_an_ended_tasks_pid_runs_and_the_ended_one_stays_ended(run_programs, tmp_path):
+def test_a_task_forked_with_an_ended_tasks_pid_runs_and_the_ended_one_stays_ended(tmp_path):
     # Linux hands out pids again (32,768 by default, shared with every thread): a long run of
     # tests did, and the fork server's owner took the new task for the old one's exit
-    # (pid None, '/proc/None/task' in the scaling model's callback).
+    # (pid None, '/proc/None/task' in the scaling model's callback). The program forces the
+    # reuse in a PID namespace of its own, where no other process on the machine takes the pid
+    # first; when it ends, the kernel ends everything in that namespace.
     if os.geteuid() != 0:
         pytest.skip("choosing the next pid (/proc/sys/kernel/ns_last_pid) needs root")
-    quick, slow = tmp_path / "quick.py", tmp_path / "slow.py"
-    quick.write_text("import os, sys\nopen(sys.argv[1], 'w').write(str(os.getpid()))\n")
-    slow.write_text("import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\n"
-                    "time.sleep(600)\n")
-    ended = run_programs(str(quick), str(tmp_path / "ended.pid"), workers=1)
-    assert ended.wait() == {"worker:0": 0}
-    pid = int((tmp_path / "ended.pid").read_text())
-    before = 1  # pids taken between the write and the fork (threads starting): learnt below
-    for attempt in range(10):
-        pid_file = tmp_path / f"reborn{attempt}.pid"
-        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - before))
-        reborn = run_programs(str(slow), str(pid_file), workers=1)
-        assert wait_until(pid_file.exists, timeout=60)
-        got = int(pid_file.read_text())
-        if got == pid:
-            break
-        reborn.stop()
-        before = max(1, before + got - pid)
-    else:
-        pytest.fail(f"no task got pid {pid} again in 10 tries")
-    assert [(t.state, t.pid) for t in reborn.tasks] == [(TaskState.RUNNING, pid)]
-    assert [(t.state, t.exit_code, t.pid) for t in ended.tasks] == [(TaskState.EXITED, 0, None)]
-    ended.stop()  # what it kills is its own task, not whoever has that pid now
-    with pytest.raises(TimeoutError, match=r"worker:0 still running after 2 s"):
-        reborn.wait(timeout=2)
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable,
+                           str(PROGRAMS / "pid_reused.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["exits"] == {"worker:0": 0}
+    assert seen["tries"][-1] == seen["pid"], f"no task got pid {seen['pid']} again: {seen['tries']}"
+    assert seen["reborn"] == [["RUNNING", seen["pid"]]]
+    assert seen["ended"] == [["EXITED", 0, None]]
+    assert "worker:0 still running after 2 s" in seen["after_stop"]
 
 
 def test_the_fork_server_lives_in_the_private_network_and_its_tasks_too(start_cluster):
