@@ -78,10 +78,15 @@ def test_expert_parallel_trains_as_one_process_and_sends_the_formulas_bytes(spli
 
 def test_a_skewed_router_keeps_one_expert_worker_busy_and_the_other_idle(split_cluster):
     problem = train.transformer(**dict(MOE, top_k=1, skew=6.0, capacity_factor=4.0))
-    run = train.expert_parallel(problem, split_cluster, workers=2, steps=3, trace_step=2)
-    taken = np.array(run.details["per_step"]["tokens_per_expert"][2])
-    assert (taken[:, 0] == 8 * 64).all()  # every token's expert is expert 0, on worker 0
-    busy = busy_ms(run.trace, 2)
+    # An op's traced time is wall time: on a busy machine another program's turn on the core
+    # lands inside it (worker 1's few ops once measured 7.8 ms where they take 1.3). Another
+    # program only ever adds time, so each worker's busy time is its least over three runs.
+    busy = [float("inf")] * 2
+    for _ in range(3):
+        run = train.expert_parallel(problem, split_cluster, workers=2, steps=3, trace_step=2)
+        taken = np.array(run.details["per_step"]["tokens_per_expert"][2])
+        assert (taken[:, 0] == 8 * 64).all()  # every token's expert is expert 0, on worker 0
+        busy = [min(a, b) for a, b in zip(busy, busy_ms(run.trace, 2))]
     print(f"busy in the experts' ops, ms: {busy}; max over mean {max(busy) / np.mean(busy):.2f}")
     # Worker 1 took no token: what is left of its experts' ops is their fixed cost and the
     # zeros of their weights' gradients (measured 1.3 ms against worker 0's 12.9; 1.82)
