@@ -245,8 +245,9 @@ def main() -> None:
     every = bubbles[MODEL_FROM] + [b for m in MICRO_BATCHES if m != MODEL_FROM for b in bubbles[m]]
     model = train.StepModel.median_of(every, arithmetic)
     predicted, parts = model_predictions(model, arithmetic)
-    from_m4, _ = model_predictions(train.StepModel.median_of(bubbles[MODEL_FROM]), arithmetic)
-    equal_shares, _ = model_predictions(train.StepModel.median_of(bubbles[MODEL_FROM]))
+    m4_traces = train.StepModel.median_of(bubbles[MODEL_FROM])
+    from_m4, _ = model_predictions(m4_traces, arithmetic)
+    equal_shares, _ = model_predictions(m4_traces)
 
     def worst(predicted_ms):
         return round(max(abs(predicted_ms[m] - step_ms[m]) / step_ms[m] for m in MICRO_BATCHES), 3)

@@ -309,8 +309,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The figures the Binder tier printed, a line per notebook; each rerun test's first
-    failure (its last 40 lines); then one line per tier: its tests and their seconds (set-up
+    """Each rerun test's first failure (its last 40 lines); the figures the Binder tier
+    printed, a line per notebook; then one line per tier: its tests and their seconds (set-up
     and teardown included)."""
     for name, failure in _reruns:
         terminalreporter.section(f"rerun: {name} first failed with")
