@@ -127,3 +127,28 @@ def test_the_formula_counts_what_the_references_count():
     dropout = s * b * h * 2 + 3 * a * s * s * b  # two s·b·h masks; the softmax's mask and copy
     ours = formula.activation_bytes(1, h, a, s, b, 50257, precision="bfloat16")["per_block"]
     assert ours - 2 * formula.FLOAT32 * s * b == theirs - dropout
+
+
+@pytest.mark.parametrize("recorded", ["received_residual", "own_residual"])
+def test_a_task_that_sends_and_receives_keeps_what_the_formula_counts_wherever_its_buffers_went(
+        recorded):
+    """Two traced steps of ``train.tensor_parallel`` on two real task servers (2 blocks of
+    64, worker 0; tests/data, partition graphs and worker 0's stats kept). In one, the adds of
+    the partial sums took over a received buffer for the residual stream, and the first
+    block's partial output, once sent, was freed before the forward ended: the allocator's
+    records alone read one 64 KiB buffer short (1,560,584 B), as a rerun in CI did. In the
+    other the residual stream stayed in that partial output's own buffer. Both keep the same."""
+    import gzip
+    import pathlib
+
+    from dtflab._quiet import import_tf
+    from dtflab.train.measure.memory import step_memory
+
+    tf = import_tf()
+    metadata = tf.compat.v1.RunMetadata.FromString(gzip.decompress(
+        (pathlib.Path(__file__).parent / "data" / f"tensor_parallel_step_{recorded}.pb.gz")
+        .read_bytes()))
+    problem = train.transformer(**SHAPE)
+    measured = step_memory(metadata)["worker:0"]["activations"]
+    predicted = formula.split_activation_bytes(problem, 2)[0]
+    assert 0 <= measured - predicted <= 64, (recorded, measured, predicted)

@@ -75,10 +75,16 @@ def test_bytes_and_activations_against_tensor_parallelism_and_their_formulas(clu
     for sequence_parallel, measured in held.items():
         predicted = split_activation_bytes(problem, 2, sequence_parallel)
         print(f"sequence_parallel={sequence_parallel}: activations {measured}, formula {predicted}")
-        # worker 0's forward ends on its own last op: exactly what the forward keeps
+        # each forward keeps exactly what the formula counts, wherever the transport left its
+        # buffers (test_memory's recorded steps show both ways a received sum can go)
         assert abs(measured["worker:0"] - predicted[0]) <= 0.001 * predicted[0]
-        # worker 1's can end while its last partial output (A) and a piece of it are in flight
-        assert predicted[1] <= measured["worker:1"] <= predicted[1] + a + a / 2
+        if not sequence_parallel:
+            assert abs(measured["worker:1"] - predicted[1]) <= 0.001 * predicted[1]
+        else:
+            # worker 1's forward ends on the piece of its last partial output (A) it sends to
+            # worker 0: a slice, not traced to A's buffer, so A can still count (0, A / 2 or A
+            # in 20 runs beside two busy loops)
+            assert predicted[1] <= measured["worker:1"] <= predicted[1] + a
     # the LayerNorms' inputs and 1/std at 1/2: 2 x s x b x d x 4 bytes / 2 + 2 x s x b x 4 / 2
     saved = held[False]["worker:0"] - held[True]["worker:0"]
     assert saved == 2 * (2 * 32 * 8 * 64 * 4 // 2 + 2 * 32 * 8 * 4 // 2)

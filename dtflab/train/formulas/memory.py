@@ -102,9 +102,10 @@ def split_activation_bytes(problem, ways: int, sequence_parallel: bool = False) 
     (2·s·b, float32). Sequence parallelism cuts the LayerNorms too, but the matrix multiply
     after each keeps its input gathered whole: 2·s·b·d / t + 2·s·b·d and 2·s·b / t (Megatron
     gathers it again in the backward instead; in dtflab's one graph a tensor crosses once a
-    step). Worker 0 also keeps the terms outside the blocks; under sequence parallelism each
-    other worker keeps its piece of the last block's output (s·b·d / t), still held for worker
-    0's gather when its forward ends. Counted for float32 and ``recompute="none"`` or
+    step). Worker 0 also keeps the terms outside the blocks. A tensor that only the transport
+    still holds when a forward ends (under sequence parallelism, each other worker's piece of
+    the last block's output, on its way to worker 0's gather) is not kept, and
+    ``measure.memory`` does not count it. Counted for float32 and ``recompute="none"`` or
     ``"selective"`` (where 16-bit weight copies and full recomputation go per worker is not
     measured yet)."""
     if problem.recompute == "full" or problem.precision != "float32":
@@ -121,6 +122,5 @@ def split_activation_bytes(problem, ways: int, sequence_parallel: bool = False) 
     per_block = norms + p * (12 * s * b * d // t + softmax)
     whole = activation_bytes(problem.blocks, d, a, s, b, problem.vocabulary,
                              recompute=problem.recompute)
-    others = p * s * b * d // t if sequence_parallel else 0
     return ([problem.blocks * per_block + whole["outside"]]
-            + [problem.blocks * per_block + others] * (t - 1))
+            + [problem.blocks * per_block] * (t - 1))

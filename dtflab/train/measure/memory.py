@@ -12,11 +12,15 @@ records (each op's allocations and frees, with their times) on each device.
 - **activations**: the bytes forward ops had allocated and not yet freed when the forward
   pass ended (the end of the last forward op that allocated more than a scalar): what the
   forward keeps for the backward, and the last forward op's outputs. With micro-batches, the
-  most one micro-batch's forward ops held at the end of its forward.
+  most one micro-batch's forward ops held at the end of its forward. Between tasks, two
+  corrections from the outputs' buffer addresses (``_transport_bytes``): a buffer that only
+  the gRPC transport still holds for a send is not counted, and a received buffer that an
+  in-place op took over, and that is read after the forward ended, is.
 - **peak**: the most bytes the step's ops held at once (the variables not counted).
 
 Cannot see: memory TensorFlow allocates outside its allocator (Eigen's thread pools, gRPC), or
-a run without FULL_TRACE.
+a run without FULL_TRACE; a view at an offset into a buffer (a slice a task sends) is not
+traced to the buffer, so a buffer held only through one still counts.
 """
 
 from __future__ import annotations
@@ -57,22 +61,30 @@ def step_memory(metadata) -> dict[str, dict[str, int]]:
             elif node.op in APPLY_OPS:
                 op, _, slot = node.input[APPLY_OPS[node.op]].partition(":")
                 held["gradients"] += producers.get((op, int(slot or 0)), 0)
+    stats = collections.defaultdict(list)  # a device's ops can come in several dev_stats
     for dev in metadata.step_stats.dev_stats:
-        held = found[names.short(dev.device)]
-        activations, peak = _live_bytes(dev)
-        held["activations"] += activations
-        held["peak"] = max(held["peak"], peak)
+        stats[names.short(dev.device)].extend(dev.node_stats)
+    wiring = _Wiring(metadata.partition_graphs)
+    for device, node_stats in stats.items():
+        held = found[device]
+        held["activations"], held["peak"] = _live_bytes(node_stats, wiring)
     return {device: held for device, held in found.items() if any(held.values())}
 
 
-def _live_bytes(dev) -> tuple[int, int]:
+def _forward_part(name: str) -> str | None:
+    """The micro-batch a forward op belongs to ("" without micro-batches); None: a backward op."""
+    if BACKWARD.search(name):
+        return None
+    micro_batch = MICRO_BATCH.match(name)
+    return micro_batch.group(1) if micro_batch else ""
+
+
+def _live_bytes(node_stats, wiring: _Wiring) -> tuple[int, int]:
     """(forward bytes live when the forward ended, the most bytes live at once); with
     micro-batches, the most one micro-batch's forward ops held at the end of its forward."""
     records, forward_ends = [], collections.defaultdict(int)  # micro-batch -> its forward's end
-    for stats in dev.node_stats:
-        micro_batch = MICRO_BATCH.match(stats.node_name)
-        forward = None if BACKWARD.search(stats.node_name) else (
-            micro_batch.group(1) if micro_batch else "")
+    for stats in node_stats:
+        forward = _forward_part(stats.node_name)
         allocated = 0
         for memory in stats.memory:
             for record in memory.allocation_records:
@@ -89,8 +101,95 @@ def _live_bytes(dev) -> tuple[int, int]:
     # One batch: every forward op's bytes; micro-batches: each one's own forward ops'.
     kept = max((sum(change for when, change, part in records
                     if when <= end and part is not None and (part == key or not key))
+                + _transport_bytes(node_stats, wiring, key, end)
                 for key, end in forward_ends.items()), default=0)
     return kept, peak
+
+
+class _Wiring:
+    """Who reads what, from the partition graphs: each op's input tensors, each tensor's
+    readers, the ``_Send`` ops (the gRPC transport holds what they send until it is written)
+    and the ops that read a ``_Recv`` (a received tensor's buffer is the transport's: no
+    allocation record shows it)."""
+
+    def __init__(self, partition_graphs):
+        self.inputs = collections.defaultdict(list)  # op -> [(op, slot)]
+        self.readers = collections.defaultdict(list)  # (op, slot) -> [op]
+        self.sends, self.reads_received = set(), set()
+        receives = {node.name for graph in partition_graphs for node in graph.node
+                    if node.op == "_Recv"}
+        for graph in partition_graphs:
+            for node in graph.node:
+                if node.op == "_Send":
+                    self.sends.add(node.name)
+                for tensor in node.input:
+                    if tensor.startswith("^"):
+                        continue
+                    op, _, slot = tensor.partition(":")
+                    self.inputs[node.name].append((op, int(slot or 0)))
+                    self.readers[op, int(slot or 0)].append(node.name)
+                    if op in receives:
+                        self.reads_received.add(node.name)
+
+
+def _transport_bytes(node_stats, wiring: _Wiring, key: str, end: int) -> int:
+    """What the allocator records miscount at the end (``end``) of forward ``key``'s pass on
+    a task that sends and receives: minus each forward buffer only a send still holds (no op
+    reads it after ``end``), plus each received buffer a forward op took over in place (an
+    add of a received partial sum) that an op reads after ``end``. TensorFlow forwards a
+    buffer in place only while nothing else holds it, so which of the two happens depends on
+    when the transport lets go.
+
+    A buffer is followed by the address the ops' outputs report, in the order the ops ran: an
+    output at the address of one of its op's inputs is in that input's buffer (a view, or an
+    op in place); any other output starts a buffer, even at an address an earlier one had."""
+    buffers = {}  # (op, slot) -> (address, the op that started it)
+    made = {}  # buffer -> (bytes, "allocated" | "received", the op that started it)
+    tensors = collections.defaultdict(list)  # buffer -> its forward tensors
+    writes = collections.defaultdict(set)  # op -> the buffers its outputs are in
+    start, allocated = {}, collections.defaultdict(int)  # op -> its bytes still live at ``end``
+    for stats in sorted(node_stats, key=lambda stats: stats.all_start_micros):
+        op = stats.node_name
+        start[op] = stats.all_start_micros
+        part = _forward_part(op)
+        mine = part is not None and (part == key or not key)
+        if mine:
+            allocated[op] = sum(record.alloc_bytes for memory in stats.memory
+                                for record in memory.allocation_records
+                                if record.alloc_micros <= end)
+        inputs = {buffers[tensor][0]: buffers[tensor] for tensor in wiring.inputs[op]
+                  if tensor in buffers}
+        for output in stats.output:
+            description = output.tensor_description.allocation_description
+            if not (description.ptr and description.requested_bytes):
+                continue
+            buffer = inputs.get(description.ptr) or (description.ptr, op)
+            buffers[op, output.slot] = buffer
+            writes[op].add(buffer)
+            if buffer[1] == op and mine:
+                if description.allocation_id:
+                    made[buffer] = (description.requested_bytes, "allocated", op)
+                elif op in wiring.reads_received:
+                    made[buffer] = (description.requested_bytes, "received", op)
+            if mine:
+                tensors[buffer].append((op, output.slot))
+
+    def readers(buffer):
+        return [reader for tensor in tensors[buffer] for reader in wiring.readers[tensor]]
+
+    def read_after_end(buffer):  # a forward op that writes into it passes it on to its readers
+        return any(start.get(reader, -1) > end for reader in readers(buffer)
+                   if reader not in wiring.sends
+                   and not (buffer in writes[reader] and _forward_part(reader) is not None))
+
+    correction = 0
+    for buffer, (size, how, op) in made.items():
+        if how == "received" and read_after_end(buffer):
+            correction += size
+        elif (how == "allocated" and allocated[op] > 0 and not read_after_end(buffer)
+              and any(reader in wiring.sends for reader in readers(buffer))):
+            correction -= min(allocated[op], size)
+    return correction
 
 
 def _variable_bytes(node) -> int:
