@@ -199,8 +199,10 @@ def block_activations(plan: Plan) -> float:
     keeps whole (``memory.split_activation_bytes``). With ``dropout`` (Megatron's GPT),
     Korthikanti et al. 2022's Table 2 in 16 bits, scaled to the compute type: s·b·h·(10 + 24/t
     + 5·a·s/(h·t)), with sequence parallelism s·b·h·(34/t + 5·a·s/(h·t)); selective
-    recomputation drops the 5·a·s/h; full keeps 2·s·b·h. Context ways cut s everywhere
-    (ring attention keeps its own queries' scores); experts keep their MLP's share k times,
+    recomputation drops the 5·a·s/h; full keeps 2·s·b·h. Context ways c cut s everywhere
+    (ring attention keeps its own queries' scores) and, in dtflab's one graph, the fullest
+    worker keeps the keys and values it received, 2·(c - 1)·s/c·b·d / t (Megatron passes them
+    round the ring again in the backward: not counted with ``dropout``); experts keep their MLP's share k times,
     and each taken token's gathered input and scattered output (dtflab's dispatch)."""
     s, b, d, a, t = plan.sequence / plan.context, plan.micro_batch, plan.d_model, plan.heads, \
         plan.tensor
@@ -225,7 +227,9 @@ def block_activations(plan: Plan) -> float:
     # multiplied and the weighted output the combine scattered back
     dispatch = 2 * plan.top_k * s * b * d if plan.experts else 0.0
     softmax = a * s * full_s * b / t if plan.recompute == "none" else 0.0
-    return norms + p * (4 * s * b * d / t + mlp + dispatch + softmax)
+    # the received keys and values, for the backward: (c - 1) of c pieces of the sequence
+    ring = 2 * (plan.context - 1) * s * b * d / t
+    return norms + p * (4 * s * b * d / t + mlp + dispatch + softmax + ring)
 
 
 def stage_activations(plan: Plan, first: bool, last: bool) -> int:

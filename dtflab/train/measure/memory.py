@@ -109,15 +109,21 @@ def _live_bytes(node_stats, wiring: _Wiring) -> tuple[int, int]:
 class _Wiring:
     """Who reads what, from the partition graphs: each op's input tensors, each tensor's
     readers, the ``_Send`` ops (the gRPC transport holds what they send until it is written)
-    and the ops that read a ``_Recv`` (a received tensor's buffer is the transport's: no
-    allocation record shows it)."""
+    and the ops that read a received activation (a received tensor's buffer is the
+    transport's: no allocation record shows it; a received variable's value is a parameter).
+    """
 
     def __init__(self, partition_graphs):
         self.inputs = collections.defaultdict(list)  # op -> [(op, slot)]
         self.readers = collections.defaultdict(list)  # (op, slot) -> [op]
         self.sends, self.reads_received = set(), set()
-        receives = {node.name for graph in partition_graphs for node in graph.node
-                    if node.op == "_Recv"}
+        nodes = {node.name: node for graph in partition_graphs for node in graph.node}
+        sent_variables = {node.attr["tensor_name"].s for node in nodes.values()
+                          if node.op == "_Send" and node.input
+                          and _reads_variable(nodes, node.input[0].partition(":")[0])}
+        # a received activation; a received parameter (a copy of a variable) is no activation
+        receives = {node.name for node in nodes.values() if node.op == "_Recv"
+                    and node.attr["tensor_name"].s not in sent_variables}
         for graph in partition_graphs:
             for node in graph.node:
                 if node.op == "_Send":
@@ -132,11 +138,18 @@ class _Wiring:
                         self.reads_received.add(node.name)
 
 
+def _reads_variable(nodes, name: str) -> bool:
+    """Whether op ``name``'s output is a variable's value (through any identities)."""
+    while name in nodes and nodes[name].op in ("Identity", "Snapshot") and nodes[name].input:
+        name = nodes[name].input[0].partition(":")[0]
+    return name in nodes and nodes[name].op in ("ReadVariableOp", "VariableV2", "Const")
+
+
 def _transport_bytes(node_stats, wiring: _Wiring, key: str, end: int) -> int:
     """What the allocator records miscount at the end (``end``) of forward ``key``'s pass on
     a task that sends and receives: minus each forward buffer only a send still holds (no op
     reads it after ``end``), plus each received buffer a forward op took over in place (an
-    add of a received partial sum) that an op reads after ``end``. TensorFlow forwards a
+    add of a received partial sum) by ``end`` that an op reads after ``end``. TensorFlow forwards a
     buffer in place only while nothing else holds it, so which of the two happens depends on
     when the transport lets go.
 
@@ -184,7 +197,7 @@ def _transport_bytes(node_stats, wiring: _Wiring, key: str, end: int) -> int:
 
     correction = 0
     for buffer, (size, how, op) in made.items():
-        if how == "received" and read_after_end(buffer):
+        if how == "received" and start[op] <= end and read_after_end(buffer):
             correction += size
         elif (how == "allocated" and allocated[op] > 0 and not read_after_end(buffer)
               and any(reader in wiring.sends for reader in readers(buffer))):
