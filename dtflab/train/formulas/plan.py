@@ -202,8 +202,9 @@ def block_activations(plan: Plan) -> float:
     recomputation drops the 5·a·s/h; full keeps 2·s·b·h. Context ways c cut s everywhere
     (ring attention keeps its own queries' scores) and, in dtflab's one graph, the fullest
     worker keeps the keys and values it received, 2·(c - 1)·s/c·b·d / t (Megatron passes them
-    round the ring again in the backward: not counted with ``dropout``); experts keep their MLP's share k times,
-    and each taken token's gathered input and scattered output (dtflab's dispatch)."""
+    round the ring again in the backward: not counted with ``dropout``); experts keep their
+    MLP's share k times, and each taken token's gathered input and scattered output (dtflab's
+    dispatch)."""
     s, b, d, a, t = plan.sequence / plan.context, plan.micro_batch, plan.d_model, plan.heads, \
         plan.tensor
     p = memory.BYTES[plan.precision]

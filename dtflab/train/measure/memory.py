@@ -148,10 +148,10 @@ def _reads_variable(nodes, name: str) -> bool:
 def _transport_bytes(node_stats, wiring: _Wiring, key: str, end: int) -> int:
     """What the allocator records miscount at the end (``end``) of forward ``key``'s pass on
     a task that sends and receives: minus each forward buffer only a send still holds (no op
-    reads it after ``end``), plus each received buffer a forward op took over in place (an
-    add of a received partial sum) by ``end`` that an op reads after ``end``. TensorFlow forwards a
-    buffer in place only while nothing else holds it, so which of the two happens depends on
-    when the transport lets go.
+    reads it after ``end``), plus each received buffer a forward op had taken over in place by
+    ``end`` (an add of a received partial sum) that an op reads after ``end``. TensorFlow
+    forwards a buffer in place only while nothing else holds it, so which of the two happens
+    depends on when the transport lets go.
 
     A buffer is followed by the address the ops' outputs report, in the order the ops ran: an
     output at the address of one of its op's inputs is in that input's buffer (a view, or an
