@@ -192,3 +192,31 @@ def test_a_worker_frozen_past_tensorflows_own_heartbeat_does_not_end_the_all_red
         history = run.stop()
     assert run.error is None and not history.failures
     assert [stall.outcome for stall in history.stalls] == ["resumed"]
+
+
+def test_a_stalled_step_that_ends_as_its_session_closes_goes_on_on_a_new_session(
+        start_cluster, monkeypatch):
+    """The watchdog closes a stalled step's session while the step ends by itself (CI15:
+    notebook 04's straggler run, starved beside the tests, stopped with "Attempted to use a
+    closed Session" on its next step). Here worker 0 waits after an update (once the global
+    step passes 60) past the watchdog's bound: it closes the session that update just used."""
+    from dtflab.train.strategies import async_parameter_server as module
+
+    real = module._Downpour.one_update
+    lingered = []
+
+    def one_update(self, session, tower, feed):
+        result = real(self, session, tower, feed)
+        if int(result[2]) >= 60 and not lingered and tower is self.built[0].towers[0]:
+            lingered.append(session)
+            assert wait_until(lambda: session._closed, timeout=10), "the watchdog never fired"
+        return result
+
+    monkeypatch.setattr(module._Downpour, "one_update", one_update)
+    history = train.async_parameter_server(
+        train.exp_regression(), start_cluster(3), steps=80,
+        watchdog=train.Watchdog(floor_s=0.3, factor=1.0, first_step_s=30.0))
+    assert lingered, "worker 0 never lingered"
+    assert not history.failures, history.failures
+    assert history.steps_per_worker["worker:0"] == 80
+    assert [stall.worker for stall in history.stalls] == ["worker:0"]

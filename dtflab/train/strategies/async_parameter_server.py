@@ -89,7 +89,7 @@ class _Downpour:
         self.filters = [[f"/job:{job}" for job in sorted(self.ps_jobs)] + [d] for d in devices]
         self.watch = None  # the run's watchdog, set by the loop
         # One {"session", "epoch", "stall"} per worker: a session made before the last recovery
-        # is stale; "stall" is the stall whose session the watchdog closed.
+        # is stale; "stall" is (the stall, the session the watchdog closed for it).
         self.states = [{"session": self._session(i), "epoch": 0, "stall": None}
                        for i in range(len(devices))]
         self.states[0]["session"].run(built[0].init)
@@ -104,11 +104,14 @@ class _Downpour:
         return new_session(self.targets[i], self.built[i].graph, self.filters[i])
 
     def stalled(self, worker) -> None:
-        """The watchdog's call: end ``worker``'s stalled step by closing its session."""
+        """The watchdog's call: end ``worker``'s stalled step by closing its session. The
+        stall stays with the session it closed: the step may still end by itself, and then the
+        next step finds the session closed."""
         state = self.states[self.history.workers.index(worker)]
-        state["stall"] = self.watch.stalled(worker)
-        if state["session"] is not None:
-            close_session(state["session"], failed=True)
+        session = state["session"]
+        state["stall"] = (self.watch.stalled(worker), session)
+        if session is not None:
+            close_session(session, failed=True)
 
     def recover(self, task, seen_epoch) -> None:
         """Restart a dead ps and restore the newest checkpoint (once, whoever asks first)."""
@@ -152,14 +155,16 @@ class _Downpour:
             xs, ts = self.problem.batch(local_step * len(self.devices) + i, self.seed)
             tries = 0
             while True:
+                session = state["session"]
                 try:
-                    loss, before, after = self.one_update(state["session"], tower,
+                    loss, before, after = self.one_update(session, tower,
                                                           {tower.x: xs, tower.t: ts})
-                    state["stall"] = None  # a stalled step that finished by itself
                     return Update(float(loss) / len(xs), len(xs), int(after) - 1, name,
                                   int(after - before - 1))
                 except (tf.errors.OpError, RuntimeError) as error:  # RuntimeError: a closed session
-                    stall, state["stall"] = state["stall"], None
+                    stall, closed = state["stall"] or (None, None)
+                    state["stall"] = None
+                    stall = stall if closed is session else None  # the stall closed this one
                     if stall_behind(error, stall, self.cluster, self.watch, name) is not None:
                         if not self._unstalled(state, stall, name, tries):
                             return None
