@@ -220,3 +220,36 @@ def test_a_stalled_step_that_ends_as_its_session_closes_goes_on_on_a_new_session
     assert not history.failures, history.failures
     assert history.steps_per_worker["worker:0"] == 80
     assert [stall.worker for stall in history.stalls] == ["worker:0"]
+
+
+def test_a_synchronous_step_whose_update_ran_before_its_session_closed_is_not_applied_again(
+        start_cluster, monkeypatch):
+    """CI16: notebook 03's towers, starved beside the tests, stalled at a step whose update had
+    run on the ps; the new session ran the same batch again and the curve left one process's
+    by 1.4e-5 (float rounding alone: 1.5e-7). Here step 40's update runs, then its result is
+    lost to the watchdog closing the session, as it was there."""
+    from dtflab.train.run import sessions
+
+    real = sessions.run_step
+    calls, lost = [], []
+
+    def run_step(session, fetch, feed, cluster):
+        result = real(session, fetch, feed, cluster)
+        calls.append(session)
+        if len(calls) == 41:  # step 40 (no step is traced)
+            lost.append(session)
+            assert wait_until(lambda: session._closed, timeout=10), "the watchdog never fired"
+            raise RuntimeError("Attempted to use a closed Session.")
+        return result
+
+    monkeypatch.setattr(sessions, "run_step", run_step)
+    problem = train.exp_regression()
+    towers = train.sync_data_parallel(
+        problem, start_cluster(3), steps=60,
+        watchdog=train.Watchdog(floor_s=0.3, factor=1.0, first_step_s=30.0))
+    assert lost, "step 40 was never lost"
+    assert [stall.outcome for stall in towers.stalls] == ["recovered"]
+    assert towers.steps == 60
+    one = train.single(problem, steps=60)
+    drift = max(abs(a.loss - b.loss) for a, b in zip(one.records, towers.records))
+    assert drift < 1e-6, f"the towers left one process's curve by {drift:.1e} (step 40 twice?)"

@@ -105,15 +105,17 @@ def run_step(session, fetch, feed, cluster):
 
 
 class SessionSteps:
-    """A synchronous loop's step: one ``session.run`` of ``fetch`` on ``feeds(step)``. The
-    next step's batch is made while this step runs (``session.run`` releases the GIL); step
-    ``trace_step`` is traced into ``history.trace``. A failed task ends the run with a
-    TaskError naming it."""
+    """A synchronous loop's step: one ``session.run`` of ``once.fetch`` on ``feeds(step)``
+    (a :class:`StepOnce`). The next step's batch is made while this step runs
+    (``session.run`` releases the GIL); step ``trace_step`` is traced into ``history.trace``
+    (the next one, if a stall took its result). A failed task ends the run with a TaskError
+    naming it."""
 
-    def __init__(self, session, fetch, feeds, problem, cluster, runner, trace_step=None):
-        self.session, self.fetch, self.feeds = session, fetch, feeds
+    def __init__(self, session, once, feeds, problem, cluster, runner, trace_step=None):
+        self.session, self.once, self.feeds = session, once, feeds
         self.problem, self.cluster, self.history = problem, cluster, runner.history
         self.trace_step = trace_step
+        self._applied = once.start(session)  # steps whose update ran, as the servers count them
         self._prefetch = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dtflab-feed")
         self._upcoming = {0: self._prefetch.submit(feeds, 0)}
         self.watch = runner.watch
@@ -141,6 +143,21 @@ class SessionSteps:
                 tries += 1
                 self.session = renewed(self.session)
                 self.watch.settle("all", "recovered")
+                ran = self._ran_before_closing()
+                if ran is not None:
+                    if step == self.trace_step:
+                        self.trace_step += 1
+                    return self._update(ran)
+
+    def _ran_before_closing(self) -> dict | None:
+        """The fetch of the step in progress if its update ran before its session closed."""
+        try:
+            ran = self.once.ran(self.session, self._applied)
+        except import_tf().errors.OpError:  # a task lost its state: run the step again
+            return None
+        if ran is not None:
+            self._applied += 1
+        return ran
 
     def _run(self, step, feed) -> Update:
         tf = import_tf()
@@ -148,15 +165,10 @@ class SessionSteps:
             if step == self.trace_step:
                 from dtflab.tracing.capture import trace
 
-                self.history.trace = trace(self.session, self.fetch, feed)
-                loss = self.history.trace.result
+                self.history.trace = trace(self.session, self.once.fetch, feed)
+                fetched = self.history.trace.result
             else:
-                loss = run_step(self.session, self.fetch, feed, self.cluster)
-            if isinstance(loss, tuple):  # the loss, and the graph's reports (TrainGraph)
-                loss, reports = loss
-                kept = self.history.details.setdefault("per_step", {})
-                for name, value in reports.items():
-                    kept.setdefault(name, []).append(value.tolist())
+                fetched = run_step(self.session, self.once.fetch, feed, self.cluster)
         except (tf.errors.OpError, RuntimeError) as error:  # RuntimeError: a closed session
             stall, self._stall = self._stall, None
             if stall_behind(error, stall, self.cluster, self.watch, "all") is not None:
@@ -166,16 +178,26 @@ class SessionSteps:
                                          f"{type(error).__name__}")
             raise TaskError(job, index, f"failed during step {step}; the synchronous run "
                             f"stopped ({type(error).__name__})") from None
-        return Update(float(loss) / self.problem.batch_size, self.problem.batch_size)
+        self._applied += 1
+        return self._update(fetched)
+
+    def _update(self, fetched: dict) -> Update:
+        """The Update of one step's fetch; the graph's reports go into the history."""
+        kept = self.history.details.setdefault("per_step", {}) if len(fetched) > 1 else {}
+        for name, value in fetched.items():
+            if name != "loss":
+                kept.setdefault(name, []).append(value.tolist())
+        return Update(float(fetched["loss"]) / self.problem.batch_size, self.problem.batch_size)
 
     def close(self) -> None:
         self._prefetch.shutdown(wait=True, cancel_futures=True)
         close_session(self.session, failed=bool(self.history.failures))
 
 
-def synchronous(runner, steps, session, fetch, feeds, problem, cluster, trace_step, background):
-    """Run a one-session loop (single, model parallel, sync data parallel) with ``runner``."""
-    stepper = SessionSteps(session, fetch, feeds, problem, cluster, runner, trace_step)
+def synchronous(runner, steps, session, built, feeds, problem, cluster, trace_step, background):
+    """Run a one-session loop (single, model parallel, sync data parallel) of ``built``'s
+    training step with ``runner``."""
+    stepper = SessionSteps(session, StepOnce(built), feeds, problem, cluster, runner, trace_step)
 
     def body():
         try:
@@ -216,18 +238,55 @@ def run_one_replica(built, target, runner, problem, steps, seed, cluster, backgr
         return {x: xs, t: ts}
 
     runner.history.cluster = cluster
-    fetch = with_train(built)
-    if built.reports:
-        fetch = (fetch, built.reports)
-    return synchronous(runner, steps, session, fetch, feeds, problem, cluster, trace_step,
+    return synchronous(runner, steps, session, built, feeds, problem, cluster, trace_step,
                        background)
 
 
-def with_train(built):
-    """Fetch the loss computed by the training step itself (no second forward pass)."""
-    tf = import_tf()
-    with built.graph.as_default(), tf.control_dependencies([built.train]):
-        return tf.identity(built.loss)
+class StepOnce:
+    """A synchronous step's fetch (the loss its training step computed, and the graph's
+    reports), and beside the loss, on the servers, a count of the steps applied and the last
+    one's fetch. A step whose session the watchdog closed after its update had run is then
+    not run a second time (CI16: notebook 03's towers, starved, applied step 288 four times
+    and drifted 1.4e-5 from one process). It cannot see a step cancelled part way through its
+    update (some variables updated, the count not): that step runs again."""
+
+    def __init__(self, built):
+        tf = import_tf()
+        with built.graph.as_default(), tf.name_scope("step_once"):
+            fetch = {"loss": built.loss, **built.reports}
+            with tf.compat.v1.colocate_with(built.loss.op):
+                self.applied = _kept(tf, tf.constant(0, tf.int64), "applied")
+            kept = {}
+            for name, tensor in fetch.items():
+                with tf.compat.v1.colocate_with(tensor.op):
+                    kept[name] = _kept(tf, tf.zeros([], tensor.dtype), name, any_shape=True)
+            with tf.control_dependencies([built.train]):
+                keeps = [kept[name].assign(tensor, read_value=False)
+                         for name, tensor in fetch.items()]
+            with tf.control_dependencies(keeps):
+                counted = self.applied.assign_add(1, read_value=False)
+            with tf.control_dependencies([counted]):
+                self.fetch = {name: tf.identity(tensor) for name, tensor in fetch.items()}
+            self.kept = {name: variable.read_value() for name, variable in kept.items()}
+            self.init = tf.compat.v1.variables_initializer([self.applied, *kept.values()])
+
+    def start(self, session) -> int:
+        """Set up the count on the servers; returns it (0)."""
+        session.run(self.init)
+        return 0
+
+    def ran(self, session, before: int) -> dict | None:
+        """After a stall: the fetch of the step that followed ``before`` applied steps, if
+        its update ran (read from the servers), else None."""
+        if session.run(self.applied) == before + 1:
+            return session.run(self.kept)
+        return None
+
+
+def _kept(tf, initial, name: str, any_shape: bool = False):
+    return tf.compat.v1.Variable(initial, trainable=False, name=name, use_resource=True,
+                                 collections=[], validate_shape=not any_shape,
+                                 shape=tf.TensorShape(None) if any_shape else None)
 
 
 def ps_plan(cluster):

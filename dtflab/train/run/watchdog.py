@@ -8,7 +8,8 @@ has finished a step (the first step builds the graph on every task). The watchdo
   which the live dashboard shows under its plots;
 - asks the loop to recover: loops that run ``tf.compat.v1`` sessions close the stalled
   worker's session, which cancels the step inside TensorFlow, open a new one and run the same
-  batch again, up to ``retries`` times in a row; after that the worker (in a synchronous loop,
+  batch again (a synchronous step whose update had already run is not: see
+  ``sessions.StepOnce``), up to ``retries`` times in a row; after that the worker (in a synchronous loop,
   the run) ends with a ``TaskError`` saying it stalled at step N.
 
 ``all_reduce`` cannot cancel a collective: a stall that lasts ``1 + retries`` times its bound

@@ -9,7 +9,7 @@ from dtflab._quiet import import_tf
 from dtflab.train.layouts.tasks import worker_devices
 from dtflab.train.run.graphs import TrainGraph, Tower, straggler
 from dtflab.train.run.runner import checked_run, new_runner
-from dtflab.train.run.sessions import new_session, ps_plan, synchronous, with_train
+from dtflab.train.run.sessions import new_session, ps_plan, synchronous
 
 
 def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
@@ -37,8 +37,8 @@ def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
             feed[tower.x], feed[tower.t] = xs[i * share:(i + 1) * share], ts[i * share:(i + 1) * share]
         return feed
 
-    return synchronous(runner, steps, session,
-                        with_train(built), feeds, problem, cluster, trace_step, background)
+    return synchronous(runner, steps, session, built, feeds, problem, cluster, trace_step,
+                       background)
 
 
 def _encode(tf, gradient, bits: int, device: str):
