@@ -246,7 +246,7 @@ class StepOnce:
     """A synchronous step's fetch (the loss its training step computed, and the graph's
     reports), and beside the loss, on the servers, a count of the steps applied and the last
     one's fetch. A step whose session the watchdog closed after its update had run is then
-    not run a second time (CI16: notebook 03's towers, starved, applied step 288 four times
+    not run a second time (CI16: notebook 03's towers, starved, applied a stalled step twice
     and drifted 1.4e-5 from one process). It cannot see a step cancelled part way through its
     update (some variables updated, the count not): that step runs again."""
 
