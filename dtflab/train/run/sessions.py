@@ -115,7 +115,8 @@ class SessionSteps:
         self.session, self.once, self.feeds = session, once, feeds
         self.problem, self.cluster, self.history = problem, cluster, runner.history
         self.trace_step = trace_step
-        self._applied = once.start(session)  # steps whose update ran, as the servers count them
+        once.start(session)
+        self._applied = 0  # steps whose update ran, as the servers count them
         self._prefetch = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dtflab-feed")
         self._upcoming = {0: self._prefetch.submit(feeds, 0)}
         self.watch = runner.watch
@@ -183,9 +184,10 @@ class SessionSteps:
 
     def _update(self, fetched: dict) -> Update:
         """The Update of one step's fetch; the graph's reports go into the history."""
-        kept = self.history.details.setdefault("per_step", {}) if len(fetched) > 1 else {}
-        for name, value in fetched.items():
-            if name != "loss":
+        reports = {name: value for name, value in fetched.items() if name != "loss"}
+        if reports:
+            kept = self.history.details.setdefault("per_step", {})
+            for name, value in reports.items():
                 kept.setdefault(name, []).append(value.tolist())
         return Update(float(fetched["loss"]) / self.problem.batch_size, self.problem.batch_size)
 
@@ -270,10 +272,9 @@ class StepOnce:
             self.kept = {name: variable.read_value() for name, variable in kept.items()}
             self.init = tf.compat.v1.variables_initializer([self.applied, *kept.values()])
 
-    def start(self, session) -> int:
-        """Set up the count on the servers; returns it (0)."""
+    def start(self, session) -> None:
+        """Set up the count (0) and the kept fetch on the servers."""
         session.run(self.init)
-        return 0
 
     def ran(self, session, before: int) -> dict | None:
         """After a stall: the fetch of the step that followed ``before`` applied steps, if

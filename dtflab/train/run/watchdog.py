@@ -9,8 +9,8 @@ has finished a step (the first step builds the graph on every task). The watchdo
 - asks the loop to recover: loops that run ``tf.compat.v1`` sessions close the stalled
   worker's session, which cancels the step inside TensorFlow, open a new one and run the same
   batch again (a synchronous step whose update had already run is not: see
-  ``sessions.StepOnce``), up to ``retries`` times in a row; after that the worker (in a synchronous loop,
-  the run) ends with a ``TaskError`` saying it stalled at step N.
+  ``sessions.StepOnce``), up to ``retries`` times in a row; after that the worker (in a
+  synchronous loop, the run) ends with a ``TaskError`` saying it stalled at step N.
 
 ``all_reduce`` cannot cancel a collective: a stall that lasts ``1 + retries`` times its bound
 restarts every worker from a checkpoint, or ends the run with a ``StallError``.
