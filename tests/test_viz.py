@@ -1,5 +1,7 @@
 """The step views build from real traces and draw what the trace holds."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -181,6 +183,45 @@ def test_the_scaling_model_is_measured_from_one_and_two_worker_runs_and_drawn():
     assert any("their figures" in item.label["value"] for item in fig.legend[0].items)
     with pytest.raises(ValueError, match=r"rates has no one-worker run \(keys \[2, 4\]\)"):
         speedups({2: 1.0, 4: 2.0})
+
+
+def test_the_time_a_run_waits_for_a_core_is_read_apart_from_its_cpu_time():
+    """A busy loop on the one core the run is pinned to: the run's threads wait for it about
+    half the time, and ``queued_s`` says so. The scaling model takes those waits out of the
+    exchange (CI21: a starved notebook read 380 ms of exchange for 70)."""
+    import os
+    import subprocess
+    import sys
+
+    from dtflab import train
+    from dtflab.train.measure.cpu import CpuPerStep
+
+    def pin(pid, cpus):
+        before = {}
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            before[int(tid)] = os.sched_getaffinity(int(tid))
+            os.sched_setaffinity(int(tid), cpus)
+        return before
+
+    problem = train.classification(width=512, batch_size=2048)
+    with dtflab.start_cluster(jobs="ps=1,worker=1", intra_op_threads=1, inter_op_threads=1) as cluster:
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        mine = {}
+        try:
+            for pid in [t.pid for t in cluster.tasks] + [hog.pid]:
+                pin(pid, {0})
+            mine = pin(os.getpid(), {0})
+            cpu = CpuPerStep(cluster, skip=2)
+            train.sync_data_parallel(problem, cluster, steps=8, watchdog=False, callbacks=[cpu])
+        finally:
+            hog.kill()
+            hog.wait()
+            for tid, cpus in mine.items():
+                with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                    os.sched_setaffinity(tid, cpus)
+    ran = sum(cpu.per_step.values())
+    assert cpu.queued_s > 0.25 * cpu.wall_s, (cpu.queued_s, cpu.wall_s, cpu.per_step)
+    assert ran + cpu.queued_s > 0.5 * cpu.wall_s  # what ran and what waited fill the step
 
 
 def test_a_long_line_stays_within_its_limit_and_each_point_is_the_mean_of_its_steps():

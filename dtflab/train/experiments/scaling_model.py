@@ -10,12 +10,17 @@ CPU time per step over the cores). Each part is measured, not fitted to step tim
 - ``ps_fixed_s`` and ``ps_per_worker_s``: the ps's CPU seconds per step are ``fixed + N x
   per worker`` (each worker's parameters to send and gradients to receive and add up);
 - ``client_s``: this process's CPU seconds per step (it feeds the batch and runs the sessions);
-- ``exchange_s``: the one-worker step less the worker's CPU time: the time the worker waits.
+- ``exchange_s``: the one-worker step less the worker's CPU time: the time the worker waits;
+  less, too, the time the step's path waited for a core (``CpuPerStep.queued_s``): on a busy
+  machine the step grows by those waits and the exchange does not (CI21: a notebook starved
+  beside the tests read 380 ms of exchange where the English edition in the same run read 70).
 
 CPU times are read from each task process's threads (``/proc/<pid>/task/*/schedstat``) over the steps of
 a run, after its first ``skip``: under load they stay what the work costs, where a traced op's
 duration grows with the wait for a core. It cannot see a ps whose gRPC threads run out of
 cores on a machine that has cores left, a network slower than the loopback, or stragglers.
+The waits are an estimate (``CpuPerStep``): with two busy loops beside it on 2 cores the
+exchange read 16-24 ms where it reads 28-31 alone (without taking the waits out: 46-64).
 
 In [1]: model = train.scaling_model.fit(train.classification(width=1024, batch_size=4096))
 In [2]: model.steps_per_s(8), model.limit(8)    # (…, 'cores') on 2 cores
@@ -33,7 +38,8 @@ from dtflab.train.measure.cpu import CpuPerStep
 
 def measure_parts(problem, workers: int, *, steps: int = 12, skip: int = 3) -> dict:
     """One synchronous run with ``workers`` workers and one ps, one thread per task:
-    ``{"step_s", "worker_s" (mean over workers), "ps_s", "client_s"}``, CPU seconds per step."""
+    ``{"step_s", "worker_s" (mean over workers), "ps_s", "client_s"}``, CPU seconds per step,
+    and ``"queued_s"``, the seconds per step its path waited for a core."""
     from dtflab.cluster import start_cluster
     from dtflab.train.strategies.sync_data_parallel import sync_data_parallel
 
@@ -44,7 +50,8 @@ def measure_parts(problem, workers: int, *, steps: int = 12, skip: int = 3) -> d
                            callbacks=[cpu])
     workers_s = [s for name, s in cpu.per_step.items() if name.startswith("worker:")]
     return {"step_s": cpu.wall_s, "worker_s": statistics.fmean(workers_s),
-            "ps_s": cpu.per_step["ps:0"], "client_s": cpu.per_step["client"]}
+            "ps_s": cpu.per_step["ps:0"], "client_s": cpu.per_step["client"],
+            "queued_s": cpu.queued_s}
 
 
 def fit(problem, *, rounds: int = 3, steps: int = 12, cores: int | None = None) -> ScalingModel:
@@ -62,7 +69,8 @@ def fit(problem, *, rounds: int = 3, steps: int = 12, cores: int | None = None) 
     compute = 2 * (one["worker_s"] - two["worker_s"])  # w(N) = compute / N + extra
     extra = max(one["worker_s"] - compute, 0.0)
     per_worker = max(two["ps_s"] - one["ps_s"], 0.0)  # p(N) = fixed + N x per worker
-    return ScalingModel(compute_s=compute, exchange_s=max(one["step_s"] - one["worker_s"], 0.0),
+    waited = one["step_s"] - one["worker_s"] - one["queued_s"]  # not the waits for a core
+    return ScalingModel(compute_s=compute, exchange_s=max(waited, 0.0),
                         worker_extra_s=extra, ps_fixed_s=max(one["ps_s"] - per_worker, 0.0),
                         ps_per_worker_s=per_worker,
                         client_s=statistics.fmean([one["client_s"], two["client_s"]]),

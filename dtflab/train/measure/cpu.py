@@ -1,10 +1,13 @@
 """CPU seconds per step of every task process, read from the kernel's scheduler statistics
 (``/proc/<pid>/task/*/schedstat``) over the steps of a run: under load they stay what the work
-costs, where a traced op's duration grows with the wait for a core. Linux only."""
+costs, where a traced op's duration grows with the wait for a core. The same file says how long
+each thread waited, runnable, for a core (in a CPU quota's cgroup, throttled time included).
+Linux only."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from dtflab.train.run.callbacks import Callback
@@ -12,39 +15,58 @@ from dtflab.train.run.callbacks import Callback
 
 class CpuPerStep(Callback):
     """CPU seconds per step of each task process (and of this process, ``"client"``) over
-    steps ``skip`` to the last, and the wall seconds per step."""
+    steps ``skip`` to the last, the wall seconds per step, and ``queued_s``: the seconds per
+    step that the step's path waited for a core, read as the waits of each task's busiest
+    thread (its op thread) and of the thread that runs the steps here. It is an estimate:
+    those threads' waits can overlap, and the other threads' waits are left out."""
 
     def __init__(self, cluster, skip: int = 3):
         self.cluster, self.skip = cluster, skip
         self.per_step: dict[str, float] = {}
         self.wall_s = None
+        self.queued_s = None
         self._first = None
 
     def _read(self):
-        pids = {task.name: task.pid for task in self.cluster.tasks}
-        return {name: _cpu_s(pid) for name, pid in pids.items()} | {
-            "client": time.process_time()}, time.perf_counter()
+        threads = {task.name: _schedstat(f"/proc/{task.pid}/task") for task in self.cluster.tasks}
+        # here, the thread that runs the steps: a kernel's, a notebook's or a test runner's
+        # other threads are not on the step's path
+        mine = _schedstat("/proc/self/task", only=threading.get_native_id())
+        return threads, mine, time.process_time(), time.perf_counter()
 
     def on_step(self, history, record) -> None:
         count = len(history.records)
         if count == self.skip:
             self._first = (count, *self._read())
         elif self._first is not None and count > self.skip:
-            first_count, first_cpu, first_wall = self._first
-            cpu, wall = self._read()
+            first_count, *first = self._first
+            now = self._read()
             steps = count - first_count
-            self.per_step = {name: (cpu[name] - first_cpu[name]) / steps for name in cpu}
-            self.wall_s = (wall - first_wall) / steps
+            ran, waited = {}, {}
+            for name, threads in now[0].items():
+                spent = {tid: (cpu - first[0][name].get(tid, (0, 0))[0],
+                               wait - first[0][name].get(tid, (0, 0))[1])
+                         for tid, (cpu, wait) in threads.items()}
+                ran[name] = sum(cpu for cpu, _ in spent.values())
+                busiest = max(spent.values(), key=lambda times: times[0], default=(0.0, 0.0))
+                waited[name] = busiest[1]
+            ran["client"] = now[2] - first[2]
+            waited["client"] = sum(w for _, w in now[1].values()) - sum(w for _, w in first[1].values())
+            self.per_step = {name: seconds / steps for name, seconds in ran.items()}
+            self.queued_s = sum(waited.values()) / steps
+            self.wall_s = (now[3] - first[3]) / steps
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds process ``pid``'s live threads have run so far (the kernel's scheduler
-    statistics, in nanoseconds: ``/proc/<pid>/task/<tid>/schedstat``)."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
+def _schedstat(folder: str, only: int | None = None) -> dict[str, tuple[float, float]]:
+    """{thread id: (CPU seconds run, seconds waited runnable for a core)} of the live threads
+    in ``folder`` (``/proc/<pid>/task``; ``only``: that thread alone), from the kernel's
+    scheduler statistics in nanoseconds."""
+    threads = {}
+    for tid in ([str(only)] if only is not None else os.listdir(folder)):
         try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as stat:
-                total += int(stat.read().split()[0])
+            with open(f"{folder}/{tid}/schedstat") as stat:
+                fields = stat.read().split()
         except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
             continue
-    return total / 1e9
+        threads[tid] = (int(fields[0]) / 1e9, int(fields[1]) / 1e9)
+    return threads
