@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import NamedTuple
 
 from dtflab.train.run.callbacks import Callback
 
@@ -27,34 +28,43 @@ class CpuPerStep(Callback):
         self.queued_s = None
         self._first = None
 
-    def _read(self):
-        threads = {task.name: _schedstat(f"/proc/{task.pid}/task") for task in self.cluster.tasks}
-        # here, the thread that runs the steps: a kernel's, a notebook's or a test runner's
-        # other threads are not on the step's path
-        mine = _schedstat("/proc/self/task", only=threading.get_native_id())
-        return threads, mine, time.process_time(), time.perf_counter()
+    def _read(self) -> _Reading:
+        return _Reading(
+            {task.name: _schedstat(f"/proc/{task.pid}/task") for task in self.cluster.tasks},
+            # here, the thread that runs the steps: a kernel's, a notebook's or a test runner's
+            # other threads are not on the step's path
+            _schedstat("/proc/self/task", only=threading.get_native_id()),
+            time.process_time(), time.perf_counter())
 
     def on_step(self, history, record) -> None:
         count = len(history.records)
         if count == self.skip:
-            self._first = (count, *self._read())
+            self._first = (count, self._read())
         elif self._first is not None and count > self.skip:
-            first_count, *first = self._first
-            now = self._read()
+            (first_count, first), now = self._first, self._read()
             steps = count - first_count
-            ran, waited = {}, {}
-            for name, threads in now[0].items():
-                spent = {tid: (cpu - first[0][name].get(tid, (0, 0))[0],
-                               wait - first[0][name].get(tid, (0, 0))[1])
-                         for tid, (cpu, wait) in threads.items()}
-                ran[name] = sum(cpu for cpu, _ in spent.values())
-                busiest = max(spent.values(), key=lambda times: times[0], default=(0.0, 0.0))
-                waited[name] = busiest[1]
-            ran["client"] = now[2] - first[2]
-            waited["client"] = sum(w for _, w in now[1].values()) - sum(w for _, w in first[1].values())
-            self.per_step = {name: seconds / steps for name, seconds in ran.items()}
-            self.queued_s = sum(waited.values()) / steps
-            self.wall_s = (now[3] - first[3]) / steps
+            spent = {name: _spent(first.tasks[name], threads) for name, threads in now.tasks.items()}
+            spent["client"] = (now.client_cpu_s - first.client_cpu_s,
+                               _spent(first.stepper, now.stepper)[1])
+            self.per_step = {name: ran / steps for name, (ran, _) in spent.items()}
+            self.queued_s = sum(waited for _, waited in spent.values()) / steps
+            self.wall_s = (now.wall_s - first.wall_s) / steps
+
+
+class _Reading(NamedTuple):
+    tasks: dict  # task name -> _schedstat of its threads
+    stepper: dict  # _schedstat of the thread that runs the steps here
+    client_cpu_s: float  # this process's CPU time, every thread
+    wall_s: float
+
+
+def _spent(before: dict, after: dict) -> tuple[float, float]:
+    """Between two ``_schedstat`` readings of one process: (CPU seconds its threads ran, seconds
+    its busiest thread waited for a core). A thread started in between counts from 0."""
+    times = [(cpu - before.get(tid, (0.0, 0.0))[0], wait - before.get(tid, (0.0, 0.0))[1])
+             for tid, (cpu, wait) in after.items()]
+    busiest = max(times, key=lambda ran_waited: ran_waited[0], default=(0.0, 0.0))
+    return sum(ran for ran, _ in times), busiest[1]
 
 
 def _schedstat(folder: str, only: int | None = None) -> dict[str, tuple[float, float]]:
