@@ -275,7 +275,7 @@ def python_script(code: str) -> list[str]:
 #: The documentation site the tests build (README "Documentation": the same command).
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SITE = os.path.join(ROOT, "build", "docs")
-BUILD_DOCS = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "-d",
+BUILD_DOCS = [sys.executable, "-m", "sphinx", "-j", "auto", "-W", "--keep-going", "-b", "html", "-d",
               os.path.join(ROOT, "build", "doctrees"), "docs", SITE]
 
 

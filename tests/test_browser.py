@@ -1,10 +1,11 @@
 """What a person sees: JupyterLab in headless Chromium runs the tutorials.
 
 Starts `jupyter lab` on 127.0.0.1 (temporary config, token, root), drives Debian's chromium
-through Playwright (``executable_path``: no test tool downloads a browser), runs every cell
-and checks the cluster panel, the step views, the live loss plot and its Stop button, and
-the browser console. Screenshots go to the folder printed at the start of the tier
-(``DTFLAB_SCREENSHOTS``, default ``./screenshots``).
+through Playwright (``executable_path``: no test tool downloads a browser), runs notebooks 00
+and 02 whole and, of the others, the cells a page needs (``run_cells``: the notebook tests
+run every cell, once per run), and checks the cluster panel, the step views, the live loss
+plot and its Stop button, and the browser console. Screenshots go to the folder printed at
+the start of the tier (``DTFLAB_SCREENSHOTS``, default ``./screenshots``).
 """
 
 import io
@@ -269,6 +270,17 @@ def run_cells(page, lab, notebook: str, pick) -> None:
     open_and_run_all(page, url, token, f"part_of_{notebook}")
 
 
+def cells_with(*snippets):
+    """A ``run_cells`` pick: the first code cell (the set-up) and, in the notebook's order, each
+    code cell that contains one of ``snippets``; each snippet must be in some cell."""
+    def pick(code, source):
+        for snippet in snippets:
+            assert any(snippet in source(cell) for cell in code), f"no code cell has {snippet!r}"
+        return [cell for i, cell in enumerate(code)
+                if i == 0 or any(snippet in source(cell) for snippet in snippets)]
+    return pick
+
+
 def test_quickstart_shows_the_cluster_panel_row_by_row(lab, page):
     url, token, _ = lab
     open_and_run_all(page, url, token, "00_quickstart.ipynb")
@@ -302,15 +314,16 @@ def test_quickstart_shows_the_cluster_panel_row_by_row(lab, page):
 
 
 def test_data_parallel_views_render_and_the_live_plot_streams_until_stopped(lab, page):
-    url, token, root = lab
-    path = root / "notebooks" / "03_sync_data_parallelism.ipynb"
-    notebook = json.loads(path.read_text())
-    notebook["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
-                              "source": LIVE_CELL})
-    path.write_text(json.dumps(notebook))
+    # Notebook 03's set-up, its synchronous run and that run's traced step, then a live run.
+    url = lab[0]
+    picked = cells_with("%dtf_cluster start", "problem = train.exp_regression()", "parallel = run.wait()",
+                        "step = parallel.trace")
+    live_cell = {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                 "source": LIVE_CELL}
     mark = phases()
-    open_and_run_all(page, url, token, path.name)
-    mark("notebook 03 ran")
+    run_cells(page, lab, "03_sync_data_parallelism.ipynb",
+              lambda code, source: picked(code, source) + [live_cell])
+    mark("notebook 03's cells ran")
 
     views = cell_containing(page, "step.show()")
     reveal(views)
@@ -397,8 +410,9 @@ def test_a_live_plot_whose_view_began_mid_message_draws_every_later_point(lab, p
 
 
 def test_parameter_servers_vs_all_reduce_draws_both_architectures_and_the_live_all_reduce(lab, page):
-    url, token, _ = lab
-    open_and_run_all(page, url, token, "08_parameter_servers_vs_all_reduce.ipynb")
+    # Notebook 08's set-up, its drawing of the two architectures and its live all-reduce run.
+    run_cells(page, lab, "08_parameter_servers_vs_all_reduce.ipynb",
+              cells_with("%load_ext dtflab", "show(architectures(workers=3))", "dashboard = Dashboard(run)"))
     drawing = cell_containing(page, "show(architectures(workers=3))")
     reveal(drawing)
     drawn = painted(page, drawing.locator(".jp-OutputArea"), 5_000, SHOTS / "architectures.png",
@@ -414,8 +428,10 @@ def test_parameter_servers_vs_all_reduce_draws_both_architectures_and_the_live_a
 
 
 def test_pipeline_parallelism_draws_the_measured_bubble_beside_the_formulas(lab, page):
-    url, token, _ = lab
-    open_and_run_all(page, url, token, "09_pipeline_parallelism.ipynb")
+    # Notebook 09's set-up, its picture of the pipeline, its runs for each m and one run's chart.
+    run_cells(page, lab, "09_pipeline_parallelism.ipynb",
+              cells_with("%load_ext dtflab", "pipeline_picture(problem, cluster", "runs[m] = train.pipeline(",
+                         "runs[4].bubble.show()"))
     picture = cell_containing(page, "pipeline_picture(problem, cluster")
     drawn = shot(page, picture.locator(".jp-OutputArea"), str(SHOTS / "pipeline_picture.png"))
     assert ink(drawn) > 5_000, "the pipeline picture drew nothing"
@@ -428,8 +444,12 @@ def test_pipeline_parallelism_draws_the_measured_bubble_beside_the_formulas(lab,
 
 
 def test_tensor_and_sharded_parallelism_draws_the_slices_and_the_bytes_against_the_batch(lab, page):
-    url, token, _ = lab
-    open_and_run_all(page, url, token, "10_tensor_and_sharded_parallelism.ipynb")
+    # Notebook 10's two pictures, the bytes it measures against the batch and its DTensor layouts.
+    run_cells(page, lab, "10_tensor_and_sharded_parallelism.ipynb",
+              cells_with("def problem_for(batch)", 'slices_picture(problem, "sharded"',
+                         "cluster = dtflab.start_cluster(workers=2)", "crossing = next(", "measured = {}",
+                         "Bytes each worker sends per step", "workdir = tempfile.mkdtemp(",
+                         "%%writefile $program", "def over_the_wire(layout)", "def reports(run)"))
     for code, name in (('slices_picture(problem, "tensor_parallel"', "tensor_parallel_slices.png"),
                        ('slices_picture(problem, "sharded"', "sharded_slices.png")):
         picture = cell_containing(page, code)
@@ -541,8 +561,11 @@ def test_the_plan_of_a_65b_model_draws_its_configuration_map(lab, page):
 
 
 def test_long_sequences_draws_the_ring_the_imbalance_and_the_mesh_with_its_bytes(lab, page):
-    url, token, _ = lab
-    open_and_run_all(page, url, token, "12_long_sequences_and_3d.ipynb")
+    # Notebook 12's set-up, its ring of context parallelism and its 3D mesh.
+    run_cells(page, lab, "12_long_sequences_and_3d.ipynb",
+              cells_with("cluster = dtflab.start_cluster(ps=0, workers=2", "cp_runs, cp_wires = {}, {}",
+                         "def ring_bytes(run)", "busy = {}", 'cp_runs["naive"].trace.show()',
+                         "show(layout.picture(sent="))
     for code, name in (("def ring_bytes(run)", "ring.png"),
                        ('busy = {}', "ring_busy.png"),
                        ('cp_runs["naive"].trace.show()', "ring_timeline.png"),
