@@ -202,11 +202,17 @@ def reveal(locator):
 
 def shot(page, locator, path=None) -> bytes:
     """A screenshot of ``locator`` clipped from the page, taken without waiting for the element
-    to hold still (see ``reveal``)."""
+    to hold still (see ``reveal``), once it has a box: a live plot's canvas is replaced when its
+    run ends (``LiveBokehModel.refresh`` draws every point again), and has none meanwhile."""
     reveal(locator)
-    box = locator.bounding_box()
-    assert box and box["width"] > 0 and box["height"] > 0, "the element is not on the page"
-    return page.screenshot(path=path, clip=box)
+    boxes = []
+
+    def laid_out():
+        boxes.append(locator.bounding_box())
+        return bool(boxes[-1] and boxes[-1]["width"] > 0 and boxes[-1]["height"] > 0)
+
+    assert wait_until(laid_out, timeout=30, interval=0.1), "the element is not on the page"
+    return page.screenshot(path=path, clip=boxes[-1])
 
 
 def painted(page, locator, least: int, path=None, canvases: int = 1, timeout: float = 60) -> bytes:
@@ -422,8 +428,15 @@ def test_parameter_servers_vs_all_reduce_draws_both_architectures_and_the_live_a
     reveal(live)
     status = live.locator(".widget-html-content").last
     assert wait_until(lambda: "steps in" in status.inner_text(), timeout=60), status.inner_text()
-    plot = shot(page, live.locator("canvas").first, str(SHOTS / "all_reduce_dashboard.png"))
-    assert ink(plot) > 5_000, "the all-reduce run's loss plot is empty"
+    # the run has ended: the plot draws every point again (``LiveBokehModel.refresh``)
+    plots = []
+
+    def drawn():
+        plots.append(shot(page, live.locator("canvas").first))
+        return ink(plots[-1]) > 5_000
+
+    assert wait_until(drawn, timeout=30, interval=0.25), "the all-reduce run's loss plot is empty"
+    (SHOTS / "all_reduce_dashboard.png").write_bytes(plots[-1])
     assert page.console_errors == []
 
 
@@ -497,9 +510,10 @@ def test_the_memory_planner_draws_moves_with_a_field_and_measures(lab, page):
 
     assert wait_until(moved, timeout=30), page.evaluate(DATA, "planner_activations")
     small.locator("button", has_text="Measure").click()
-    assert wait_until(lambda: len(page.evaluate(DATA, "planner_activations")["bar"]) == 2,
+    # the bars (a Bokeh document) and the text (a widget) reach the page by two channels
+    assert wait_until(lambda: len(page.evaluate(DATA, "planner_activations")["bar"]) == 2
+                      and "measured vs predicted" in small.inner_text(),
                       timeout=90), small.inner_text()[-500:]
-    assert "measured vs predicted" in small.inner_text()
     shot(page, small, str(SHOTS / "memory_planner_measured.png"))
     assert page.console_errors == []
 
