@@ -231,6 +231,20 @@ def test_a_slow_stage_holds_up_the_pipeline(cluster):
     assert bubble.idle_share[0] > bubble.idle_share[1]  # the others wait for it
 
 
+def test_a_first_step_slower_than_the_operation_timeout_is_not_a_failed_task(cluster, monkeypatch):
+    # CI27: notebook 14's pipeline, starved beside the tests, ran past TF's 10 s operation
+    # timeout in its first step (the graph is placed on every task then) and ended "unknown:0
+    # failed during step 0 (DeadlineExceededError)" with every task alive. A first step has
+    # the watchdog's first_step_s; here the timeout is 1 s and the first step sleeps 1.5 s.
+    monkeypatch.setattr(sessions, "OPERATION_TIMEOUT_MS", 1000)
+    history = train.pipeline(DEEP, cluster, stages=2, micro_batches=2, steps=1,
+                             slow={"worker:1": 1.5})
+    assert history.steps == 1 and history.failures == []
+    with pytest.raises(TaskError, match="step 1"):  # later steps keep the operation timeout
+        train.pipeline(DEEP, cluster, stages=2, micro_batches=2, steps=2, slow={"worker:1": 1.5},
+                       watchdog=False)
+
+
 def test_a_background_pipeline_streams_to_the_dashboard_and_stops(cluster):
     run = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, steps=100_000,
                          background=True)

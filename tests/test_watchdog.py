@@ -236,8 +236,8 @@ def test_a_synchronous_step_whose_update_ran_before_its_session_closed_is_not_ap
     real = sessions.run_step
     calls, lost = [], []
 
-    def run_step(session, fetch, feed, cluster):
-        result = real(session, fetch, feed, cluster)
+    def run_step(session, fetch, feed, cluster, options=None):
+        result = real(session, fetch, feed, cluster, options)
         calls.append(session)
         if len(calls) == 41:  # step 40 (no step is traced)
             lost.append(session)

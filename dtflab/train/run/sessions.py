@@ -18,10 +18,14 @@ from dtflab._quiet import import_tf
 from dtflab.errors import StallError, TaskError
 from dtflab.placement import PlacementPlan
 from dtflab.train.run.runner import Update
-from dtflab.train.run.watchdog import Stalled
+from dtflab.train.run.watchdog import Stalled, Watchdog
 
 #: A step that needs a dead task gives up after this long (the sync loop's "within seconds").
 OPERATION_TIMEOUT_MS = 10_000
+#: A session's first run of a graph places it and registers it on every task: it has as long as
+#: the watchdog gives a first step (CI27: notebook 14's pipeline, starved beside the tests, ran
+#: out the 10 s operation timeout in its first step, and a slow step was read as a failed task).
+FIRST_RUN_S = Watchdog.first_step_s
 #: How long a step is retried while every task is alive but unreachable (a task just
 #: restarted: gRPC channels that saw it die reconnect with a back-off).
 TRANSIENT_RETRY_S = 10.0
@@ -37,6 +41,13 @@ def new_session(target, graph, device_filters=()):
     config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=OPERATION_TIMEOUT_MS,
                                       device_filters=list(device_filters))
     return tf.compat.v1.Session(target, graph=graph, config=config)
+
+
+def first_run_options(watch=None):
+    """``RunOptions`` for a session's first run of a graph: the watchdog's ``first_step_s``
+    (``watch``'s, else the default) before TensorFlow ends it, not the operation timeout."""
+    seconds = watch.settings.first_step_s if watch is not None else FIRST_RUN_S
+    return import_tf().compat.v1.RunOptions(timeout_in_ms=int(max(seconds * 1000, OPERATION_TIMEOUT_MS)))
 
 
 def renewed(session):
@@ -88,7 +99,7 @@ def dead_task(cluster) -> tuple[str, int] | None:
     return None
 
 
-def run_step(session, fetch, feed, cluster):
+def run_step(session, fetch, feed, cluster, options=None):
     """``session.run``, retried while the cluster says every task is alive (a transient
     Unavailable after a restart); a failure with a dead task is raised at once."""
     tf = import_tf()
@@ -96,7 +107,7 @@ def run_step(session, fetch, feed, cluster):
     pause = 0.2
     while True:
         try:
-            return session.run(fetch, feed)
+            return session.run(fetch, feed, options=options)
         except tf.errors.UnavailableError:
             if dead_task(cluster) is not None or time.monotonic() + pause > deadline:
                 raise
@@ -115,11 +126,12 @@ class SessionSteps:
         self.session, self.once, self.feeds = session, once, feeds
         self.problem, self.cluster, self.history = problem, cluster, runner.history
         self.trace_step = trace_step
-        once.start(session)
+        self.watch = runner.watch
+        once.start(session, first_run_options(self.watch))
         self._applied = 0  # steps whose update ran, as the servers count them
+        self._first = True  # this session has not yet run a step: its graph is not yet placed
         self._prefetch = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dtflab-feed")
         self._upcoming = {0: self._prefetch.submit(feeds, 0)}
-        self.watch = runner.watch
         self._stall = None  # the stall whose session the watchdog closed
         if session.sess_str:  # an in-process session keeps the variables: never closed
             runner.on_stall = self._on_stall
@@ -143,6 +155,7 @@ class SessionSteps:
                     raise error from None
                 tries += 1
                 self.session = renewed(self.session)
+                self._first = True
                 self.watch.settle("all", "recovered")
                 ran = self._ran_before_closing()
                 if ran is not None:
@@ -162,14 +175,15 @@ class SessionSteps:
 
     def _run(self, step, feed) -> Update:
         tf = import_tf()
+        options = first_run_options(self.watch) if self._first else None
         try:
             if step == self.trace_step:
                 from dtflab.tracing.capture import trace
 
-                self.history.trace = trace(self.session, self.once.fetch, feed)
+                self.history.trace = trace(self.session, self.once.fetch, feed, options=options)
                 fetched = self.history.trace.result
             else:
-                fetched = run_step(self.session, self.once.fetch, feed, self.cluster)
+                fetched = run_step(self.session, self.once.fetch, feed, self.cluster, options)
         except (tf.errors.OpError, RuntimeError) as error:  # RuntimeError: a closed session
             stall, self._stall = self._stall, None
             if stall_behind(error, stall, self.cluster, self.watch, "all") is not None:
@@ -180,6 +194,7 @@ class SessionSteps:
             raise TaskError(job, index, f"failed during step {step}; the synchronous run "
                             f"stopped ({type(error).__name__})") from None
         self._applied += 1
+        self._first = False
         return self._update(fetched)
 
     def _update(self, fetched: dict) -> Update:
@@ -232,7 +247,7 @@ def run_one_replica(built, target, runner, problem, steps, seed, cluster, backgr
     """The loop shared by single, model parallel, the pipeline and tensor parallelism: one copy
     of the model (on one task or spread over several), one session."""
     session = new_session(target, built.graph)
-    session.run(built.init)
+    session.run(built.init, options=first_run_options(runner.watch))
     x, t = built.inputs
 
     def feeds(step):
@@ -272,9 +287,9 @@ class StepOnce:
             self.kept = {name: variable.read_value() for name, variable in kept.items()}
             self.init = tf.compat.v1.variables_initializer([self.applied, *kept.values()])
 
-    def start(self, session) -> None:
+    def start(self, session, options=None) -> None:
         """Set up the count (0) and the kept fetch on the servers."""
-        session.run(self.init)
+        session.run(self.init, options=options)
 
     def ran(self, session, before: int) -> dict | None:
         """After a stall: the fetch of the step that followed ``before`` applied steps, if

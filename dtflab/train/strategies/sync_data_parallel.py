@@ -9,7 +9,7 @@ from dtflab._quiet import import_tf
 from dtflab.train.layouts.tasks import worker_devices
 from dtflab.train.run.graphs import TrainGraph, Tower, straggler
 from dtflab.train.run.runner import checked_run, new_runner
-from dtflab.train.run.sessions import new_session, ps_plan, synchronous
+from dtflab.train.run.sessions import first_run_options, new_session, ps_plan, synchronous
 
 
 def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
@@ -25,7 +25,7 @@ def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
     plan = ps_plan(cluster)
     built = sync_graph(problem, plan, devices, seed, slow_devices, gradient_bits)
     session = new_session(cluster.target(*names.split(plan.compute)), built.graph)
-    session.run(built.init)
+    session.run(built.init, options=first_run_options())
     share = problem.batch_size // len(devices)
     runner = new_runner("sync", name or f"sync data parallel ({len(devices)} workers)",
                         callbacks, watchdog, cluster=cluster)
