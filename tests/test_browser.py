@@ -429,14 +429,9 @@ def test_parameter_servers_vs_all_reduce_draws_both_architectures_and_the_live_a
     status = live.locator(".widget-html-content").last
     assert wait_until(lambda: "steps in" in status.inner_text(), timeout=60), status.inner_text()
     # the run has ended: the plot draws every point again (``LiveBokehModel.refresh``)
-    plots = []
-
-    def drawn():
-        plots.append(shot(page, live.locator("canvas").first))
-        return ink(plots[-1]) > 5_000
-
-    assert wait_until(drawn, timeout=30, interval=0.25), "the all-reduce run's loss plot is empty"
-    (SHOTS / "all_reduce_dashboard.png").write_bytes(plots[-1])
+    plot = painted(page, live.locator("canvas").first, 5_000, SHOTS / "all_reduce_dashboard.png",
+                   canvases=0, timeout=30)
+    assert ink(plot) > 5_000, "the all-reduce run's loss plot is empty"
     assert page.console_errors == []
 
 
