@@ -47,6 +47,17 @@ def wait_until(condition, timeout: float = 5.0, interval: float = 0.05) -> bool:
     return bool(condition())
 
 
+def stop_last_first(processes) -> None:
+    """Terminate ``processes`` newest first, each gone before the next is told: a Dask worker
+    told to stop while its scheduler is going too waits 8 s for it before it exits."""
+    for process in reversed(processes):
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
 
 def wait_for_records(run, records: int, timeout: float = 60.0) -> None:
     """Wait until the background ``run`` holds ``records`` step records; fail with its

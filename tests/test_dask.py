@@ -15,7 +15,7 @@ from dtflab.errors import DtflabError
 from dtflab.tracing import short_device
 from dtflab.train.examples import exp_regression as exp_regression_graph
 
-from conftest import run_constant, wait_until
+from conftest import run_constant, stop_last_first, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -38,14 +38,7 @@ def external_dask(tmp_path):
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     yield address, add_worker, processes
-    for process in reversed(processes):
-        process.terminate()
-    for process in processes:
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    stop_last_first(processes)
 
 
 def worker_count(address):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IP, run_ip
+from conftest import IP, run_ip, stop_last_first
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
@@ -150,14 +150,7 @@ class Hosts:
         return process
 
     def remove(self) -> None:
-        for process in reversed(self.processes):
-            process.terminate()
-        for process in self.processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_last_first(self.processes)
         for name in self.names + [self.switch]:  # deleting a namespace deletes its veth ends
             subprocess.run([IP, "netns", "del", name], capture_output=True)
 
