@@ -71,6 +71,19 @@ def test_a_straggler_holds_back_every_sync_step_but_only_itself_in_async(cluster
     assert slow_steps_when_fast_done < 30, "the fast worker should not wait for the slow one"
 
 
+def test_an_async_workers_first_update_slower_than_the_operation_timeout_is_not_a_failure(
+        cluster, monkeypatch):
+    # A session's first update places the graph on its tasks: it has the watchdog's
+    # first_step_s, as a synchronous loop's first step has. Here the timeout is 1 s and
+    # worker:1's updates sleep 1.5 s: the first is kept, the second ends that worker alone.
+    monkeypatch.setattr(sessions, "OPERATION_TIMEOUT_MS", 1000)
+    history = train.async_parameter_server(PROBLEM, cluster, steps=2, slow={"worker:1": 1.5},
+                                           watchdog=False)
+    assert history.steps_per_worker == {"worker:0": 2, "worker:1": 1}
+    [failure] = history.failures
+    assert failure.startswith("worker:1 stopped: ") and "DeadlineExceededError" in failure
+
+
 def test_a_killed_worker_ends_a_sync_run_with_its_name_and_async_carries_on(start_cluster):
     cluster = start_cluster(jobs="ps=1,worker=2")  # its own: tasks get killed and restarted
     run = train.sync_data_parallel(PROBLEM, cluster, steps=100_000, background=True)

@@ -208,8 +208,8 @@ def test_a_stalled_step_that_ends_as_its_session_closes_goes_on_on_a_new_session
     real = module._Downpour.one_update
     lingered = []
 
-    def one_update(self, session, tower, feed):
-        result = real(self, session, tower, feed)
+    def one_update(self, session, tower, feed, options=None):
+        result = real(self, session, tower, feed, options)
         if int(result[2]) >= 60 and not lingered and tower is self.built[0].towers[0]:
             lingered.append(session)
             assert wait_until(lambda: session._closed, timeout=10), "the watchdog never fired"

@@ -15,7 +15,7 @@ import time
 
 from dtflab import names
 from dtflab._quiet import import_tf
-from dtflab.errors import StallError, TaskError
+from dtflab.errors import DtflabError, StallError, TaskError
 from dtflab.placement import PlacementPlan
 from dtflab.train.run.runner import Update
 from dtflab.train.run.watchdog import Stalled, Watchdog
@@ -26,6 +26,8 @@ OPERATION_TIMEOUT_MS = 10_000
 #: the watchdog gives a first step (CI27: notebook 14's pipeline, starved beside the tests, ran
 #: out the 10 s operation timeout in its first step, and a slow step was read as a failed task).
 FIRST_RUN_S = Watchdog.first_step_s
+#: :func:`failed_task`'s job when no task is dead and the error names none.
+UNKNOWN = "unknown"
 #: How long a step is retried while every task is alive but unreachable (a task just
 #: restarted: gRPC channels that saw it die reconnect with a back-off).
 TRANSIENT_RETRY_S = 10.0
@@ -57,7 +59,8 @@ def renewed(session):
 
 
 def failed_task(cluster, error) -> tuple[str, int]:
-    """Which task a TF error is about: a dead task of the cluster, else an address in it."""
+    """Which task a TF error is about: a dead task of the cluster, else an address in it, else
+    ``(UNKNOWN, 0)``: every task alive and none named, so no task is to blame."""
     dead = dead_task(cluster)
     if dead is not None:
         return dead
@@ -66,12 +69,12 @@ def failed_task(cluster, error) -> tuple[str, int]:
             for index, address in enumerate(addresses):
                 if address in str(error):
                     return job, index
-    return names.find(str(error)) or ("unknown", 0)
+    return names.find(str(error)) or (UNKNOWN, 0)
 
 
 def describe(job: str, index: int, error) -> str:
     """'ps:0 failed (UnavailableError)', or the error's own first line when no task is named."""
-    if job == "unknown":
+    if job == UNKNOWN:
         first = str(getattr(error, "message", error)).strip().splitlines()[:1]
         return f"{type(error).__name__}: {first[0][:120] if first else ''}".rstrip(": ")
     return f"{job}:{index} failed ({type(error).__name__})"
@@ -189,6 +192,10 @@ class SessionSteps:
             if stall_behind(error, stall, self.cluster, self.watch, "all") is not None:
                 raise Stalled(stall) from None
             job, index = failed_task(self.cluster, error)
+            if job == UNKNOWN:  # every task alive and none named: not a task's failure
+                what = f"step {step} failed with every task alive ({describe(job, index, error)})"
+                self.history.failures.append(what)
+                raise DtflabError(f"{what}; the synchronous run stopped") from None
             self.history.failures.append(f"{job}:{index} failed during step {step}: "
                                          f"{type(error).__name__}")
             raise TaskError(job, index, f"failed during step {step}; the synchronous run "

@@ -11,12 +11,13 @@ import time
 
 from dtflab import checks, names
 from dtflab._quiet import import_tf
-from dtflab.errors import TaskError
+from dtflab.errors import DtflabError, TaskError
 from dtflab.train.layouts.tasks import worker_devices
 from dtflab.train.run.graphs import TrainGraph, Tower, straggler
 from dtflab.train.run.runner import Update, checked_run, new_runner
-from dtflab.train.run.sessions import (close_session, describe, failed_task, new_session, ps_plan,
-                                       run_step, stall_behind)
+from dtflab.train.run.sessions import (close_session, dead_task, describe, failed_task,
+                                       first_run_options, new_session, ps_plan, run_step,
+                                       stall_behind)
 
 
 def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
@@ -60,7 +61,10 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
         finally:
             downpour.close()
         if len(history.failures) == len(devices):
-            raise TaskError(*failed_task(cluster, "")[:2], "left no worker running")
+            dead = dead_task(cluster)
+            if dead is not None:
+                raise TaskError(*dead, "left no worker running")
+            raise DtflabError("no worker is left running: " + "; ".join(history.failures))
 
     return runner.run(body, background=background)
 
@@ -89,10 +93,11 @@ class _Downpour:
         self.filters = [[f"/job:{job}" for job in sorted(self.ps_jobs)] + [d] for d in devices]
         self.watch = None  # the run's watchdog, set by the loop
         # One {"session", "epoch", "stall"} per worker: a session made before the last recovery
-        # is stale; "stall" is (the stall, the session the watchdog closed for it).
+        # is stale; "stall" is (the stall, the session the watchdog closed for it); "stepped"
+        # (once set) the session that ran this worker's last update.
         self.states = [{"session": self._session(i), "epoch": 0, "stall": None}
                        for i in range(len(devices))]
-        self.states[0]["session"].run(built[0].init)
+        self.states[0]["session"].run(built[0].init, options=first_run_options())
         self.epoch = 0  # recoveries so far
         self.recovering = threading.Lock()
         self.saver = None  # a session on worker 0's graph, which holds the checkpoints' saver
@@ -130,13 +135,13 @@ class _Downpour:
                                                         time.perf_counter() - began))
             self.epoch += 1
 
-    def one_update(self, session, tower, feed):
+    def one_update(self, session, tower, feed, options=None):
         checkpoints = self.checkpoints
         if checkpoints is None:
-            return run_step(session, tower.fetch, feed, self.cluster)
+            return run_step(session, tower.fetch, feed, self.cluster, options)
         checkpoints.begin_update()
         try:
-            result = run_step(session, tower.fetch, feed, self.cluster)
+            result = run_step(session, tower.fetch, feed, self.cluster, options)
         except BaseException:
             checkpoints.end_update(None)
             raise
@@ -146,7 +151,8 @@ class _Downpour:
 
     def worker_step(self, i):
         """Worker ``i``'s step: one update on its own session, re-run on a new session after a
-        recovery; ``None`` once the worker gave up (its failure is in the history)."""
+        recovery; ``None`` once the worker gave up (its failure is in the history). A session's
+        first update places the graph: it has the watchdog's first-step time."""
         tf = import_tf()
         tower, name = self.built[i].towers[0], self.history.workers[i]
         state = self.states[i]
@@ -156,9 +162,12 @@ class _Downpour:
             tries = 0
             while True:
                 session = state["session"]
+                first = state.get("stepped") is not session
                 try:
-                    loss, before, after = self.one_update(session, tower,
-                                                          {tower.x: xs, tower.t: ts})
+                    loss, before, after = self.one_update(
+                        session, tower, {tower.x: xs, tower.t: ts},
+                        first_run_options(self.watch) if first else None)
+                    state["stepped"] = session
                     return Update(float(loss) / len(xs), len(xs), int(after) - 1, name,
                                   int(after - before - 1))
                 except (tf.errors.OpError, RuntimeError) as error:  # RuntimeError: a closed session
