@@ -1,6 +1,7 @@
 """What a person sees: JupyterLab in headless Chromium runs the tutorials.
 
-Starts `jupyter lab` on 127.0.0.1 (temporary config, token, root), drives Debian's chromium
+Starts one `jupyter lab` on 127.0.0.1 (temporary config, token, root; each test its own folder,
+workspace and kernels, shut down after it), drives Debian's chromium
 through Playwright (``executable_path``: no test tool downloads a browser), runs notebooks 00
 and 02 whole and, of the others, the cells a page needs (``run_cells``: the notebook tests
 run every cell, once per run), and checks the cluster panel, the step views, the live loss
@@ -19,6 +20,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -93,39 +95,48 @@ def announce_screenshots():
     print(f"\nbrowser tier: screenshots in {SHOTS}")
 
 
-@pytest.fixture
-def lab(tmp_path):
-    """A JupyterLab server on 127.0.0.1 with a copy of the notebooks; stopped afterwards."""
-    root, config = tmp_path / "root", tmp_path / "config"
-    shutil.copytree(ROOT / "notebooks", root / "notebooks")
+class Lab(NamedTuple):
+    """One test's share of the module's JupyterLab: its own copy of the notebooks under
+    ``root`` and its own workspace (nothing of an earlier test's layout is restored)."""
+
+    url: str  # the server's
+    token: str
+    root: Path  # this test's folder in the server's root: root / "notebooks" / ...
+
+    def address(self, notebook: str) -> str:
+        name = self.root.name
+        return f"{self.url}/lab/workspaces/{name}/tree/{name}/notebooks/{notebook}?token={self.token}"
+
+
+@pytest.fixture(scope="module")
+def lab_server(tmp_path_factory):
+    """A JupyterLab server on 127.0.0.1 for the module's tests: ``(url, token, root, pid)``;
+    stopped afterwards."""
+    home = tmp_path_factory.mktemp("lab")
+    root, config = home / "root", home / "config"
+    root.mkdir()
     (config / "labconfig").mkdir(parents=True)
     (config / "labconfig" / "page_config.json").write_text(json.dumps(
         {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
     (port,), token = free_ports(1), secrets.token_hex(16)
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-               IPYTHONDIR=str(tmp_path / "ipython"))
-    startup = tmp_path / "ipython" / "profile_default" / "startup"
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
+               IPYTHONDIR=str(home / "ipython"))
+    startup = home / "ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True)
     (startup / "00-stacks-on-sigusr1.py").write_text(
         "import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n")
-    log = open(tmp_path / "lab.log", "wb")
+    log = open(home / "lab.log", "wb")
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
          f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
          f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True",
          "--ServerApp.allow_root=True"], env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    SERVERS[url] = (server.pid, tmp_path / "lab.log")
-
-    def up():
-        try:
-            return urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2).status == 200
-        except OSError:
-            return False
-
+    SERVERS[url] = (server.pid, home / "lab.log")
     try:
-        assert wait_until(up, timeout=90), (tmp_path / "lab.log").read_text()[-3000:]
-        yield url, token, root
+        assert wait_until(lambda: lab_api(url, token, "status") is not None, timeout=90), (
+            (home / "lab.log").read_text()[-3000:])
+        yield url, token, root, server.pid
     finally:
         server.terminate()  # shuts its kernels down; their task processes follow them
         try:
@@ -134,6 +145,38 @@ def lab(tmp_path):
             server.kill()
             server.wait()
         log.close()
+
+
+@pytest.fixture
+def lab(lab_server, request):
+    """This test's :class:`Lab`; afterwards its kernels are shut down, and waited for with
+    every process they started, before the next test begins."""
+    import psutil
+
+    url, token, root, pid = lab_server
+    mine = root / f"t{len(list(root.iterdir()))}"
+    shutil.copytree(ROOT / "notebooks", mine / "notebooks")
+    yield Lab(url, token, mine)
+    kernels = [p for p in psutil.Process(pid).children(recursive=True)
+               if "ipykernel_launcher" in " ".join(p.cmdline())]
+    started = kernels + [child for kernel in kernels for child in kernel.children(recursive=True)]
+    for session in lab_api(url, token, "sessions") or []:
+        lab_api(url, token, f"sessions/{session['id']}", method="DELETE")
+    gone, alive = psutil.wait_procs(started, timeout=60)
+    assert not alive, f"still running 60 s after its kernel was shut down: {alive}"
+
+
+def lab_api(url, token, path, method="GET"):
+    """JupyterLab's REST answer to ``path`` as JSON (``None`` where there is none, or the
+    server does not answer)."""
+    request = urllib.request.Request(f"{url}/api/{path}", method=method,
+                                     headers={"Authorization": f"token {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            body = answer.read()
+    except OSError:
+        return None
+    return json.loads(body) if body else None
 
 
 @pytest.fixture
@@ -151,10 +194,10 @@ def page():
         browser.close()
 
 
-def open_and_run_all(page, url, token, notebook):
+def open_and_run_all(page, lab, notebook):
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    page.goto(f"{url}/lab/tree/notebooks/{notebook}?token={token}")
+    page.goto(lab.address(notebook))
     page.wait_for_selector(".jp-Notebook", timeout=90_000)
     page.wait_for_function(KERNEL_IDLE, timeout=120_000)
     # Not awaited: execute()'s promise ends with the last cell, and evaluate() has no timeout.
@@ -163,7 +206,7 @@ def open_and_run_all(page, url, token, notebook):
         page.wait_for_function(ALL_EXECUTED, timeout=RUN_ALL_S * 1000, polling=1000)
     except PlaywrightTimeout:
         raise AssertionError(f"{notebook} did not finish in {RUN_ALL_S} s; "
-                             f"{page.evaluate(UNFINISHED)}\n{kernel_stacks(url)}") from None
+                             f"{page.evaluate(UNFINISHED)}\n{kernel_stacks(lab.url)}") from None
     assert page.evaluate(ERROR_OUTPUTS) == []
 
 
@@ -268,12 +311,11 @@ def run_cells(page, lab, notebook: str, pick) -> None:
     """Run, as a notebook of its own in the page, the code cells of ``notebook`` that
     ``pick(code, source)`` returns (``code`` its code cells, ``source(cell)`` a cell's text):
     the notebook tests run all of it; here the page is the subject."""
-    url, token, root = lab
-    cells = json.loads((root / "notebooks" / notebook).read_text())
+    cells = json.loads((lab.root / "notebooks" / notebook).read_text())
     code = [cell for cell in cells["cells"] if cell["cell_type"] == "code"]
     cells["cells"] = pick(code, lambda cell: "".join(cell["source"]))
-    (root / "notebooks" / f"part_of_{notebook}").write_text(json.dumps(cells))
-    open_and_run_all(page, url, token, f"part_of_{notebook}")
+    (lab.root / "notebooks" / f"part_of_{notebook}").write_text(json.dumps(cells))
+    open_and_run_all(page, lab, f"part_of_{notebook}")
 
 
 def cells_with(*snippets):
@@ -288,8 +330,7 @@ def cells_with(*snippets):
 
 
 def test_quickstart_shows_the_cluster_panel_row_by_row(lab, page):
-    url, token, _ = lab
-    open_and_run_all(page, url, token, "00_quickstart.ipynb")
+    open_and_run_all(page, lab, "00_quickstart.ipynb")
     panel = cell_containing(page, "%dtf_cluster start 3").locator(".dtflab-cluster-panel").first
     reveal(panel)
     rows = panel.locator("tr.dtflab-task")
@@ -321,7 +362,7 @@ def test_quickstart_shows_the_cluster_panel_row_by_row(lab, page):
 
 def test_data_parallel_views_render_and_the_live_plot_streams_until_stopped(lab, page):
     # Notebook 03's set-up, its synchronous run and that run's traced step, then a live run.
-    url = lab[0]
+    url = lab.url
     picked = cells_with("%dtf_cluster start", "problem = train.exp_regression()", "parallel = run.wait()",
                         "step = parallel.trace")
     live_cell = {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
@@ -394,13 +435,12 @@ def test_a_live_plot_whose_view_began_mid_message_draws_every_later_point(lab, p
     # The live dashboard's blank plot (issue 33): a view constructed between the fragments of a
     # patch read every later patch out of step and dropped it, silently. Here the view is told
     # one and then two fragments it cannot place, as such a view would be, before the points.
-    url, token, root = lab
     notebook = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
                            "source": LIVE_MODEL_CELL}],
                 "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
                                             "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}
-    (root / "notebooks" / "live_model.ipynb").write_text(json.dumps(notebook))
-    open_and_run_all(page, url, token, "live_model.ipynb")
+    (lab.root / "notebooks" / "live_model.ipynb").write_text(json.dumps(notebook))
+    open_and_run_all(page, lab, "live_model.ipynb")
     cell_containing(page, "LiveBokehModel(plot)").locator("canvas").first.wait_for(timeout=60_000)
     for stray, rows in ((1, 10), (2, 20)):  # one fragment out of step, then two in all
         assert page.evaluate(KERNEL_PRINT_WITHIN, [STRAY_THEN_STREAM, 30_000]) == str(rows)
@@ -610,8 +650,7 @@ KERNEL_PRINT_WITHIN = """async ([code, ms]) => {
 
 
 def test_dragging_a_chip_moves_the_variable_in_the_kernel_and_measures_the_new_bytes(lab, page):
-    url, token, _ = lab
-    open_and_run_all(page, url, token, "02_placement_lab.ipynb")
+    open_and_run_all(page, lab, "02_placement_lab.ipynb")
     board = cell_containing(page, "editor = PlacementEditor(").locator(".dtflab-placement").first
     reveal(board)
     chip = board.locator(".dtflab-chip[data-variable='w1']")
