@@ -291,8 +291,9 @@ BUILD_DOCS = [sys.executable, "-m", "sphinx", "-j", "auto", "-W", "--keep-going"
 
 
 TIERS = ("browser", "docs", "binder", "notebook", "multihost", "slow")
-#: Tiers run after the others, in this order (``pytest_collection_modifyitems``).
-RUN_LAST = {"binder": 1, "notebook": 1, "docs": 2, "browser": 3}
+#: Tiers run after the others, in this order (``pytest_collection_modifyitems``); a browser
+#: test that opens the site runs after the site's tests.
+RUN_LAST = {"browser": 1, "binder": 2, "notebook": 2, "docs": 3, "the site in a browser": 4}
 _tier_seconds: dict[str, float] = {}
 _tier_tests: dict[str, int] = {}
 #: Lines a test prints that the run's summary repeats (captured output is shown only on failure).
@@ -340,10 +341,18 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The tests that read the notebook executions together (they run two at a time beside
-    them: nothing else should share the cores then), then the site's tests, which render those
-    executions (build/notebooks/), then the browser tier, which opens the site."""
-    items.sort(key=lambda item: RUN_LAST.get(tier_of(item.keywords), 0))
+    """The browser tier's JupyterLab tests (a kernel and a browser leave a core partly idle:
+    the notebook executions go on beside them, in the background), then the tests that read
+    the notebook executions together (they run two at a time beside them: nothing else should
+    share the cores then), then the site's tests, which render those executions
+    (build/notebooks/), then the browser test that opens the site."""
+    def order(item) -> int:
+        tier = tier_of(item.keywords)
+        if tier == "browser" and "built_site" in item.fixturenames:
+            return RUN_LAST["the site in a browser"]
+        return RUN_LAST.get(tier, 0)
+
+    items.sort(key=order)
 
 
 @pytest.fixture(scope="session")
