@@ -148,7 +148,7 @@ def lab_server(tmp_path_factory):
 
 
 @pytest.fixture
-def lab(lab_server, request):
+def lab(lab_server):
     """This test's :class:`Lab`; afterwards its kernels are shut down, and waited for with
     every process they started, before the next test begins."""
     import psutil
@@ -157,13 +157,20 @@ def lab(lab_server, request):
     mine = root / f"t{len(list(root.iterdir()))}"
     shutil.copytree(ROOT / "notebooks", mine / "notebooks")
     yield Lab(url, token, mine)
-    kernels = [p for p in psutil.Process(pid).children(recursive=True)
-               if "ipykernel_launcher" in " ".join(p.cmdline())]
+    kernels = kernels_of(pid)
     started = kernels + [child for kernel in kernels for child in kernel.children(recursive=True)]
     for session in lab_api(url, token, "sessions") or []:
         lab_api(url, token, f"sessions/{session['id']}", method="DELETE")
     gone, alive = psutil.wait_procs(started, timeout=60)
     assert not alive, f"still running 60 s after its kernel was shut down: {alive}"
+
+
+def kernels_of(server: int) -> list:
+    """The kernel processes (``psutil``) of the lab server whose pid is ``server``."""
+    import psutil
+
+    return [p for p in psutil.Process(server).children(recursive=True)
+            if "ipykernel_launcher" in " ".join(p.cmdline())]
 
 
 def lab_api(url, token, path, method="GET"):
@@ -212,13 +219,10 @@ def open_and_run_all(page, lab, notebook):
 
 def kernel_stacks(url) -> str:
     """Every thread's stack in the lab's kernels (faulthandler, armed by the startup file the
-    ``lab`` fixture writes, prints them to the server's log on SIGUSR1), the main thread first."""
-    import psutil
-
+    ``lab_server`` fixture writes, prints them to the server's log on SIGUSR1), the main thread first."""
     server, log = SERVERS[url]
     start = log.stat().st_size
-    kernels = [p for p in psutil.Process(server).children(recursive=True)
-               if "ipykernel_launcher" in " ".join(p.cmdline())]
+    kernels = kernels_of(server)
     for kernel in kernels:
         kernel.send_signal(signal.SIGUSR1)
     time.sleep(2)

@@ -92,10 +92,10 @@ class _Downpour:
         self.ps_jobs = {job for job in cluster.addresses if job not in worker_jobs}
         self.filters = [[f"/job:{job}" for job in sorted(self.ps_jobs)] + [d] for d in devices]
         self.watch = None  # the run's watchdog, set by the loop
-        # One {"session", "epoch", "stall"} per worker: a session made before the last recovery
-        # is stale; "stall" is (the stall, the session the watchdog closed for it); "stepped"
-        # (once set) the session that ran this worker's last update.
-        self.states = [{"session": self._session(i), "epoch": 0, "stall": None}
+        # One {"session", "epoch", "stall", "stepped"} per worker: a session made before the
+        # last recovery is stale; "stall" is (the stall, the session the watchdog closed for
+        # it); "stepped" the session that ran this worker's last update.
+        self.states = [{"session": self._session(i), "epoch": 0, "stall": None, "stepped": None}
                        for i in range(len(devices))]
         self.states[0]["session"].run(built[0].init, options=first_run_options())
         self.epoch = 0  # recoveries so far
@@ -162,7 +162,7 @@ class _Downpour:
             tries = 0
             while True:
                 session = state["session"]
-                first = state.get("stepped") is not session
+                first = state["stepped"] is not session
                 try:
                     loss, before, after = self.one_update(
                         session, tower, {tower.x: xs, tower.t: ts},
