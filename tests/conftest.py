@@ -28,6 +28,20 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+#: Under ``CI=true`` a tier this machine lacks a part for fails instead of skipping (``not_here``).
+IN_CI = os.environ.get("CI") == "true"
+
+
+def not_here(reason: str) -> None:
+    """Skip the test with ``reason``, which names what this machine lacks (a system package,
+    root, a cgroup controller) and the fix; under ``CI=true`` fail with it instead: CI is never
+    green with a tier skipped that its machine can be given the means to run."""
+    if IN_CI:
+        pytest.fail(f"{reason} [CI=true: a tier is never skipped in CI; give the machine what "
+                    f"it names]", pytrace=False)
+    pytest.skip(reason)
+
+
 #: iproute2's ``ip``, for the tests that build hosts as network namespaces (root only).
 IP = shutil.which("ip") or "/usr/sbin/ip"
 
@@ -301,6 +315,9 @@ FIGURES = "Binder's limits:"
 _figures: list[str] = []
 #: Each rerun test's first failure: pytest-rerunfailures prints none for a test that then passed.
 _reruns: list[tuple[str, str]] = []
+#: Skipped cases by tier and by reason: the run's last section says what it did not check.
+_skipped: dict[str, int] = {}
+_skip_reasons: dict[str, int] = {}
 
 
 def tier_of(keywords) -> str:
@@ -318,12 +335,18 @@ def pytest_runtest_logreport(report):
         _figures.extend(line for line in report.capstdout.splitlines() if line.startswith(FIGURES))
     if report.outcome == "rerun":
         _reruns.append((f"{report.nodeid} ({report.when})", str(report.longrepr)))
+    if report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        _skipped[tier] = _skipped.get(tier, 0) + 1
+        _skip_reasons[reason] = _skip_reasons.get(reason, 0) + 1
 
 
 def pytest_terminal_summary(terminalreporter):
     """Each rerun test's first failure (its last 40 lines); the figures the Binder tier
     printed, a line per notebook; then one line per tier: its tests and their seconds (set-up
-    and teardown included)."""
+    and teardown included), and how many were skipped; then each reason for a skip, with its
+    count (pytest's own last lines repeat them, with ``-ra``)."""
     for name, failure in _reruns:
         terminalreporter.section(f"rerun: {name} first failed with")
         for line in failure.splitlines()[-40:]:
@@ -336,8 +359,14 @@ def pytest_terminal_summary(terminalreporter):
     for tier in (*TIERS, "fast"):
         if tier in _tier_seconds:
             seconds = _tier_seconds[tier]
+            skipped = f", {_skipped[tier]} SKIPPED" if tier in _skipped else ""
             terminalreporter.write_line(f"tier {tier:<9} {_tier_tests.get(tier, 0):>4} tests "
-                                        f"{seconds / 60:6.1f} min ({seconds:.0f} s)")
+                                        f"{seconds / 60:6.1f} min ({seconds:.0f} s){skipped}")
+    if _skip_reasons:
+        terminalreporter.section(f"{sum(_skip_reasons.values())} skipped: not checked, and why",
+                                 yellow=True)
+        for reason, count in sorted(_skip_reasons.items(), key=lambda item: -item[1]):
+            terminalreporter.write_line(f"{count:>4} x {reason}")
 
 
 def pytest_collection_modifyitems(session, config, items):

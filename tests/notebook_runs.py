@@ -30,20 +30,19 @@ from pathlib import Path
 
 import nbformat
 
+from binder_limits import Limits, unavailable as cgroups_unavailable
+
 from dtflab import exercises
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from notebook_memory import memory_figures, own_cgroup, remove_group  # noqa: E402
 EXECUTED = ROOT / "build" / "notebooks"  # the documentation site renders these outputs
 LIMIT_MB = 2048
 AT_ONCE = 2
-#: cgroup-v1 ``cpu.shares`` of a notebook run in the background: the least there is (a test's
-#: process has 1024), so a test is never kept waiting for a notebook's CPU time.
-BACKGROUND_SHARES = 2
-FOREGROUND_SHARES = 1024
-CGROUPS = Path("/sys/fs/cgroup")
 GROUP_PREFIX = "dtflab-notebook-"  # each notebook's cgroups: f"{GROUP_PREFIX}{pid}-{label}-{ns}"
+#: In each notebook kernel's environment, and so in whatever it starts, as ``RUN_TAG=<its group's
+#: name>``: how a notebook's processes are found where no cgroup holds them (a process that
+#: clears its environment escapes this; none of dtflab's does).
+RUN_TAG = "DTFLAB_NOTEBOOK_RUN"
 JOIN = Path(__file__).with_name("join_cgroup.py")
 
 
@@ -57,22 +56,56 @@ class Run:
     seconds: float  # wall seconds; more than on Binder where it began in the background
     error: str | None = None
     cpu_s: float | None = None  # CPU seconds, all the cgroup's processes: what one CPU needs at least
-    background: bool = False  # began while the other tests ran (``BACKGROUND_SHARES``)
+    background: bool = False  # began while the other tests ran, at the least CPU weight
     cgroup_peak_mb: int | None = None
     limit_hits: int | None = None
     oom_kills: int | None = None
     cpu_quota: bool = False
     leftovers: list[str] = field(default_factory=list)  # processes that outlived the kernel
+    leftovers_by: str = ""  # how they were counted: "cgroup v1", "cgroup v2" or "environment"
 
 
 def in_a_notebook(pid: int) -> bool:
-    """Whether process ``pid`` runs inside a notebook's cgroup (a kernel, or what it started):
-    what a test that scans the whole machine's processes or ports must leave out while the
-    notebooks run beside it."""
+    """Whether process ``pid`` is a notebook's (a kernel, or what it started: in a notebook's
+    cgroup, or carrying ``RUN_TAG``): what a test that scans the whole machine's processes or
+    ports must leave out while the notebooks run beside it."""
     try:
-        return GROUP_PREFIX in Path(f"/proc/{pid}/cgroup").read_text()
+        return (GROUP_PREFIX in Path(f"/proc/{pid}/cgroup").read_text()
+                or f"{RUN_TAG}=".encode() in Path(f"/proc/{pid}/environ").read_bytes())
     except OSError:
         return False
+
+
+def tagged(name: str) -> list[int]:
+    """The processes whose environment has ``RUN_TAG=name``."""
+    import psutil
+
+    needle, found = f"{RUN_TAG}={name}".encode(), []
+    for pid in psutil.pids():
+        try:
+            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                found.append(pid)
+        except OSError:  # gone, or not ours to read
+            pass
+    return found
+
+
+def leftovers_by_tag(name: str, grace_s: float = 10.0) -> list[str]:
+    """What still carries ``RUN_TAG=name`` ``grace_s`` after the kernel ended (then killed)."""
+    import psutil
+
+    deadline = time.monotonic() + grace_s
+    while (pids := tagged(name)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = []
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            left.append(f"{pid} {' '.join(process.cmdline()[:6])}")
+            process.kill()
+        except psutil.Error:
+            pass
+    return left
 
 
 def beside_the_notebooks(processes: list) -> list:
@@ -91,22 +124,19 @@ def beside_the_notebooks(processes: list) -> list:
     return [process for process in processes if not of_the_notebooks(process)]
 
 
-def cgroups_unavailable() -> str | None:
-    """Why Binder's limits cannot be set here, or None."""
-    if os.geteuid() != 0:
-        return "not root"
-    for controller, knob in (("memory", "memory.limit_in_bytes"), ("cpu", "cpu.cfs_quota_us"),
-                             ("cpuacct", "cpuacct.usage")):
-        if not (CGROUPS / controller / knob).exists():
-            return f"no cgroup-v1 {controller} controller at {CGROUPS / controller}"
-    return None
+#: What the test runs between the solved check and a second run of it: an answer that must be
+#: refused ("not yet: ..."), of the solution's own type.
+WRONG_ANSWER = """# (added by the test) a wrong answer, of the right type: the check must refuse it
+answer = (not answer if isinstance(answer, bool) else answer * 2 + 1 if isinstance(answer, (int, float))
+          else f"not {answer}")"""
 
 
 def learner_then_solved(notebook) -> tuple[nbformat.NotebookNode, dict[str, int]]:
     """The notebook as the test runs it, in one kernel and one pass: as a learner's Run All runs
     it up to the exercise's check (the solution cell not applied, ``answer`` still None), then
-    the solution applied, the check again and the rest. Returns it with the indexes of the
-    solution cell and the check, as the learner ran them and solved."""
+    the solution applied and the check again, then ``WRONG_ANSWER`` and the check once more,
+    then the rest. Returns it with the indexes of the solution cell and of the check as the
+    learner ran it ("open"), solved ("correct") and answered wrongly ("wrong")."""
     cells = notebook["cells"]
     (at,) = [i for i, cell in enumerate(cells) if exercises.is_solution(cell)]
     check = next(i for i in range(at + 1, len(cells)) if cells[i]["cell_type"] == "code")
@@ -114,69 +144,26 @@ def learner_then_solved(notebook) -> tuple[nbformat.NotebookNode, dict[str, int]
     for cell in learner[at:]:  # these run twice: ids stay unique
         cell["id"] = f"{cell.get('id', 'cell')}-learner"[:64]
     solved = exercises.apply_solutions(notebook)["cells"][at:]
-    runs = dict(notebook, cells=learner + solved)
-    return nbformat.from_dict(runs), {"not applied": at, "open": check, "correct": 2 * check + 1 - at}
+    checked = check - at + 1  # the solution to the check
+    again = dict(copy.deepcopy(cells[check]), id=f"{cells[check].get('id', 'cell')}-wrong"[:64])
+    wrong = [nbformat.v4.new_code_cell(WRONG_ANSWER, id="wrong-answer"), again]
+    runs = dict(notebook, cells=learner + solved[:checked] + wrong + solved[checked:])
+    correct = 2 * check + 1 - at
+    return nbformat.from_dict(runs), {"not applied": at, "open": check, "correct": correct,
+                                      "wrong": correct + 2}
 
 
-class _Binder:
-    """Fresh cgroups for one notebook: memory (2 GiB), cpu (one CPU's quota; ``shares``) and
-    cpuacct (its CPU seconds), wherever the last is mounted apart from cpu."""
-
-    def __init__(self, label: str, shares: int = FOREGROUND_SHARES):
-        name = f"{GROUP_PREFIX}{os.getpid()}-{label}-{time.monotonic_ns()}"
-        self.memory, self.cpu = own_cgroup("memory") / name, own_cgroup("cpu") / name
-        self.cpuacct = own_cgroup("cpuacct") / name
-        self.memory.mkdir()
-        self.cpu.mkdir()
-        if not self.cpuacct.exists():  # mounted apart ("cpu" and "cpuacct", not "cpu,cpuacct")
-            self.cpuacct.mkdir()
-        (self.memory / "memory.limit_in_bytes").write_text(str(LIMIT_MB * 2**20))
-        period = (self.cpu / "cpu.cfs_period_us").read_text().strip()
-        (self.cpu / "cpu.cfs_quota_us").write_text(period)
-        self.set_shares(shares)
-
-    def set_shares(self, shares: int) -> None:
-        (self.cpu / "cpu.shares").write_text(str(shares))
-
-    @property
-    def groups(self) -> list[Path]:
-        return list({group.resolve(): group for group in (self.memory, self.cpu, self.cpuacct)}.values())
-
-    def kernel_spec(self, folder: Path) -> str:
-        """A kernel spec whose kernel joins both cgroups before it starts; returns its name."""
-        name = folder.name
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "kernel.json").write_text(json.dumps({
-            "argv": [sys.executable, str(JOIN), *map(str, self.groups), "--",
-                     sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": "Python 3 (Binder's limits)", "language": "python"}))
-        return name
-
-    def figures(self) -> dict:
-        cpu_s = int((self.cpuacct / "cpuacct.usage").read_text()) / 1e9
-        return {**memory_figures(self.memory), "cpu_quota": True, "cpu_s": round(cpu_s, 1)}
-
-    def leftovers(self, grace_s: float = 10.0) -> list[str]:
-        """What still runs in the cgroup ``grace_s`` after the kernel ended (then killed)."""
-        import psutil
-
-        procs = self.memory / "cgroup.procs"
-        deadline = time.monotonic() + grace_s
-        while (pids := [int(p) for p in procs.read_text().split()]) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = []
-        for pid in pids:
-            try:
-                process = psutil.Process(pid)
-                left.append(f"{pid} {' '.join(process.cmdline()[:6])}")
-                process.kill()
-            except psutil.Error:
-                pass
-        return left
-
-    def remove(self) -> None:
-        for group in self.groups:
-            remove_group(group)
+def kernel_spec(name: str, limits: Limits | None, folder: Path) -> str:
+    """A kernel spec whose kernel carries ``RUN_TAG=name`` and joins ``limits``'s groups (if
+    any) before it starts; returns its name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    if limits is not None:
+        kernel = [sys.executable, str(JOIN), *map(str, limits.groups), "--", *kernel]
+    (folder / "kernel.json").write_text(json.dumps({
+        "argv": kernel, "env": {RUN_TAG: name}, "language": "python",
+        "display_name": "Python 3 (Binder's limits)" if limits else "Python 3"}))
+    return folder.name
 
 
 def execute(path: Path, label: str, specs: Path, tutorial: bool = True, pace=None) -> Run:
@@ -193,20 +180,19 @@ def execute(path: Path, label: str, specs: Path, tutorial: bool = True, pace=Non
     if tutorial:
         notebook, at = learner_then_solved(notebook)
     binder, background = None, False
+    name = f"{GROUP_PREFIX}{os.getpid()}-{label}-{time.monotonic_ns()}"
     with pace.running.lock if pace is not None else contextlib.nullcontext():
         background = pace is not None and pace.background
         if not cgroups_unavailable():
-            binder = _Binder(label, BACKGROUND_SHARES if background else FOREGROUND_SHARES)
+            binder = Limits(name, LIMIT_MB, cpus=1.0, background=background)
             if pace is not None:
                 pace.running.add(binder)
-    manager = None
-    if binder is not None:
-        spec = binder.kernel_spec(specs / f"binder-{label}")
-        # asynchronous, as nbclient expects: a blocking client's output poll would hold the
-        # event loop, and with it nbclient's check that the kernel lives (a kernel killed at
-        # the memory limit left the run waiting on a zombie)
-        manager = AsyncKernelManager(kernel_name=spec, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)]))
-    client = NotebookClient(notebook, km=manager, timeout=600, kernel_name="python3",
+    spec = kernel_spec(name, binder, specs / f"binder-{label}")
+    # asynchronous, as nbclient expects: a blocking client's output poll would hold the event
+    # loop, and with it nbclient's check that the kernel lives (a kernel killed at the memory
+    # limit left the run waiting on a zombie)
+    manager = AsyncKernelManager(kernel_name=spec, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)]))
+    client = NotebookClient(notebook, km=manager, timeout=600, kernel_name=spec,
                             resources={"metadata": {"path": str(path.parent)}})
     started, error = time.perf_counter(), None
     try:
@@ -216,13 +202,15 @@ def execute(path: Path, label: str, specs: Path, tutorial: bool = True, pace=Non
     except Exception as exc:  # a kernel that died (killed above the limit), a timeout
         error = f"{type(exc).__name__}: {exc}"
     finally:
-        if manager is not None and manager.has_kernel:  # nbclient ends only kernels it made
+        if manager.has_kernel:  # nbclient ends only kernels it made
             run_sync(manager.shutdown_kernel)(now=False)
     run = Run(notebook, at, round(time.perf_counter() - started, 1), error, background=background)
-    if binder is not None:
+    if binder is None:
+        run.leftovers, run.leftovers_by = leftovers_by_tag(name), "environment"
+    else:
         if pace is not None:
             pace.running.discard(binder)
-        run.leftovers = binder.leftovers()
+        run.leftovers, run.leftovers_by = binder.leftovers(), f"cgroup {binder.version}"
         for key, value in binder.figures().items():
             setattr(run, key, value)
         binder.remove()
@@ -279,7 +267,7 @@ class NotebookRuns:
 
 
 class _Pace:
-    """How fast the executor goes: one notebook at a time at ``BACKGROUND_SHARES`` until the
+    """How fast the executor goes: one notebook at a time at the least CPU weight until the
     file ``FLAG`` appears in its folder, then ``AT_ONCE`` at a time at full shares (the running
     one raised too)."""
 
@@ -297,13 +285,13 @@ class _Pace:
         with self.running.lock:
             self.background = False
             for binder in self.running:
-                binder.set_shares(FOREGROUND_SHARES)
+                binder.set_background(False)
         for _ in range(AT_ONCE - 1):
             self.slots.release()
 
 
 class _Running(set):
-    """The ``_Binder``s of the notebooks running now, with the lock that changes them."""
+    """The ``Limits`` of the notebooks running now, with the lock that changes them."""
 
     def __init__(self):
         super().__init__()

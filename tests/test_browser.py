@@ -25,7 +25,7 @@ from typing import NamedTuple
 import pytest
 
 from bokeh_page import DATA, WHERE
-from conftest import free_ports, wait_until
+from conftest import free_ports, not_here, wait_until
 
 from dtflab import exercises
 
@@ -39,10 +39,14 @@ BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-r
 # took 132 s on a quiet machine and CI machines were measured 1.7x slower, near the default
 # 300 s limit; a hang still ends here, with the stacks printed.
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
-if not Path(CHROMIUM).exists():
-    pytestmark.append(pytest.mark.skip(
-        reason=f"BROWSER TIER NOT RUN: no chromium at {CHROMIUM}; install it with "
-               f"`apt-get install chromium` (.ci/run does)"))
+
+
+@pytest.fixture(autouse=True)
+def chromium_here():
+    """Every test here needs Debian's chromium (skipped without it; a failure under CI=true)."""
+    if not Path(CHROMIUM).exists():
+        not_here(f"BROWSER TIER NOT RUN: no chromium at {CHROMIUM}; install it with "
+                 f"`apt-get install chromium` (.ci/run does)")
 
 # Asynchronous, late in a notebook that ran several clusters: where runs used to stall
 # (README, "The asynchronous stall"); the watchdog would now say so under the plot.

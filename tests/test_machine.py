@@ -4,33 +4,29 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import pytest
-
-from notebook_runs import JOIN, cgroups_unavailable, own_cgroup
+from binder_limits import Limits
+from conftest import not_here
+from notebook_runs import JOIN, cgroups_unavailable
 
 
 def cpus_in(tmp_path, quota_of_period: float | None, affinity: set[int] | None = None) -> float:
-    """``dtflab.cpus()`` in a child process inside a fresh cpu cgroup with that quota."""
+    """``dtflab.cpus()`` in a child process inside a fresh cgroup (v1 or v2) with that quota."""
     if cgroups_unavailable():
-        pytest.skip(f"a CPU quota needs root and the cgroup-v1 cpu controller: {cgroups_unavailable()}")
-    group = own_cgroup("cpu") / f"dtflab-test-cpus-{os.getpid()}-{time.monotonic_ns()}"
-    group.mkdir()
+        not_here(f"CPU QUOTA TESTS NOT RUN: {cgroups_unavailable()}")
+    limits = Limits(f"dtflab-test-cpus-{os.getpid()}-{time.monotonic_ns()}", memory_mb=None,
+                    cpus=quota_of_period)
     try:
-        period = int((group / "cpu.cfs_period_us").read_text())
-        if quota_of_period is not None:
-            (group / "cpu.cfs_quota_us").write_text(str(int(quota_of_period * period)))
         code = "import os, dtflab\n"
         if affinity is not None:
             code += f"os.sched_setaffinity(0, {sorted(affinity)!r})\n"
         code += "print(dtflab.cpus())"
-        done = subprocess.run([sys.executable, str(JOIN), str(group), "--", sys.executable, "-c", code],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run([sys.executable, str(JOIN), *map(str, limits.groups), "--",
+                               sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         return float(done.stdout)
     finally:
-        group.rmdir()
+        limits.remove()
 
 
 def test_binders_quota_of_one_cpu_reads_one_whatever_the_host_has(tmp_path):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IP, run_ip, stop_last_first
+from conftest import IP, not_here, run_ip, stop_last_first
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
@@ -160,7 +160,7 @@ def hosts():
     """Three hosts as network namespaces, removed (with every process started on them) after
     the module's tests."""
     if os.geteuid() != 0 or not os.path.exists(IP):
-        pytest.skip("MULTIHOST TIER NOT RUN: building hosts as network namespaces needs root and "
+        not_here("MULTIHOST TIER NOT RUN: building hosts as network namespaces needs root and "
                     "iproute2 (`apt-get install iproute2`; .ci/run runs as root)")
     hosts = Hosts()
     try:

@@ -19,7 +19,7 @@ import sys
 import psutil
 import pytest
 
-from conftest import IP, run_ip, wait_until
+from conftest import IP, not_here, run_ip, wait_until
 from test_cli import DTFLAB, stop, wait_for_line
 
 REACH = """import socket, sys
@@ -35,7 +35,7 @@ print("reached")
 def other_host():
     """(namespace, HOST_IP): a second host on a veth link to this machine; removed afterwards."""
     if os.geteuid() != 0 or not os.path.exists(IP):
-        pytest.skip("EXPOSURE TESTS NOT RUN: creating a test network namespace needs root and "
+        not_here("EXPOSURE TESTS NOT RUN: creating a test network namespace needs root and "
                     "iproute2 (`apt-get install iproute2`; .ci/run runs as root)")
     tag = secrets.token_hex(3)
     namespace, here, there = f"dtflab-{tag}", f"dth{tag}", f"dto{tag}"
@@ -333,7 +333,7 @@ def test_bytes_between_tasks_go_to_the_right_pair_when_two_connections_share_a_l
     from dtflab.network.transport import snapshot
 
     if os.geteuid() != 0:
-        pytest.skip("SHARED-PORT TEST NOT RUN: a network namespace of its own needs root")
+        not_here("SHARED-PORT TEST NOT RUN: a network namespace of its own needs root")
     both = subprocess.Popen(["unshare", "-n", sys.executable, "-c", SHARED_LOCAL_PORT],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -345,3 +345,4 @@ def test_bytes_between_tasks_go_to_the_right_pair_when_two_connections_share_a_l
     finally:
         both.stdin.close()
         both.wait(timeout=10)
+        both.stdout.close()

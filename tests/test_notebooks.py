@@ -42,6 +42,9 @@ def test_runs_top_to_bottom_as_a_learner_then_solved_without_tensorflow_noise(pa
         "with answer = None the check says the exercise is open, in one line, and measures nothing"
     assert printed(notebook.cells[at["correct"]])[-1:] == ["correct"], \
         f"the solution does not solve the exercise: {printed(notebook.cells[at['correct']])}"
+    refused = printed(notebook.cells[at["wrong"]])
+    assert len(refused) == 1 and refused[0].startswith("not yet: "), \
+        f"the check took a wrong answer (the solution's, doubled plus one): {refused}"
     for cell in notebook.cells:
         for output in cell.get("outputs", []):
             if output.get("output_type") == "stream":

@@ -16,7 +16,7 @@ import pytest
 from dtflab.cluster.task import TaskState
 from dtflab.errors import TaskError
 
-from conftest import all_gone, kernel_services, owner_of, run_constant, wait_until
+from conftest import all_gone, kernel_services, not_here, owner_of, run_constant, wait_until
 from test_cli import DTFLAB
 
 pytestmark = pytest.mark.slow
@@ -150,7 +150,7 @@ def test_a_task_forked_with_an_ended_tasks_pid_runs_and_the_ended_one_stays_ende
     # reuse in a PID namespace of its own, where no other process on the machine takes the pid
     # first; when it ends, the kernel ends everything in that namespace.
     if os.geteuid() != 0:
-        pytest.skip("choosing the next pid (/proc/sys/kernel/ns_last_pid) needs root")
+        not_here("PID-REUSE TEST NOT RUN: choosing the next pid (/proc/sys/kernel/ns_last_pid) needs root")
     done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable,
                            str(PROGRAMS / "pid_reused.py"), str(tmp_path)],
                           capture_output=True, text=True, timeout=240)

@@ -1,6 +1,7 @@
 """dtflab.trace on real task servers: byte figures, transfers, timings, chrome export."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -154,7 +155,7 @@ def test_chrome_trace_round_trips_with_one_process_per_task(cluster, tmp_path):
         step = dtflab.trace(session, built.train, built.feed)
     path = tmp_path / "step.json"
     step.to_chrome_trace(path)
-    trace = json.load(open(path))
+    trace = json.loads(Path(path).read_text())
     events = trace["traceEvents"]
     processes = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     assert processes == {short_device(d) for d in step.devices}

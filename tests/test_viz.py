@@ -1,6 +1,7 @@
 """The step views build from real traces and draw what the trace holds."""
 
 import contextlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,7 +138,7 @@ def test_a_click_on_a_transfer_selects_its_records_on_the_timeline(sync_towers):
 
 def test_standalone_html_works_offline(model_parallel, tmp_path):
     path = model_parallel.save_html(tmp_path / "step.html")
-    html = open(path).read()
+    html = Path(path).read_text()
     assert "Bokeh" in html and "cdn.bokeh.org" not in html
     assert "Partitioned graph" in html and "Bytes on the wire" in html
 

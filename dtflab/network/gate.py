@@ -64,7 +64,7 @@ class Gate:
             raise TimeoutError(f"the gate of the private network did not answer within {timeout:g} s")
         if word == "unavailable":
             raise GateRefused(rest)
-        log = open(log_path, errors="replace").read().strip()
+        log = Path(log_path).read_text(errors="replace").strip()
         raise RuntimeError(f"the gate of the private network failed (exit code "
                            f"{self.process.returncode}): {log[-300:] or 'no answer'}")
 

@@ -169,7 +169,8 @@ class ForkServer:
         if code is None:
             return ""
         try:
-            log = open(self.log_path, errors="replace").read().strip().splitlines()
+            with open(self.log_path, errors="replace") as file:
+                log = file.read().strip().splitlines()
         except OSError:
             log = []
         return f"exited with code {code}" + (f": {log[-1][:300]}" if log else "")

@@ -49,10 +49,20 @@ class Reports:
         self.stopping = False  # a Stop that came before a worker connected reaches it then
 
     def accept(self, cluster, timeout: float) -> dict[str, dict]:
-        """Wait for every worker's ``hello``; returns them by worker."""
+        """Wait for every worker's ``hello``; returns them by worker. A connection it accepted
+        and did not keep (no hello, or the wait ended by an error) is closed before it returns."""
         for connection in self.connections.values():
-            connection.close()
+            _close(connection)
         self.connections, self.queues, self.done = {}, {}, set()
+        accepted: list[socket.socket] = []
+        try:
+            return self._hellos(cluster, timeout, accepted)
+        finally:
+            for connection in accepted:
+                if connection not in self.connections.values():
+                    _close(connection)
+
+    def _hellos(self, cluster, timeout: float, accepted: list) -> dict[str, dict]:
         hellos = {}
         deadline = time.monotonic() + timeout
         self.listener.settimeout(0.05)
@@ -63,6 +73,7 @@ class Reports:
         while len(hellos) < self.workers:
             try:
                 connection, _ = self.listener.accept()
+                accepted.append(connection)
                 threading.Thread(target=self._hello, args=(connection, greeted),
                                  name="dtflab-reports-hello", daemon=True).start()
             except socket.timeout:
@@ -78,8 +89,7 @@ class Reports:
                                        f"within {timeout:g} s; see cluster.logs('worker:0')")
                 continue
             if hello.get("kind") != "hello":
-                connection.close()
-                continue
+                continue  # closed when the wait ends
             worker = hello["worker"]
             hellos[worker] = hello
             self.connections[worker] = connection
@@ -167,5 +177,15 @@ class Reports:
 
     def close(self) -> None:
         for connection in self.connections.values():
-            connection.close()
+            _close(connection)
         self.listener.close()
+
+
+def _close(connection: socket.socket) -> None:
+    """Close a worker's connection, waking the thread that reads it: ``close`` alone leaves the
+    descriptor open while that thread's file object holds it."""
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:  # the worker closed it first
+        pass
+    connection.close()
