@@ -317,7 +317,7 @@ def test_bad_input_is_one_line_naming_the_value_and_the_fix_and_leaves_nothing(i
     case.run(ip)  # warm-up: lazy imports open files and start nothing of ours
     before = leftovers()
     message = case.run(ip)
-    assert leftovers() == before
+    assert leftovers() == before  # meant: the same count before and after the bad input
     assert "\n" not in message.strip(), message
     assert case.value in message, message
     assert re.search(case.fix, message), message

@@ -311,9 +311,10 @@ def test_tensorflows_private_parts_are_reachable_on_this_version():
     import tensorflow as tf
 
     assert callable(tf_private.profiler_client().trace)
-    assert tf_private.xplane_pb2().XSpace is not None
+    assert tf_private.xplane_pb2().XSpace.DESCRIPTOR.full_name == "tensorflow.profiler.XSpace"
     assert tf_private.base_session(tf).__name__ == "BaseSession"
-    assert tf_private.data_sleep(1000) is not None
+    slept = tf.data.Dataset.range(3).apply(tf_private.data_sleep(1000))
+    assert list(slept.as_numpy_iterator()) == [0, 1, 2]  # each element passed on, 1 ms later
     assert tf_private.colocation_leaders(tf.Graph()) == []
 
 

@@ -67,7 +67,7 @@ def test_kill_and_restart_keep_the_address(start_cluster):
     cluster.restart("worker:1")
     task = cluster.tasks[2]
     assert task.state is TaskState.RUNNING and task.pid != old_pid
-    assert cluster.addresses["worker"][1] == address
+    assert cluster.addresses["worker"][1] == address  # meant: read again after the restart
     assert run_constant(cluster.target("ps"), "/job:worker/task:1", "back") == b"back"
 
 

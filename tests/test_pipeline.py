@@ -1,6 +1,8 @@
 """Pipeline parallelism on real task servers: the same losses as one process, the bubble read
-from a traced step, GPipe against 1F1B, stragglers, Stop, a dead stage."""
+from a traced step, the step model against measured steps, GPipe against 1F1B, stragglers,
+Stop, a dead stage."""
 
+import statistics
 import threading
 
 import pytest
@@ -82,15 +84,13 @@ def test_each_worker_runs_its_schedule_in_order_and_the_bubble_is_read_against_t
             assert slot.start_us >= at[slot.stage, "B", slot.micro_batch].end_us
             assert 0 < slot.weight_gradient_us <= slot.arithmetic_us
             assert at[slot.stage, "B", slot.micro_batch].weight_gradient_us == 0
-    # The formula, with this step's own mean pieces, beside the measured bubble.
-    weight = bubble.piece_us("W")
-    assert bubble.formula_ratio == pytest.approx(costs.bubble_ratio(
-        schedule, 2, 4, chunks, forward=bubble.piece_us("F"),
-        backward=bubble.piece_us("B") + weight, weight=weight or None))
-    assert bubble.formula == pytest.approx(bubble.formula_ratio / (1 + bubble.formula_ratio))
+    # The formula's closed form, p = 2 and m = 4: interleaved (p - 1) / (v m); ZB-H1
+    # (p - 1)(F + B - W) / (m (F + B + W)) with this step's mean pieces (B the input's gradient).
+    f, b, w = (bubble.piece_us(kind) for kind in "FBW")
+    closed = 1 / 8 if schedule == "interleaved" else (f + b - w) / (4 * (f + b + w))
+    assert bubble.formula_ratio == pytest.approx(closed)
+    assert bubble.formula == pytest.approx(closed / (1 + closed))
     assert all(0 < share < 1 for share in bubble.idle_share) and bubble.bubble_ratio > 0
-    if schedule == "interleaved":
-        assert bubble.formula_ratio == pytest.approx(1 / 8)  # (p - 1) / (v m)
     chart = bubble.figure()
     drawn = {r.name: r.data_source.data for fig in chart.children for r in fig.renderers
              if r.name}
@@ -151,8 +151,9 @@ def test_the_traced_step_shows_every_micro_batch_on_its_stage_in_schedule_order(
     weights = [sum(s.weight_gradient_us for s in bubble.slots if s.stage == stage) for stage in (1, 2)]
     assert all(0 < w < bubble.arithmetic_us(stage) for stage, w in zip((1, 2), weights))
     assert bubble.overlap_s * 1e6 == pytest.approx(sum(weights) / 2)
-    assert bubble.predicted_step_s(4) == pytest.approx(costs.pipeline_step_s(
-        3, 4, bubble.stage_s, bubble.per_micro_batch_s, bubble.rest_s, overlap_s=bubble.overlap_s))
+    # The step model at p = 3, m = 4: 6 slots of t / 4 + c, less 2 hops' w / 4, plus the rest.
+    assert bubble.predicted_step_s(4) == pytest.approx(
+        1.5 * bubble.stage_s + 6 * bubble.per_micro_batch_s - bubble.overlap_s / 2 + bubble.rest_s)
     assert "3 stages x 4 micro-batches (1f1b)" in bubble.summary()
 
 
@@ -162,11 +163,11 @@ def test_each_micro_batch_size_has_its_own_measured_arithmetic_in_the_cost_model
     assert sorted(arithmetic) == [1, 4, 8] and all(s > 0 for s in arithmetic.values())
     bubble = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, steps=3, trace_step=1).bubble
     # At the traced step's own m the measured arithmetic changes nothing; at another m the
-    # stage's arithmetic is scaled by what was measured there, the rest left as traced.
+    # stage's arithmetic is scaled by what was measured there, the rest left as traced: twice
+    # the arithmetic at m = 8 adds a stage's once more, in m + p - 1 = 9 slots of 1 / 8 each.
     assert bubble.predicted_step_s(4, arithmetic) == pytest.approx(bubble.predicted_step_s(4))
-    assert bubble.predicted_step_s(8, arithmetic) == pytest.approx(costs.pipeline_step_s(
-        2, 8, bubble.stage_s * arithmetic[8] / arithmetic[4], bubble.per_micro_batch_s,
-        bubble.rest_s, overlap_s=bubble.overlap_s))
+    slower = bubble.predicted_step_s(8, {4: 1.0, 8: 2.0}) - bubble.predicted_step_s(8)
+    assert slower == pytest.approx(9 / 8 * bubble.stage_s)
     with pytest.raises(ValueError, match="no figure for m = 2"):
         bubble.predicted_step_s(2, arithmetic)
     # Several traced steps, at any m: each part their median, the stage times scaled to the
@@ -177,16 +178,48 @@ def test_each_micro_batch_size_has_its_own_measured_arithmetic_in_the_cost_model
     stages = sorted([bubble.stage_s, again.stage_s, eight.stage_s * arithmetic[4] / arithmetic[8]])
     assert (model.micro_batches, model.steps, model.stage_s) == (4, 3, stages[1])
     assert model.rest_s == sorted(b.rest_s for b in (bubble, again, eight))[1]
-    assert model.predicted_step_s(8, arithmetic) == pytest.approx(costs.pipeline_step_s(
-        2, 8, stages[1] * arithmetic[8] / arithmetic[4], model.per_micro_batch_s, model.rest_s,
-        overlap_s=model.overlap_s))
-    assert model.best_micro_batches((1, 4, 8), arithmetic) in (1, 4, 8)
+    assert model.per_micro_batch_s == sorted(b.per_micro_batch_s for b in (bubble, again, eight))[1]
+    predicted = {m: model.predicted_step_s(m, arithmetic) for m in (1, 4, 8)}
+    assert predicted[model.best_micro_batches((1, 4, 8), arithmetic)] == min(predicted.values())
     with pytest.raises(ValueError, match=r"traced at m = \[4, 8\] need arithmetic="):
         train.StepModel.median_of([bubble, eight])
     with pytest.raises(ValueError, match="bubbles is empty"):
         train.StepModel.median_of([])
     with pytest.raises(ValueError, match="micro_batches: 3 does not divide the batch of 256"):
         train.stage_arithmetic_s(DEEP, cluster, micro_batches=(1, 3))
+
+
+#: The step model's prediction over the measured step, each m predicted from each. On this
+#: project's 2-core machine, this test 6 times alone: 0.56-1.25; 12 times beside two busy loops:
+#: 0.36-1.18. The model leaves out the client's part of a step (the session call, feed and
+#: fetch: 1-2 ms of DEEP's 5-7 ms alone, more on a busy machine), so it predicts short. Its rest
+#: (2-4 ms) is most of DEEP's step: without it the model gave 0.09-0.31 at m = 2. Its bubble and
+#: per-micro-batch terms are too small a part of DEEP's step to be checked here; the formula
+#: tests below check them.
+STEP_MODEL_BOUND = (0.25, 1.6)
+
+
+def median_step_s(histories, traced: int) -> float:
+    """The median step of ``histories`` after the traced one (the first builds the graph, the
+    traced one pays for its tracing), from their records' times."""
+    times = [[r.time_s for r in history.records] for history in histories]
+    return statistics.median(b - a for t in times for a, b in zip(t[traced:], t[traced + 1:]))
+
+
+def test_the_step_model_read_from_traced_steps_predicts_the_measured_steps(cluster):
+    """Each m's step predicted from traced steps, within a factor of the measured step."""
+    # Notebook 09's route: the model's parts the medians of traced steps at one m, its
+    # prediction at that m and at another against the steps measured there.
+    runs = {m: [train.pipeline(DEEP, cluster, stages=2, micro_batches=m, steps=12, trace_step=2)
+                for _ in range(3)] for m in (2, 8)}
+    measured = {m: median_step_s(histories, traced=2) for m, histories in runs.items()}
+    ratios = {}
+    for traced, histories in runs.items():
+        model = train.StepModel.median_of(history.bubble for history in histories)
+        ratios.update({f"{traced}->{m}": model.predicted_step_s(m) / measured[m] for m in runs})
+    print("predicted / measured step: " + ", ".join(f"{k} {r:.2f}" for k, r in ratios.items()))
+    low, high = STEP_MODEL_BOUND
+    assert all(low <= r <= high for r in ratios.values()), ratios
 
 
 def test_the_pipeline_chart_draws_the_measured_slots_and_the_formulas_schedule(cluster):

@@ -1,6 +1,7 @@
 """The planner: its step-time model against published measured runs (Korthikanti et al. 2022 on
 A100s), its layouts over N devices, its configuration map, and bad input refused with the fix.
-Its check against runs on this machine is ``tests/test_plan_here.py``."""
+Its check against runs on this machine is a benchmark, not a test: ``benchmarks/plan.py``
+(its numbers are in ``docs/guide/planning.md``)."""
 
 import dataclasses
 
@@ -71,6 +72,7 @@ def test_the_critical_batch_is_where_the_arithmetic_first_outlasts_the_communica
                 precision="bfloat16", data=8, micro_batches=8)
     machine = hardware.cpu_cluster()  # a slow network: the data axis binds at small batches
     batch = planner.critical_batch(base, machine)
+    # meant: critical_batch returns None where the traffic outlasts the arithmetic at any batch
     assert batch is not None and batch % 8 == 0
 
     def bound(global_batch):
