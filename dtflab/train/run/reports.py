@@ -47,12 +47,13 @@ class Reports:
         self.connections: dict[str, socket.socket] = {}
         self.done: set[str] = set()
         self.stopping = False  # a Stop that came before a worker connected reaches it then
+        self._files: dict[socket.socket, object] = {}  # each connection's file, read by a thread
 
     def accept(self, cluster, timeout: float) -> dict[str, dict]:
         """Wait for every worker's ``hello``; returns them by worker. A connection it accepted
         and did not keep (no hello, or the wait ended by an error) is closed before it returns."""
         for connection in self.connections.values():
-            _close(connection)
+            self._close(connection)
         self.connections, self.queues, self.done = {}, {}, set()
         accepted: list[socket.socket] = []
         try:
@@ -60,7 +61,7 @@ class Reports:
         finally:
             for connection in accepted:
                 if connection not in self.connections.values():
-                    _close(connection)
+                    self._close(connection)
 
     def _hellos(self, cluster, timeout: float, accepted: list) -> dict[str, dict]:
         hellos = {}
@@ -100,9 +101,8 @@ class Reports:
                              name=f"dtflab-reports-{worker}", daemon=True).start()
         return hellos
 
-    @staticmethod
-    def _hello(connection, greeted: queue.Queue) -> None:
-        lines = connection.makefile("r")
+    def _hello(self, connection, greeted: queue.Queue) -> None:
+        lines = self._files[connection] = connection.makefile("r")
         try:
             hello = json.loads(lines.readline() or "{}")
         except (OSError, ValueError):
@@ -177,15 +177,19 @@ class Reports:
 
     def close(self) -> None:
         for connection in self.connections.values():
-            _close(connection)
+            self._close(connection)
         self.listener.close()
 
-
-def _close(connection: socket.socket) -> None:
-    """Close a worker's connection, waking the thread that reads it: ``close`` alone leaves the
-    descriptor open while that thread's file object holds it."""
-    try:
-        connection.shutdown(socket.SHUT_RDWR)
-    except OSError:  # the worker closed it first
-        pass
-    connection.close()
+    def _close(self, connection: socket.socket) -> None:
+        """Close a worker's connection and the file its thread reads it through: ``close``
+        alone leaves the descriptor open while that file holds it (and then Python closes it,
+        with a ResourceWarning, whenever it collects the two). The shutdown first wakes the
+        reading thread."""
+        try:
+            connection.shutdown(socket.SHUT_RDWR)
+        except OSError:  # the worker closed it first
+            pass
+        lines = self._files.pop(connection, None)
+        if lines is not None:
+            lines.close()  # waits for a read in progress, which the shutdown has ended
+        connection.close()
