@@ -17,14 +17,22 @@ import time
 from pathlib import Path
 
 
+#: Where ``dtflab lab`` opens.
+FIRST_TUTORIAL = "00_quickstart.ipynb"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dtflab.cluster import backend_names
     from dtflab.processes.server import build_parser as server_parser
 
     parser = argparse.ArgumentParser(prog="dtflab", description="Distributed TensorFlow task servers.")
     commands = parser.add_subparsers(dest="command", metavar="{lab,server,cluster,run,binder}")
-    commands.add_parser("lab", help="open JupyterLab on the tutorial notebooks (extra arguments "
-                                    "go to jupyter lab, e.g. --no-browser --port 8899)")
+    commands.add_parser(
+        "lab", help="open JupyterLab on the tutorial notebooks (extra arguments go to jupyter "
+                    "lab, e.g. --no-browser --port 8899)",
+        description=f"Open JupyterLab on the tutorial notebooks, at {FIRST_TUTORIAL}. Every "
+                    f"other argument goes to `jupyter lab` as it is (see `jupyter lab --help`), "
+                    f"for example: dtflab lab --no-browser --port 8899")
     commands.add_parser("server", parents=[server_parser()], add_help=False,
                         help="run one task server with the 2016 flags (foreground)")
     cluster = commands.add_parser("cluster", help="run a whole cluster (foreground)")
@@ -157,7 +165,8 @@ def run_cluster(args) -> int:
 
 
 def run_lab(extra: list[str]) -> int:
-    """JupyterLab on the clone's notebooks/; --allow-root only when running as root."""
+    """JupyterLab on the clone's notebooks/, opened at ``FIRST_TUTORIAL``; --allow-root only
+    when running as root."""
     import os
 
     notebooks = Path(__file__).resolve().parents[1] / "notebooks"
@@ -165,7 +174,10 @@ def run_lab(extra: list[str]) -> int:
         print(f"dtflab: error: no tutorials at {notebooks}; run `dtflab lab` from an install made "
               f"with `pip install -e .` in a clone of the repository", file=sys.stderr)
         return 2
-    command = [sys.executable, "-m", "jupyterlab", str(notebooks), *extra]
+    # The first tutorial, not the Launcher; a --LabApp.default_url of the user's comes later
+    # and wins.
+    command = [sys.executable, "-m", "jupyterlab", str(notebooks),
+               f"--LabApp.default_url=/lab/tree/{FIRST_TUTORIAL}", *extra]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         print("dtflab: running as root: passing --allow-root to jupyter lab", file=sys.stderr)
         command.append("--allow-root")

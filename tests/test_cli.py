@@ -157,6 +157,32 @@ def test_lab_opens_jupyterlab_on_the_tutorials(tmp_path):
 
         assert wait_until(lambda: listing() is not None, timeout=90)
         assert "00_quickstart.ipynb" in listing()
+        # The browser opens the server's root, which sends it to the first tutorial, not the Launcher
+        assert where_the_root_sends(port).split("?")[0].endswith("/lab/tree/00_quickstart.ipynb")
     finally:
         lab.terminate()
         lab.wait(timeout=30)
+
+
+def where_the_root_sends(port: int) -> str:
+    """The ``Location`` the lab's root answers with (the redirect not followed)."""
+    import urllib.error
+    import urllib.request
+
+    class Stay(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    try:
+        urllib.request.build_opener(Stay).open(f"http://127.0.0.1:{port}/?token=t", timeout=10)
+    except urllib.error.HTTPError as answer:
+        return answer.headers["Location"]
+    raise AssertionError("the lab's root answered without a redirect")
+
+
+def test_lab_help_says_the_other_arguments_go_to_jupyter_lab():
+    done = subprocess.run(DTFLAB + ["lab", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    assert "Every other argument goes to `jupyter lab` as it is" in text
+    assert "at 00_quickstart.ipynb" in text

@@ -100,3 +100,39 @@ def test_the_ways_split_what_the_references_say_they_split():
 def test_bad_plans_are_refused_with_the_fix(fields, message):
     with pytest.raises(ValueError, match=message):
         dtflab.memory_planner(**fields)
+
+
+def test_the_preset_menu_names_the_shape_it_shows_and_your_own_once_a_field_leaves_it():
+    planner = dtflab.memory_planner("GPT-2 small (124 M)", budget_gb=80)
+    assert planner.preset.value == "GPT-2 small (124 M)"
+    planner.fields["data"].value = 2  # a way, not the shape: still the preset's model
+    assert planner.preset.value == "GPT-2 small (124 M)"
+    planner.fields["blocks"].value = 13
+    assert planner.preset.value == "(your own)"
+    planner.preset.value = "GPT, 32 x 4096 (6.7 B)"  # as the menu does
+    assert (planner.plan.blocks, planner.plan.d_model, planner.plan.tied) == (32, 4096, False)
+    assert dtflab.memory_planner(blocks=3).preset.value == "(your own)"
+
+
+def test_the_verdict_says_each_amount_in_its_own_unit_and_no_error_reads_minus_zero():
+    from dtflab.ui.memory_planner import amount, percent
+
+    assert [amount(n) for n in (10e6, 6.06e6, 79.4e9, 512, 2_000)] == \
+        ["10 MB", "6.06 MB", "79.4 GB", "512 bytes", "2 kB"]
+    assert [percent(e) for e in (-0.00001, 0.00001, -0.0123, 0.5)] == ["0.00%", "0.00%", "-1.23%", "+50.00%"]
+    planner = dtflab.memory_planner("dtflab default (0.1 M)", budget_gb=0.01)
+    spare = 0.01e9 - planner.predicted["total"]
+    assert f"fits in 10 MB with {amount(spare)} to spare" in planner.line.value
+    assert " GB" not in planner.line.value.split("fits in")[1]
+
+
+def test_in_16_bits_the_line_says_the_activations_hold_the_weights_copies():
+    shape = dict(formulas.PRESETS["GPT, 32 x 4096 (6.7 B)"], recompute="full")
+    planner = dtflab.memory_planner(**shape, precision="float32")
+    assert "16-bit copies" not in planner.line.value
+    as_float32 = planner.predicted["activations"]
+    planner.set(precision="bfloat16")
+    # 32 blocks of 12 d^2 + 13 d and the output layer's V d, 2 bytes each: 13.0 GB
+    copies = 2 * (32 * (12 * 4096**2 + 13 * 4096) + 32000 * 4096)
+    assert f"16-bit copies of the weights the backward multiplies by ({copies / 1e9:.3g} GB" in planner.line.value
+    assert planner.predicted["activations"] > as_float32  # the case the line explains

@@ -30,11 +30,37 @@ MEASURABLE_BYTES = 1 << 30
 WAYS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 
 
+#: The preset menu's entry for a shape that is none of the presets.
+YOUR_OWN = "(your own)"
+
+
 def _unit(largest: float) -> tuple[str, float]:
     for name, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if largest >= size:
             return name, size
     return "bytes", 1.0
+
+
+def amount(n: float) -> str:
+    """``n`` bytes in the unit that suits it, three figures: "606 MB", "79.4 GB"."""
+    unit, size = _unit(abs(n))
+    return f"{n / size:.3g} {unit}"
+
+
+def percent(share: float) -> str:
+    """``share`` as a signed percentage, two decimals; "0.00%" where it rounds to nothing
+    (never "-0.00%")."""
+    text = f"{share:+.2%}"
+    return "0.00%" if text in ("+0.00%", "-0.00%") else text
+
+
+def preset_of(plan: formulas.Plan) -> str:
+    """The preset whose shape ``plan`` has (as the menu sets it, tied unless it says), or
+    ``YOUR_OWN``."""
+    for name, shape in formulas.PRESETS.items():
+        if all(getattr(plan, field) == value for field, value in {"tied": True, **shape}.items()):
+            return name
+    return YOUR_OWN
 
 
 class MemoryPlanner:
@@ -70,7 +96,8 @@ class MemoryPlanner:
         for control in fields.values():
             control.style.description_width = "initial"
         self.fields = fields
-        self.preset = w.Dropdown(options=["(your own)", *formulas.PRESETS], description="preset")
+        self.preset = w.Dropdown(options=[YOUR_OWN, *formulas.PRESETS], value=preset_of(self.plan),
+                                 description="preset")
         self.budget = w.BoundedFloatText(value=self.budget_gb, min=0.001, max=1e6, step=1,
                                          description="budget GB", layout=w.Layout(width="190px"))
         self.measure_button = w.Button(description="Measure", icon="play",
@@ -136,7 +163,7 @@ class MemoryPlanner:
             self.errors = {kind: (self.predicted[kind] - value) / value
                            for kind, value in self.measured.items() if value}
             worst = max(self.errors.items(), key=lambda item: abs(item[1]))
-            self.status = (f"measured one step here: worst error {worst[1]:+.2%} "
+            self.status = (f"measured one step here: worst error {percent(worst[1])} "
                            f"({worst[0]}); peak {report.measured['peak'] / 1e6:.2f} MB")
         self._draw()
         return dict(self.measured)
@@ -201,8 +228,10 @@ class MemoryPlanner:
         self._apply(plan)
 
     def _preset(self, change):
+        if self._updating:  # the menu following the fields (_apply), not a learner's choice
+            return
         if change["new"] in formulas.PRESETS:
-            shape = dict(tied=True, **formulas.PRESETS[change["new"]])
+            shape = {"tied": True, **formulas.PRESETS[change["new"]]}
             try:
                 self.set(**shape)
             except ValueError as error:  # the ways set do not split this shape
@@ -214,6 +243,11 @@ class MemoryPlanner:
             self.measured, self.errors = {}, {}
         self.plan = plan
         self.status = ""
+        self._updating = True
+        try:
+            self.preset.value = preset_of(plan)
+        finally:
+            self._updating = False
         self._draw()
 
     def _draw(self):
@@ -233,23 +267,36 @@ class MemoryPlanner:
         self.budget_line.visible = shown <= 3 * tallest  # a far budget would flatten the bars
         self.figure.y_range.end = 1.08 * max(tallest, shown if self.budget_line.visible else 0)
         fits = predicted["total"] <= budget
-        verdict = (f"fits in {self.budget_gb:g} GB with {(budget - predicted['total']) / 1e9:.3g}"
-                   f" GB to spare" if fits else
-                   f"does not fit in {self.budget_gb:g} GB: {predicted['total'] / budget:.2f}x")
+        verdict = (f"fits in {amount(budget)} with {amount(budget - predicted['total'])} to spare"
+                   if fits else f"does not fit in {amount(budget)}: {predicted['total'] / budget:.2f}x")
         kinds = ", ".join(f"{kind} {predicted[kind] / size:.4g}" for kind in COLOURS)
         text = (f"<b>{self.plan.devices} device(s); the fullest holds "
                 f"{predicted['total'] / size:.4g} {unit}</b>: {kinds} {unit}; {verdict}")
         if self.errors:
             text += "<br>measured vs predicted: " + ", ".join(
-                f"{kind} {error:+.2%}" for kind, error in self.errors.items())
+                f"{kind} {percent(error)}" for kind, error in self.errors.items())
         if not self.plan.measurable:
             text += ("<br><i>predicted only: the tensor and pipeline terms, and ZeRO's sharded "
                      "gradients and parameters on a transformer, are the references' arithmetic, "
                      "not yet measured by dtflab (ZeRO's sharded optimizer state is: "
                      "train.zero)</i>")
+        copies = self._weight_copies()
+        if copies:
+            text += (f"<br><i>in {self.plan.precision}, the activations include the 16-bit copies "
+                     f"of the weights the backward multiplies by ({amount(copies)} on one replica"
+                     f"{', every block parameter with full recomputation' if self.plan.recompute == 'full' else ''}"
+                     f"): TensorFlow keeps them from the forward, so 16 bits can hold more than "
+                     f"float32 where they outweigh what halving the rest saves</i>")
         if self.status:
             text += f"<br>{self.status}"
         self.line.value = text
+
+    def _weight_copies(self) -> int:
+        """Bytes of the 16-bit weight copies in one replica's activations (0 in float32)."""
+        plan = self.plan
+        return formulas.memory.activation_bytes(
+            plan.blocks, plan.d_model, plan.heads, plan.sequence, plan.batch // plan.data,
+            plan.vocabulary, recompute=plan.recompute, precision=plan.precision)["weight_copies"]
 
 
 def memory_planner(preset: str | None = None, *, budget_gb: float = 80.0, **fields):
