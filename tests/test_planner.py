@@ -134,3 +134,11 @@ def test_memory_levers_move_the_memory_the_way_the_formulas_say():
     assert blocks_share == pytest.approx(expected, rel=0.05)  # the outside terms move it a little
     with pytest.raises(ValueError, match="sequence_parallel=True: it cuts what tensor"):
         dataclasses.replace(plan, tensor=1, sequence_parallel=True)
+
+
+def test_a_machine_describes_each_of_its_links_once():
+    a100 = hardware.a100_node()
+    nvlink, infiniband = (f"{link.name} {link.bandwidth / 1e9:.4g} GB/s" for link in (a100.node, a100.cluster))
+    assert a100.describe().endswith(f"; {nvlink}, {infiniband}")
+    here = dataclasses.replace(a100, name="here", cluster=a100.node)  # calibrate(): one link
+    assert here.describe().endswith(f"a node; {nvlink}") and here.describe().count(nvlink) == 1

@@ -126,10 +126,12 @@ class Hardware:
     def describe(self) -> str:
         how = "measured here" if self.measured else "from datasheets and papers"
         best = max(self.flops.values())
+        links = f"{self.node.name} {self.node.bandwidth / 1e9:.4g} GB/s"
+        if self.cluster != self.node:  # one link between every pair of tasks (calibrate's) is said once
+            links += f", {self.cluster.name} {self.cluster.bandwidth / 1e9:.4g} GB/s"
         return (f"{self.name} ({how}): {best / 1e12:.4g} TFLOP/s, "
                 f"{self.memory_bytes / 1e9:.4g} GB at {self.memory_bandwidth / 1e9:.4g} GB/s, "
-                f"{self.per_node} a node; {self.node.name} {self.node.bandwidth / 1e9:.4g} GB/s, "
-                f"{self.cluster.name} {self.cluster.bandwidth / 1e9:.4g} GB/s")
+                f"{self.per_node} a node; {links}")
 
 
 # Calculon's efficiency curves (calculon-ai/calculon, systems/a100_80g.json and
