@@ -41,9 +41,10 @@ BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-r
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def chromium_here():
-    """Every test here needs Debian's chromium (skipped without it; a failure under CI=true)."""
+    """Every test here needs Debian's chromium (skipped without it, before the module's lab
+    starts; a failure under CI=true)."""
     if not Path(CHROMIUM).exists():
         not_here(f"BROWSER TIER NOT RUN: no chromium at {CHROMIUM}; install it with "
                  f"`apt-get install chromium` (.ci/run does)")
@@ -741,7 +742,17 @@ def site(built_site):
 
 @pytest.mark.docs
 @pytest.mark.timeout(3000)  # builds the site first if test_docs has not: executing what is missing
+#: For each ``mfrac`` on the page: whether its denominator is drawn below its numerator (a
+#: browser that does not lay out MathML puts them side by side, as text).
+FRACTIONS_STACKED = """() => [...document.querySelectorAll('mfrac')].map(f => {
+    const [top, bottom] = [f.children[0], f.children[1]].map(c => c.getBoundingClientRect());
+    return bottom.top >= top.bottom - 1 && top.height > 0; })"""
+
+
 def test_the_site_shows_a_guide_page_the_api_a_tutorial_plot_and_finds_by_search(site, page):
+    # Nothing but the site itself reaches the page: what it needs, it ships (a CDN would hide it)
+    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(site)
+               else route.abort())
     page.goto(f"{site}/guide/notebook.html")
     assert page.locator("h1").first.inner_text().startswith("In a notebook")
     assert page.locator("table").count() >= 1  # the %dtf_cluster table
@@ -756,6 +767,13 @@ def test_the_site_shows_a_guide_page_the_api_a_tutorial_plot_and_finds_by_search
     plot = next(c for c in canvases.all() if (c.bounding_box() or {}).get("width", 0) > 100)
     assert ink(painted(page, plot, 5_000, SHOTS / "site_tutorial_plot.png", canvases=0)) > 5_000, \
         "the tutorial's plot is empty"
+
+    page.goto(f"{site}/tutorials/en/09_pipeline_parallelism.html")
+    assert page.locator("div.math math").count() == 2  # the bubble and the step model
+    stacked = page.evaluate(FRACTIONS_STACKED)
+    assert len(stacked) >= 4 and all(stacked), stacked  # each fraction drawn as one, offline
+    assert "$$" not in page.locator("main").inner_text()
+    shot(page, page.locator("div.math").first, str(SHOTS / "site_formula.png"))
 
     page.goto(f"{site}/search.html?q=start_cluster")
     results = page.locator("#search-results li a")
