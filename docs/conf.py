@@ -43,7 +43,9 @@ release = version = dtflab.__version__
 extensions = [
     "myst_nb",  # Markdown pages and notebooks (MyST-NB reads .md and .ipynb)
     "sphinx.ext.autodoc",
+    "mathml",  # docs/mathml.py: $$...$$ as MathML, drawn by the browser with no script or network
 ]
+html_math_renderer = "mathml"
 
 exclude_patterns = ["_build", "**.ipynb_checkpoints"]
 #: BokehJS, copied from the bokeh package at build time (see ``bokehjs``).
@@ -81,7 +83,7 @@ nb_ipywidgets_js = {}  # no require.js or widget manager from a CDN: the site wo
 nb_execution_mode = "off"  # outputs come from tutorials_source (the tests' executed copies)
 nb_output_stderr = "remove-warn"
 nb_merge_streams = True
-myst_enable_extensions = ["colon_fence", "deflist"]
+myst_enable_extensions = ["colon_fence", "deflist", "dollarmath", "amsmath"]
 myst_heading_anchors = 3
 suppress_warnings = [
     "mystnb.unknown_mime_type",  # widget views (ipywidgets) have no static rendering; text shows

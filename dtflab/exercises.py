@@ -37,10 +37,11 @@ raise, so a Run All goes on to the cells after the check (``%dtf_cluster stop``)
   stopped and bury the hint under dtflab's stack; the line says all there is to say;
 * a right one: ``correct``.
 
-CI proves each exercise solvable (``tests/test_notebooks.py``): in one kernel it runs the
-notebook as a learner does up to the check (which must print :data:`OPEN`), then the solution
-without its magic (:func:`apply_solutions`) and the check again (which must print ``correct``),
-then the rest.
+CI proves each exercise solvable and its check able to say no (``tests/test_notebooks.py``): in
+one kernel it runs the notebook as a learner does up to the check (which must print
+:data:`OPEN`), then the solution without its magic (:func:`apply_solutions`) and the check again
+(which must print ``correct``), then a wrong answer of the solution's type and the check once
+more (which must print ``not yet: ...``), then the rest.
 
 In [1]: digest(19)          # how a notebook's author makes DIGEST (not in the notebook)
 """

@@ -100,3 +100,33 @@ def test_every_tutorial_is_rendered_with_its_outputs(built_site, path):
     code_cells = [cell for cell in _cells(path) if cell.cell_type == "code"]
     # most cells print or draw something; a page rendered without its run has no output at all
     assert html.count('class="cell_output') >= len(code_cells) // 2, f"{page}: few outputs"
+
+
+def visible_text(html: str) -> str:
+    """What a page shows as prose: its text without code, scripts, styles and tags."""
+    import html as markup
+
+    html = re.sub(r"<(pre|code|script|style|math)\b.*?</\1>", " ", html, flags=re.S)
+    return markup.unescape(re.sub(r"<[^>]+>", " ", html))
+
+
+def test_every_formula_is_mathml_and_no_page_shows_latex_as_typed(built_site):
+    site = Path(built_site[0])
+    typed = {str(page.relative_to(site)) for page in site.rglob("*.html")
+             if re.search(r"\$\$|\\frac|\\text\{", visible_text(page.read_text(encoding="utf-8")))}
+    assert typed == set(), f"pages that show LaTeX as typed: {sorted(typed)}"
+    block = '<math xmlns="http://www.w3.org/1998/Math/MathML" display="block">'
+    for edition in ("en", "ja"):  # notebook 09: the bubble's formula and the step model's
+        html = (site / "tutorials" / edition / "09_pipeline_parallelism.html").read_text(encoding="utf-8")
+        assert html.count(block) == 2 and "<mfrac>" in html
+
+
+def test_the_front_page_says_how_to_install_where_to_start_and_shows_a_step(built_site):
+    site = Path(built_site[0])
+    html = (site / "index.html").read_text(encoding="utf-8")
+    text = " ".join(re.sub(r"<[^>]+>", "", html).replace("&amp;", "&").split())
+    assert "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/dtflab lab" in text
+    assert 'href="tutorials/en/00_quickstart.html"' in html  # start here
+    assert 'href="tutorials/index.html"' in html and 'href="guide/index.html"' in html
+    (picture,) = re.findall(r'<img[^>]*src="([^"]+)"', html)
+    assert (site / picture).stat().st_size > 10_000
