@@ -142,3 +142,21 @@ def test_a_machine_describes_each_of_its_links_once():
     assert a100.describe().endswith(f"; {nvlink}, {infiniband}")
     here = dataclasses.replace(a100, name="here", cluster=a100.node)  # calibrate(): one link
     assert here.describe().endswith(f"a node; {nvlink}") and here.describe().count(nvlink) == 1
+
+
+def test_the_configuration_map_is_legible_a_scale_labels_that_contrast_and_a_title_in_two_lines():
+    from dtflab.viz.plan_map import contrast
+
+    plans = dtflab.plan(GPT_65B, devices=64, hardware="h100", batch=64, precision="bfloat16")
+    figure = plans.heatmap()
+    (cells,) = [r for r in figure.renderers if r.name == "plan_cells"]
+    data = cells.data_source.data
+    ratios = [contrast(text, cell) for text, cell in zip(data["label_colour"], data["colour"])]
+    assert min(ratios) >= 4.5, ratios  # WCAG AA for text, on the deepest and the palest cells
+    assert contrast("#222832", "#08306b") < 4.5  # what the best cells had: dark grey on deep blue
+    (scale,) = [r for r in figure.right if r.name == "plan_scale"]
+    assert scale.color_mapper.high == max(m for m, fits in zip(data["mfu"], data["fits"]) if fits)
+    titles = [figure.title.text] + [t.text for t in figure.above if hasattr(t, "text")]
+    assert titles[1] == f"64 devices of {plans.hardware.name}"
+    # at the title's 13 px bold, a character is at most about 8 px: each line fits the 560 px
+    assert all(8 * len(text) < figure.width for text in titles), titles

@@ -6,6 +6,10 @@ no layout with those ways fits; hovering a cell shows its breakdown."""
 from __future__ import annotations
 
 GREY = "#d9d9d9"
+#: The two ends of the MFU scale, pale to deep blue; a cell's label is dark on pale cells and
+#: white on deep ones (whichever contrasts more with the cell: WCAG's ratio).
+LOW, HIGH = (222, 235, 247), (8, 48, 107)
+DARK, WHITE = "#000000", "#ffffff"  # one of the two reads at 4.58:1 or better on any colour
 
 
 def cells(plans) -> dict:
@@ -15,14 +19,15 @@ def cells(plans) -> dict:
         key = (row.plan.tensor, row.plan.pipeline)
         if key not in best or (row.fits and not best[key].fits):
             best[key] = row
-    columns = {k: [] for k in ("tensor", "pipeline", "mfu", "colour", "label", "layout", "step",
-                               "memory", "kinds", "parts", "fits")}
+    columns = {k: [] for k in ("tensor", "pipeline", "mfu", "colour", "label", "label_colour",
+                               "layout", "step", "memory", "kinds", "parts", "fits")}
     top = max((row.mfu for row in best.values() if row.fits), default=1.0) or 1.0
     for (t, p), row in sorted(best.items()):
         columns["tensor"].append(str(t))
         columns["pipeline"].append(str(p))
         columns["mfu"].append(row.mfu if row.fits else 0.0)
         columns["colour"].append(_colour(row.mfu / top) if row.fits else GREY)
+        columns["label_colour"].append(label_colour(columns["colour"][-1]))
         columns["label"].append(f"{row.mfu:.0%}" if row.fits else
                                 f"{row.memory['total'] / 1e9:.0f} GB")
         columns["layout"].append(row.layout)
@@ -40,34 +45,63 @@ def cells(plans) -> dict:
 def _colour(share: float) -> str:
     """From pale to deep blue as a cell's MFU nears the map's best."""
     share = max(0.0, min(1.0, share))
-    low, high = (222, 235, 247), (8, 48, 107)
-    r, g, b = (round(a + (z - a) * share) for a, z in zip(low, high))
+    r, g, b = (round(a + (z - a) * share) for a, z in zip(LOW, HIGH))
     return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def contrast(one: str, other: str) -> float:
+    """WCAG 2's contrast ratio of two ``#rrggbb`` colours (1 to 21; text wants 4.5 or more)."""
+    def luminance(colour: str) -> float:
+        channels = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+        r, g, b = (c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels)
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+    light, dark = sorted((luminance(one), luminance(other)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+def label_colour(cell: str) -> str:
+    """The label colour that reads best on ``cell``."""
+    return max((DARK, WHITE), key=lambda text: contrast(text, cell))
 
 
 def heatmap(plans, *, width: int = 560, height: int = 420):
     """The map (see the module's docstring); renderer ``plan_cells``."""
-    from bokeh.models import ColumnDataSource, HoverTool, LabelSet
+    from bokeh.models import ColorBar, ColumnDataSource, HoverTool, LabelSet, LinearColorMapper, Title
     from bokeh.plotting import figure
 
     data = cells(plans)
     tensors = sorted({int(t) for t in data["tensor"]})
     pipelines = sorted({int(p) for p in data["pipeline"]}, reverse=True)
-    fig = figure(title=f"{plans.devices} devices of {plans.hardware.name}: MFU of each cell's "
-                       f"best layout (grey: none fits)",
+    fig = figure(title="MFU of each cell's best layout (grey: none fits)",
                  x_range=[str(t) for t in tensors], y_range=[str(p) for p in pipelines],
                  width=width, height=height, x_axis_label="tensor ways",
-                 y_axis_label="pipeline ways", tools="save", toolbar_location="above")
+                 y_axis_label="pipeline ways", tools="save", toolbar_location="below")
+    # the machine on a line of its own: one line held both and ran past the figure's width
+    fig.add_layout(Title(text=f"{plans.devices} devices of {plans.hardware.name}",
+                         text_font_style="italic", text_font_size="11px"), "above")
     source = ColumnDataSource(data)
     cells_renderer = fig.rect(x="tensor", y="pipeline", width=0.95, height=0.95,
                               color="colour", source=source, name="plan_cells")
     fig.add_layout(LabelSet(x="tensor", y="pipeline", text="label", source=source,
-                            text_align="center", text_baseline="middle", text_font_size="10px"))
+                            text_color="label_colour", text_align="center",
+                            text_baseline="middle", text_font_size="10px"))
+    best = max((m for m, fits in zip(data["mfu"], data["fits"]) if fits), default=0.0)
+    scale = LinearColorMapper(palette=[_colour(i / 255) for i in range(256)], low=0.0,
+                              high=best or 1.0)
+    fig.add_layout(ColorBar(color_mapper=scale, title="MFU", width=12,
+                            formatter=_percent_ticks(), name="plan_scale"), "right")
     fig.add_tools(HoverTool(renderers=[cells_renderer], tooltips=[
         ("layout", "@layout"), ("step", "@step"), ("MFU", "@mfu{0.0%}"), ("memory", "@memory"),
         ("by kind (GB)", "@kinds"), ("time by part (s)", "@parts")]))
     fig.grid.visible = False
     return fig
+
+
+def _percent_ticks():
+    from bokeh.models import NumeralTickFormatter
+
+    return NumeralTickFormatter(format="0%")
 
 
 def show_map(plans, **options) -> None:
