@@ -67,3 +67,12 @@ def test_run_draws_the_measured_timeline_under_the_formulas(split_cluster):
     assert f"{bubble.formula_ratio:.3f}" in playground.status
     playground.set(micro_batches=8)  # a new setting: the old measurement goes
     assert not playground.measured_chart.figure.visible and playground.bubble is None
+
+
+def test_the_legend_lists_only_the_kinds_of_work_the_schedule_has():
+    playground = dtflab.schedule_playground(stages=2, micro_batches=4)  # 1F1B: no weight pieces
+    legend = playground.formula_chart.figure.legend[0]
+    listed = lambda: [item.label.value for item in legend.items if item.visible]  # noqa: E731
+    assert "weight gradients" not in listed() and {"forward", "backward"} <= set(listed())
+    playground.set(schedule="zero_bubble")
+    assert "weight gradients" in listed()

@@ -112,9 +112,14 @@ class Timeline:
         fig.yaxis.major_label_overrides = {-s: labels[s] for s in range(rows)}
         if title is not None:
             fig.title.text = title
-        # A legend entry for a kind this schedule has none of would only puzzle.
+        # A legend entry for a kind this schedule has none of would only puzzle: the renderer
+        # and its entry go (a hidden renderer alone leaves its label, with no swatch, in the legend).
+        shown = {kind: bool(data[kind]["left"]) or kind == "bubble" for kind in RENDERERS}
         for renderer, kind in zip(self.renderers, RENDERERS):
-            renderer.visible = bool(data[kind]["left"]) or kind == "bubble"
+            renderer.visible = shown[kind]
+        for item in self.figure.legend[0].items:
+            item.visible = all(shown[kind] for renderer, kind in zip(self.renderers, RENDERERS)
+                               if renderer in item.renderers)
 
     def fit(self, end: float) -> None:
         self.figure.x_range.start, self.figure.x_range.end = 0.0, end * 1.02
