@@ -80,6 +80,9 @@ autodoc_typehints_format = "short"
 
 # -- notebooks ---------------------------------------------------------------------------------------
 nb_ipywidgets_js = {}  # no require.js or widget manager from a CDN: the site works offline
+# ...so a widget that carries a still of itself (dtflab.viz.output.display_with_a_still: the
+# memory planner, the schedule playground) shows the still, not an empty widget view.
+nb_mime_priority_overrides = [("html", "application/vnd.jupyter.widget-view+json", 35)]
 nb_execution_mode = "off"  # outputs come from tutorials_source (the tests' executed copies)
 nb_output_stderr = "remove-warn"
 nb_merge_streams = True

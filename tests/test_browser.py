@@ -775,6 +775,13 @@ def test_the_site_shows_a_guide_page_the_api_a_tutorial_plot_and_finds_by_search
     assert "$$" not in page.locator("main").inner_text()
     shot(page, page.locator("div.math").first, str(SHOTS / "site_formula.png"))
 
+    # the memory planner, which needs a kernel, shows a still of itself: its bars, drawn
+    page.goto(f"{site}/tutorials/en/11_transformer_memory.html")
+    page.wait_for_function("() => window.Bokeh && Object.keys(window.Bokeh.index).length > 0", timeout=60_000)
+    still = page.locator(".dtflab-still").first
+    assert "the fullest holds" in still.inner_text()
+    assert ink(painted(page, still, 5_000, SHOTS / "site_memory_planner.png")) > 5_000
+
     page.goto(f"{site}/search.html?q=start_cluster")
     results = page.locator("#search-results li a")
     results.first.wait_for(timeout=30_000)

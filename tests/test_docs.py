@@ -130,3 +130,16 @@ def test_the_front_page_says_how_to_install_where_to_start_and_shows_a_step(buil
     assert 'href="tutorials/index.html"' in html and 'href="guide/index.html"' in html
     (picture,) = re.findall(r'<img[^>]*src="([^"]+)"', html)
     assert (site / picture).stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("edition", ["en", "ja"])
+@pytest.mark.parametrize("tutorial, says", [("11_transformer_memory", "the fullest holds"),
+                                            ("13_experts_and_schedules", "formula: each worker idles")])
+def test_a_widget_the_tutorial_is_about_shows_a_still_on_the_site(built_site, tutorial, says, edition):
+    """The memory planner and the schedule playground have no kernel on the site: each shows a
+    still of itself (its plot and its line), not an empty widget view."""
+    html = (Path(built_site[0]) / "tutorials" / edition / f"{tutorial}.html").read_text(encoding="utf-8")
+    stills = re.findall(r'<div class="dtflab-still">(.*?)</i></p></div>', html, flags=re.S)
+    assert stills, f"{tutorial}: no still of its widget"
+    assert all("data-root-id" in still and "Bokeh" in still for still in stills)  # a plot, drawn by BokehJS
+    assert any(says in still for still in stills)

@@ -171,9 +171,9 @@ class MemoryPlanner:
     # -- the widget ----------------------------------------------------------------------------
 
     def _ipython_display_(self):
-        from IPython.display import display
+        from dtflab.viz.output import display_with_a_still
 
-        display(self.view())
+        display_with_a_still(self.view(), [self.figure], self.line.value)
 
     def view(self):
         """The widget: controls, the bars, the status line."""

@@ -135,9 +135,11 @@ class SchedulePlayground:
             self._show()
 
     def _ipython_display_(self):
-        from IPython.display import display
+        from dtflab.viz.output import display_with_a_still
 
-        display(self.view())
+        figures = [self.formula_chart.figure] + ([self.measured_chart.figure]
+                                                 if self.measured_chart.figure.visible else [])
+        display_with_a_still(self.view(), figures, self.line.value)
 
     def view(self):
         """The widget: the controls, the formula's chart, the measured one, the status line."""

@@ -44,6 +44,23 @@ def load_bokehjs() -> None:
         _notebook_ready = True
 
 
+def display_with_a_still(widget, figures, text: str) -> None:
+    """Display ``widget`` together with a still of it: its Bokeh ``figures`` as they are now and
+    ``text`` (HTML), for wherever no kernel drives widgets (the documentation site, a notebook
+    viewer). JupyterLab shows the live widget; a renderer without ipywidgets' manager shows the
+    still, which cannot be moved: it says so."""
+    from bokeh.embed import components
+    from IPython.display import display
+
+    bundle = widget._repr_mimebundle_()
+    # one figure at a time: each is the only root of its widget's document, which stays as it is
+    stills = "".join(div + script for script, div in (components(figure) for figure in figures))
+    bundle["text/html"] = (f'<div class="dtflab-still">{stills}<div>{text}</div>'
+                           f"<p><i>A still of the widget as this run first showed it: run the notebook to "
+                           f"move its controls.</i></p></div>")
+    display(bundle, raw=True)
+
+
 def save_html(obj, path, title: str = "dtflab") -> str:
     """Write ``obj`` to ``path`` with BokehJS inlined, so the file opens offline."""
     from bokeh.embed import file_html
