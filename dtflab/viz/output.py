@@ -56,8 +56,8 @@ def display_with_a_still(widget, figures, text: str) -> None:
     # one figure at a time: each is the only root of its widget's document, which stays as it is
     stills = "".join(div + script for script, div in (components(figure) for figure in figures))
     bundle["text/html"] = (f'<div class="dtflab-still">{stills}<div>{text}</div>'
-                           f"<p><i>A still of the widget as this run first showed it: run the notebook to "
-                           f"move its controls.</i></p></div>")
+                           f"<p><i>A still of the widget as this run first showed it: run the "
+                           f"notebook to move its controls.</i></p></div>")
     display(bundle, raw=True)
 
 
