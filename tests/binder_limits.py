@@ -90,7 +90,7 @@ def v2_parent(mount: Path, own: Path) -> tuple[Path | None, str | None]:
 def which() -> tuple[str | None, str | None]:
     """``("v1" | "v2", None)``: the version that limits a notebook here; ``(None, why)``."""
     if os.geteuid() != 0:
-        return None, "not root (a cgroup of one's own needs root here)"
+        return None, "not root: a cgroup of its own for each notebook needs root; run the tests as root (CI does)"
     why_v1 = v1_unavailable()
     if why_v1 is None:
         return "v1", None
