@@ -2,11 +2,12 @@
 
 Binder gives a learner 2 GB and one CPU's worth of time (a CPU quota: ``os.cpu_count()`` still
 reports the host's cores). Each notebook runs in a fresh kernel, as a learner's Run All then
-solved (``learner_then_solved``), and, where this machine allows it (root, cgroup v1), inside
-a child cgroup of its own limited to 2 GiB and to one CPU (``cpu.cfs_quota_us`` =
-``cpu.cfs_period_us``): the kernel from its first instruction and every task, fork server and
-Dask worker it starts. The executions start with the test run, one at a time in the
-background (their cgroup's ``cpu.shares`` at the minimum: they take the CPU time the other
+solved (``learner_then_solved``), and, where this machine allows it (root, and cgroup v1 or v2:
+``binder_limits``), inside a cgroup of its own limited to 2 GiB and to one CPU: the kernel from
+its first instruction and every task, fork server and Dask worker it starts. What outlived the
+kernel is counted in that cgroup, or without one by the tag in the kernel's environment
+(``RUN_TAG``). The executions start with the test run, one at a time in the
+background (their cgroup's CPU weight at the minimum: they take the CPU time the other
 tests leave idle, about half of two cores, and yield it the moment a test wants it); once the
 first test that reads one asks (``NotebookRuns.get``), two run at a time at full shares, each
 on its one CPU's worth. The notebook tests read the executed notebooks, the Binder tests their
