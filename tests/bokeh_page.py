@@ -24,10 +24,14 @@ const withRenderer = (name) => {  // the last one on the page (earlier views may
 };
 """
 
-#: ``name`` -> the renderer's data source columns (or null when no plot has it).
+#: ``name`` -> the renderer's data source columns (or null when no plot has it), with its plot's
+#: title (``_title``) and every title line above the plot (``_titles``: the title and subtitles).
 DATA = "(name) => {" + _PLOTS + """
   const found = withRenderer(name);
-  return found ? {...found[1].data_source.data, _title: found[0].model.title.text} : null;
+  if (!found) return null;
+  const plot = found[0].model;
+  const titles = [plot.title, ...plot.above].filter((t) => t && typeof t.text === "string");
+  return {...found[1].data_source.data, _title: plot.title.text, _titles: titles.map((t) => t.text)};
 }"""
 
 #: ``[name, column, value]`` -> page coordinates {x, y} of the first glyph whose column equals
