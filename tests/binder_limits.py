@@ -23,8 +23,13 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+# cgroup v1's figures, a process's own group and a group's removal: the memory benchmark's
+from notebook_memory import memory_figures, own_cgroup, remove_group  # noqa: E402
 
 CGROUPS = Path("/sys/fs/cgroup")
 #: cgroup-v1 ``cpu.shares`` and v2 ``cpu.weight`` of a notebook run in the background (the least
@@ -118,14 +123,13 @@ class Limits:
                  background: bool = False, version: str | None = None, parent: Path | None = None):
         self.version = version or which()[0]
         if self.version == "v2":
-            self._v2 = _V2(name, parent or v2_parent(v2_mount(), v2_own_group(v2_mount()))[0])
-            self.groups = [self._v2.group]
+            mount = v2_mount()
+            self._impl = _V2(name, parent or v2_parent(mount, v2_own_group(mount))[0])
         elif self.version == "v1":
-            self._v1 = _V1(name)
-            self.groups = self._v1.groups
+            self._impl = _V1(name)
         else:
             raise RuntimeError(f"Binder's limits cannot be set here: {unavailable()}")
-        self._impl = self._v2 if self.version == "v2" else self._v1
+        self.groups = self._impl.groups
         self._impl.limit(memory_mb, cpus)
         self.set_background(background)
 
@@ -142,39 +146,35 @@ class Limits:
         return self._impl.cpu_s()
 
     def leftovers(self, grace_s: float = 10.0) -> list[str]:
-        """What still runs in the group ``grace_s`` after the kernel ended; each is then
-        killed. A line per process: pid and command."""
-        import psutil
+        """What still runs in the group ``grace_s`` after the kernel ended (see ``outlived``)."""
+        return outlived(self._impl.pids, self._impl.kill, grace_s)
 
-        deadline = time.monotonic() + grace_s
-        while (pids := self._impl.pids()) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = []
-        for pid in pids:
-            try:
-                left.append(f"{pid} {' '.join(psutil.Process(pid).cmdline()[:6])}")
-            except psutil.Error:
-                pass
-        self._impl.kill(pids)
-        return left
-
-    def remove(self, timeout_s: float = 10.0) -> None:
+    def remove(self) -> None:
         """Remove the group once its last processes have exited (they may still be exiting)."""
         for group in self.groups:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                try:
-                    group.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        break
-                    time.sleep(0.1)
+            remove_group(group)
 
 
-def _kill(pids: list[int]) -> None:
+def outlived(pids, kill, grace_s: float = 10.0) -> list[str]:
+    """The processes ``pids()`` still lists ``grace_s`` after a kernel ended, a line each
+    (pid and command); ``kill(pids)`` then ends them."""
+    import psutil
+
+    deadline = time.monotonic() + grace_s
+    while (found := pids()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = []
+    for pid in found:
+        try:
+            left.append(f"{pid} {' '.join(psutil.Process(pid).cmdline()[:6])}")
+        except psutil.Error:
+            pass
+    kill(found)
+    return left
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL each of ``pids`` that is still there."""
     import signal
 
     for pid in pids:
@@ -189,7 +189,7 @@ class _V1:
     group where the two are mounted together)."""
 
     def __init__(self, name: str):
-        self.memory, self.cpu, self.cpuacct = (own_v1_group(c) / name for c in ("memory", "cpu", "cpuacct"))
+        self.memory, self.cpu, self.cpuacct = (own_cgroup(c) / name for c in ("memory", "cpu", "cpuacct"))
         for group in (self.memory, self.cpu, self.cpuacct):
             group.mkdir(exist_ok=True)  # cpuacct may be cpu's own folder ("cpu,cpuacct")
         self.groups = list({g.resolve(): g for g in (self.memory, self.cpu, self.cpuacct)}.values())
@@ -210,26 +210,13 @@ class _V1:
         return int((self.cpuacct / "cpuacct.usage").read_text()) / 1e9
 
     def figures(self) -> dict:
-        oom = dict(line.split() for line in (self.memory / "memory.oom_control").read_text().splitlines())
-        return {"cgroup_peak_mb": round(int((self.memory / "memory.max_usage_in_bytes").read_text()) / 2**20),
-                "limit_hits": int((self.memory / "memory.failcnt").read_text()),
-                "oom_kills": int(oom.get("oom_kill", 0)),
-                "cpu_quota": self.quota, "cpu_s": round(self.cpu_s(), 1)}
+        return {**memory_figures(self.memory), "cpu_quota": self.quota, "cpu_s": round(self.cpu_s(), 1)}
 
     def pids(self) -> list[int]:
         return [int(p) for p in (self.memory / "cgroup.procs").read_text().split()]
 
     def kill(self, pids: list[int]) -> None:
-        _kill(pids)
-
-
-def own_v1_group(controller: str) -> Path:
-    """This process's cgroup-v1 folder for ``controller`` ("memory", "cpu", ...)."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if controller in controllers.split(","):
-            return CGROUPS / controller / path.lstrip("/")
-    return CGROUPS / controller
+        kill_all(pids)
 
 
 class _V2:
@@ -238,6 +225,7 @@ class _V2:
     def __init__(self, name: str, parent: Path):
         self.group = parent / name
         self.group.mkdir()
+        self.groups = [self.group]
         self.quota = False
 
     def limit(self, memory_mb: int | None, cpus: float | None) -> None:
@@ -270,4 +258,4 @@ class _V2:
         if kill.exists() and pids:
             kill.write_text("1")
         else:
-            _kill(pids)
+            kill_all(pids)

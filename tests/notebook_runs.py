@@ -31,7 +31,8 @@ from pathlib import Path
 
 import nbformat
 
-from binder_limits import Limits, unavailable as cgroups_unavailable
+from binder_limits import Limits, kill_all, outlived, which
+from binder_limits import unavailable as cgroups_unavailable  # noqa: F401  (tests import it from here)
 
 from dtflab import exercises
 
@@ -93,20 +94,7 @@ def tagged(name: str) -> list[int]:
 
 def leftovers_by_tag(name: str, grace_s: float = 10.0) -> list[str]:
     """What still carries ``RUN_TAG=name`` ``grace_s`` after the kernel ended (then killed)."""
-    import psutil
-
-    deadline = time.monotonic() + grace_s
-    while (pids := tagged(name)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = []
-    for pid in pids:
-        try:
-            process = psutil.Process(pid)
-            left.append(f"{pid} {' '.join(process.cmdline()[:6])}")
-            process.kill()
-        except psutil.Error:
-            pass
-    return left
+    return outlived(lambda: tagged(name), kill_all, grace_s)
 
 
 def beside_the_notebooks(processes: list) -> list:
@@ -184,8 +172,9 @@ def execute(path: Path, label: str, specs: Path, tutorial: bool = True, pace=Non
     name = f"{GROUP_PREFIX}{os.getpid()}-{label}-{time.monotonic_ns()}"
     with pace.running.lock if pace is not None else contextlib.nullcontext():
         background = pace is not None and pace.background
-        if not cgroups_unavailable():
-            binder = Limits(name, LIMIT_MB, cpus=1.0, background=background)
+        version, _ = which()
+        if version is not None:
+            binder = Limits(name, LIMIT_MB, cpus=1.0, background=background, version=version)
             if pace is not None:
                 pace.running.add(binder)
     spec = kernel_spec(name, binder, specs / f"binder-{label}")

@@ -12,8 +12,9 @@ from notebook_runs import JOIN, cgroups_unavailable
 
 def cpus_in(tmp_path, quota_of_period: float | None, affinity: set[int] | None = None) -> float:
     """``dtflab.cpus()`` in a child process inside a fresh cgroup (v1 or v2) with that quota."""
-    if cgroups_unavailable():
-        not_here(f"CPU QUOTA TESTS NOT RUN: {cgroups_unavailable()}")
+    reason = cgroups_unavailable()
+    if reason:
+        not_here(f"CPU QUOTA TESTS NOT RUN: {reason}")
     limits = Limits(f"dtflab-test-cpus-{os.getpid()}-{time.monotonic_ns()}", memory_mb=None,
                     cpus=quota_of_period)
     try:

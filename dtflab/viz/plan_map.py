@@ -67,7 +67,8 @@ def label_colour(cell: str) -> str:
 
 def heatmap(plans, *, width: int = 560, height: int = 420):
     """The map (see the module's docstring); renderer ``plan_cells``."""
-    from bokeh.models import ColorBar, ColumnDataSource, HoverTool, LabelSet, LinearColorMapper, Title
+    from bokeh.models import (ColorBar, ColumnDataSource, HoverTool, LabelSet, LinearColorMapper,
+                              NumeralTickFormatter, Title)
     from bokeh.plotting import figure
 
     data = cells(plans)
@@ -86,22 +87,16 @@ def heatmap(plans, *, width: int = 560, height: int = 420):
     fig.add_layout(LabelSet(x="tensor", y="pipeline", text="label", source=source,
                             text_color="label_colour", text_align="center",
                             text_baseline="middle", text_font_size="10px"))
-    best = max((m for m, fits in zip(data["mfu"], data["fits"]) if fits), default=0.0)
+    best = max(data["mfu"], default=0.0)  # a cell where none fits holds 0
     scale = LinearColorMapper(palette=[_colour(i / 255) for i in range(256)], low=0.0,
                               high=best or 1.0)
     fig.add_layout(ColorBar(color_mapper=scale, title="MFU", width=12,
-                            formatter=_percent_ticks(), name="plan_scale"), "right")
+                            formatter=NumeralTickFormatter(format="0%"), name="plan_scale"), "right")
     fig.add_tools(HoverTool(renderers=[cells_renderer], tooltips=[
         ("layout", "@layout"), ("step", "@step"), ("MFU", "@mfu{0.0%}"), ("memory", "@memory"),
         ("by kind (GB)", "@kinds"), ("time by part (s)", "@parts")]))
     fig.grid.visible = False
     return fig
-
-
-def _percent_ticks():
-    from bokeh.models import NumeralTickFormatter
-
-    return NumeralTickFormatter(format="0%")
 
 
 def show_map(plans, **options) -> None:
