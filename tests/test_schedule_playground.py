@@ -6,6 +6,7 @@ import pytest
 
 import dtflab
 from dtflab.train.formulas import schedules
+from dtflab.ui.schedule_playground import OWN_WORKERS
 
 
 def drawn(chart, kind: str) -> list:
@@ -42,13 +43,27 @@ def test_a_setting_the_schedule_refuses_says_why_and_draws_nothing(split_cluster
                                  "or start a larger cluster")
 
 
-def test_run_on_a_stopped_cluster_says_so_and_starts_nothing(start_cluster):
+@pytest.mark.slow
+def test_run_on_a_stopped_cluster_runs_on_workers_of_its_own_and_stops_them(start_cluster):
+    # Run All runs a notebook's last cell, cluster.stop(), too: the button still works after it
+    from dtflab.cluster import running
+
     cluster = start_cluster(workers=2)
-    playground = dtflab.schedule_playground(cluster)
+    playground = dtflab.schedule_playground(cluster, stages=2, micro_batches=2)
     cluster.stop()
-    playground.run_button.click()  # as the button does: the reason in the status line
-    assert playground.bubble is None
-    assert "this one was stopped: start one" in playground.line.value
+    before = set(running.clusters)
+    playground.run_button.click()  # as the button does
+    assert playground.bubble is not None and len(playground.bubble.slots) == 2 * 2 * 2, \
+        playground.line.value
+    assert "Ran on 2 workers of its own, started for this run and stopped after (the " \
+           "playground's cluster was stopped)" in playground.line.value
+    assert playground.measured_chart.figure.visible
+    # its own is stopped too, and (no_leaks) its processes are gone
+    assert cluster.stopped and set(running.clusters) == before
+    playground.set(stages=OWN_WORKERS + 1)  # more than it starts of its own: says so, starts none
+    assert playground.run() is None
+    assert playground.status.startswith(f"Run starts at most {OWN_WORKERS} workers of its own "
+                                        f"and p is {OWN_WORKERS + 1}: lower p")
     with pytest.raises(ValueError, match="stage=: the playground's controls are schedule, stages"):
         playground.set(stage=2)
 

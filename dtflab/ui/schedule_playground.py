@@ -11,7 +11,10 @@ In [4]: playground.run()                  # or the button: a Bubble, drawn under
 The formula's timeline is :func:`dtflab.train.formulas.schedules.pipeline_timeline`, with a
 forward taking 1, a backward ``backward`` (2 by default) and, for the zero-bubble schedule, the
 weights' share of the backward ``weight_share`` (a half by default). Run cannot run more
-workers than the cluster has worker tasks; it says so instead of drawing.
+workers than the cluster has worker tasks; it says so instead of drawing. Given no cluster, or
+one that was stopped (a notebook's last cell stops it, and Run All runs that cell too), Run
+starts a cluster of its own with p workers (at most ``OWN_WORKERS``, for Binder's 2 GiB) and
+stops it once the step is traced: nothing of it outlives the click.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from dtflab.train.formulas import schedules
 
 #: The largest setting Run runs here: pieces of work per step (p x m x v x 3 at most).
 MAX_PIECES = 400
+#: The most workers Run starts a cluster of its own with (about 140 MB of memory each here).
+OWN_WORKERS = 4
 
 
 class SchedulePlayground:
@@ -91,16 +96,24 @@ class SchedulePlayground:
             self.status = reason
             self._show()
             return None
+        import dtflab
         from dtflab import train
 
-        self.status = "running…"
+        own = self._needs_its_own()
+        self.status = f"starting {p} workers of its own, then running…" if own else "running…"
         self._show()
         # p x v full-width layers between a narrow input and output: every stage gets one
         problem = train.classification(width=self.width, features=8, batch_size=32 * m,
                                        hidden_layers=p * v + 1)
-        run = train.pipeline(problem, self.cluster, stages=p, micro_batches=m,
-                             schedule=s["schedule"], chunks=v, steps=steps,
-                             trace_step=steps - 1, watchdog=False)
+        cluster = (dtflab.start_cluster(ps=0, workers=p, inter_op_threads=2, intra_op_threads=1)
+                   if own else self.cluster)
+        try:
+            run = train.pipeline(problem, cluster, stages=p, micro_batches=m,
+                                 schedule=s["schedule"], chunks=v, steps=steps,
+                                 trace_step=steps - 1, watchdog=False)
+        finally:
+            if own:
+                cluster.stop()
         self.bubble = bubble = run.bubble
         origin = min(slot.start_us for slot in bubble.slots)
         measured = [(bubble.worker(slot), slot.kind, slot.micro_batch,
@@ -119,7 +132,11 @@ class SchedulePlayground:
                        f"{bubble.bubble_ratio:.3f} of the work; the formula with this run's "
                        f"pieces: {bubble.formula:.1%}, {bubble.formula_ratio:.3f}. What the "
                        f"formula leaves out (each piece's start-up, the hops between workers) "
-                       f"is the difference")
+                       f"is the difference"
+                       + (f". Ran on {p} workers of its own, started for this run and stopped "
+                          f"after (the playground's cluster "
+                          f"{'was stopped' if self.cluster is not None else 'was not given'})"
+                          if own else ""))
         self._show()
         return bubble
 
@@ -162,11 +179,12 @@ class SchedulePlayground:
     def _cannot_run(self, p: int, m: int, v: int) -> str:
         if not self.timeline:
             return f"cannot run: {self.status}"
-        if self.cluster is None:
-            return "Run needs a cluster: dtflab.schedule_playground(cluster)"
-        if self.cluster.stopped:
-            return ("Run needs a running cluster and this one was stopped: start one, "
-                    "e.g. dtflab.start_cluster(workers=2), and pass it to the playground")
+        if self._needs_its_own():
+            if p > OWN_WORKERS:
+                return (f"Run starts at most {OWN_WORKERS} workers of its own and p is {p}: "
+                        f"lower p, or pass a running cluster with {p} worker tasks, "
+                        f"dtflab.schedule_playground(dtflab.start_cluster(workers={p}))")
+            return ""
         workers = len(self.cluster.addresses.get("worker", []))
         if p > workers:
             return (f"Run needs {p} worker tasks and the cluster has {workers}: lower p to "
@@ -175,6 +193,9 @@ class SchedulePlayground:
             return (f"Run runs up to {MAX_PIECES} pieces of work a step here; this setting has "
                     f"{len(self.timeline)}: lower m or v")
         return ""
+
+    def _needs_its_own(self) -> bool:
+        return self.cluster is None or self.cluster.stopped
 
     def _redraw(self):
         s = self.setting
@@ -223,6 +244,7 @@ class SchedulePlayground:
 
 
 def schedule_playground(cluster=None, **setting) -> SchedulePlayground:
-    """A :class:`SchedulePlayground` on ``cluster`` (Run needs one), starting from ``setting``
+    """A :class:`SchedulePlayground` on ``cluster`` (without one, Run starts its own), starting
+    from ``setting``
     (``schedule``, ``stages``, ``micro_batches``, ``chunks``, ``backward``, ``weight_share``)."""
     return SchedulePlayground(cluster, **setting)

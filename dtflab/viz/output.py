@@ -20,8 +20,9 @@ def show(obj) -> None:
     """Inline in a Jupyter kernel (JupyterLab needs jupyter_bokeh, a dtflab dependency);
     elsewhere Bokeh opens a browser tab.
 
-    BokehJS is inlined into the notebook rather than fetched from Bokeh's CDN: classrooms,
-    hubs and CI machines often cannot reach it (the plot then fails with a JS timeout).
+    BokehJS comes from the Jupyter server where it serves it (``dtflab.viz.bokehjs``), else
+    it is inlined; never from Bokeh's CDN: classrooms, hubs and CI machines often cannot reach
+    it (the plot then fails with a JS timeout).
     """
     from bokeh.io import show as bokeh_show
 
@@ -30,7 +31,8 @@ def show(obj) -> None:
 
 
 def load_bokehjs() -> None:
-    """Load BokehJS (inlined) into the notebook page, once per kernel.
+    """Load BokehJS into the notebook page, once per kernel: from the Jupyter server where it
+    serves it (a loader of a few kB in the notebook), else inlined (about 8 MB in the notebook).
 
     Needed before showing a plot, and before displaying a widget that embeds one
     (``jupyter_bokeh.BokehModel`` uses the page's BokehJS: without it, its view fails).
@@ -40,7 +42,16 @@ def load_bokehjs() -> None:
         from bokeh.io import output_notebook
         from bokeh.resources import INLINE
 
-        output_notebook(resources=INLINE, hide_banner=True)
+        from dtflab.viz import bokehjs
+
+        if bokehjs.served():
+            from bokeh.io import curstate
+            from IPython.display import publish_display_data
+
+            curstate().output_notebook()
+            publish_display_data(bokehjs.loader())
+        else:
+            output_notebook(resources=INLINE, hide_banner=True)
         _notebook_ready = True
 
 
