@@ -4,7 +4,8 @@ Starts one `jupyter lab` on 127.0.0.1 (temporary config, token, root; each test 
 workspace and kernels, shut down after it), drives Debian's chromium
 through Playwright (``executable_path``: no test tool downloads a browser), runs notebooks 00
 and 02 whole and, of the others, the cells a page needs (``run_cells``: the notebook tests
-run every cell, once per run), and checks the cluster panel, the step views, the live loss
+run every cell, once per run; notebook 13 whole, then its playground used and the notebook
+saved), and checks the cluster panel, the step views, the live loss
 plot and its Stop button, and the browser console. Screenshots go to the folder printed at
 the start of the tier (``DTFLAB_SCREENSHOTS``, default ``./screenshots``).
 """
@@ -562,15 +563,15 @@ def test_the_memory_planner_draws_moves_with_a_field_and_measures(lab, page):
     assert page.console_errors == []
 
 
-def test_the_schedule_playground_redraws_with_a_control_and_runs_the_schedule(lab, page):
-    # Notebook 13's set-up, its cluster, its playground and its run: the formula's timeline on
-    # the page, a click on another schedule redrawing it, Run drawing what the cluster ran.
-    def playground(code, source):
-        at = next(i for i, cell in enumerate(code) if "dtflab.schedule_playground(" in source(cell))
-        assert "playground.run()" in source(code[at + 1])
-        return code[:2] + code[at:at + 2]
+SAVE = "() => window.jupyterapp.commands.execute('docmanager:save')"
 
-    run_cells(page, lab, "13_experts_and_schedules.ipynb", playground)
+
+def test_after_run_all_the_schedule_playground_redraws_runs_and_the_saved_notebook_stays_small(lab, page):
+    # Notebook 13 with Run All, as a learner runs it: its last cell stops the cluster. The
+    # playground's formula redraws with a control, and Run still runs (on workers of its own);
+    # the notebook JupyterLab saves stays small: BokehJS and the plots' data are not in it.
+    notebook = "13_experts_and_schedules.ipynb"
+    open_and_run_all(page, lab, notebook)
     widget = cell_containing(page, "dtflab.schedule_playground(").locator(".jp-OutputArea")
     reveal(widget)
     painted(page, widget, 5_000, SHOTS / "schedule_playground.png", canvases=2)
@@ -594,9 +595,22 @@ def test_the_schedule_playground_redraws_with_a_control_and_runs_the_schedule(la
         now = page.evaluate(DATA, "measured_backward")
         return now is not None and len(now["label"]) == 2 * 4 and "Measured" in now["_title"]
 
-    assert wait_until(ran, timeout=90), widget.inner_text()[-500:]
-    assert "measured: idle" in widget.inner_text()
+    assert wait_until(ran, timeout=120), widget.inner_text()[-500:]
+    text = widget.inner_text()
+    assert "measured: idle" in text and "Ran on 2 workers of its own" in text, text[-500:]
     shot(page, widget, str(SHOTS / "schedule_playground_gpipe.png"))
+    saved, committed = lab.root / "notebooks" / notebook, ROOT / "notebooks" / notebook
+    before = saved.stat().st_mtime_ns
+    page.evaluate(SAVE)
+    assert wait_until(lambda: saved.stat().st_mtime_ns != before, timeout=30), "not saved"
+    outputs = [output for cell in json.loads(saved.read_text())["cells"]
+               for output in cell.get("outputs", [])]
+    assert len(outputs) >= 10  # what Run All printed and drew, saved
+    print(f"saved after Run All: {saved.stat().st_size:,} bytes, committed "
+          f"{committed.stat().st_size:,}; {len(outputs)} outputs")
+    assert saved.stat().st_size <= 1.5 * committed.stat().st_size, \
+        (saved.stat().st_size, committed.stat().st_size,
+         sorted(((len(json.dumps(o)), list(o.get("data", {}))) for o in outputs), reverse=True)[:5])
     assert page.console_errors == []
 
 

@@ -1,10 +1,12 @@
 """The `dtflab` command: the 2016 server flags with a client in another process, and `cluster start`."""
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -159,9 +161,30 @@ def test_lab_opens_jupyterlab_on_the_tutorials(tmp_path):
         assert "00_quickstart.ipynb" in listing()
         # The browser opens the server's root, which sends it to the first tutorial, not the Launcher
         assert where_the_root_sends(port).split("?")[0].endswith("/lab/tree/00_quickstart.ipynb")
+        # It serves BokehJS (dtflab.viz.bokehjs): each file the loader asks for, byte for byte
+        assert_serves_bokehjs(f"http://127.0.0.1:{port}/")
     finally:
         lab.terminate()
         lab.wait(timeout=30)
+
+
+def assert_serves_bokehjs(base: str) -> None:
+    import urllib.error
+    import urllib.request
+
+    from bokeh.util.paths import static_path
+
+    from dtflab.viz import bokehjs
+
+    loader = next(iter(bokehjs.loader().values()))
+    files = re.search(r"for \(const file of (\[.*?\])\)", loader).group(1)
+    files = json.loads(files)
+    assert "js/bokeh.min.js" in files
+    for file in files:
+        with urllib.request.urlopen(f"{base}{bokehjs.ROUTE}static/{file}", timeout=10) as r:
+            assert r.read() == (Path(static_path()) / file).read_bytes(), file
+    with pytest.raises(urllib.error.HTTPError, match="403"):  # nothing outside Bokeh's files
+        urllib.request.urlopen(f"{base}{bokehjs.ROUTE}static/%2e%2e/__init__.py", timeout=10)
 
 
 def where_the_root_sends(port: int) -> str:

@@ -9,13 +9,16 @@ which classrooms, hubs and CI machines may not have.
 This module is a Jupyter server extension (enabled for every server in the environment by
 ``etc/jupyter/jupyter_server_config.d/dtflab.json``, which installing dtflab puts there): it
 serves Bokeh's own files at ``{base_url}dtflab/bokehjs/static/`` and tells the kernels it
-starts so (``SERVED``). A kernel so told loads BokehJS from there, with a loader of about 6 kB
-(:func:`loader`); any other kernel (nbclient, the documentation build, a plain IPython) still
-inlines it, so its outputs stand alone.
+starts so (``SERVED``). A kernel so told loads BokehJS from there, with a loader of about 1 kB
+(:func:`loader`), and shows each plot as a widget (``dtflab.viz.output.show``), whose data
+travels to the page and is not saved with the notebook; any other kernel (nbclient, the
+documentation build, a plain IPython) still inlines BokehJS and the plots' data, so its outputs
+stand alone.
 
-What it cannot do: a notebook reopened later draws its plots only once a cell has loaded
-BokehJS again (as with Bokeh's CDN), and a front end that is not JupyterLab or Notebook 7
-(which name their base URL in ``jupyter-config-data``) looks for the files under ``/``.
+What it cannot do: a notebook saved in JupyterLab and reopened draws its plots only when their
+cells run again (its widgets' state is not saved), and a front end that is not JupyterLab or
+Notebook 7 (which name their base URL in ``jupyter-config-data``) looks for the files under
+``/``.
 """
 
 from __future__ import annotations
@@ -26,11 +29,26 @@ import os
 SERVED = "DTFLAB_BOKEHJS_SERVED"
 #: Where the files are, below the server's base URL.
 ROUTE = "dtflab/bokehjs/"
-#: Stands for the base URL in the loader until the page fills it in.
-_PLACEHOLDER = "/DTFLAB-BASE-URL/"
-#: The page's base URL, as JupyterLab and Notebook 7 publish it.
-_BASE_URL = ("((c) => (c ? JSON.parse(c.textContent).baseUrl || '/' : '/'))"
-             "(document.getElementById('jupyter-config-data'))")
+#: Loads BokehJS's files, in order, from the server, before anything after it renders: the
+#: page's jupyter_bokeh widgets (``BokehModel``) need ``window.Bokeh`` when their view is
+#: made, which may be in the same output area, so a script tag's load, which comes later, is
+#: too late. A synchronous request to this machine's own server takes tens of milliseconds,
+#: once per page (Chromium notes in the console that such requests are deprecated).
+_LOADER = """(function (root) {
+  if (root.Bokeh !== undefined) { return; }
+  const config = document.getElementById("jupyter-config-data");
+  const base = (config ? JSON.parse(config.textContent).baseUrl || "/" : "/") + "%(route)s";
+  for (const file of %(files)s) {
+    const request = new XMLHttpRequest();
+    request.open("GET", base + file, false);
+    request.send();
+    if (request.status !== 200) {
+      console.error("dtflab: BokehJS did not load from " + base + file + ": HTTP " + request.status);
+      return;
+    }
+    (0, eval)(request.responseText + "\\n//# sourceURL=" + base + file);
+  }
+})(window);"""
 
 
 def served() -> bool:
@@ -39,20 +57,18 @@ def served() -> bool:
 
 
 def loader() -> dict[str, str]:
-    """The display data that loads BokehJS from the server into the page (Bokeh's own loader,
-    pointed at :data:`ROUTE` under the page's base URL): ``{mime type: JavaScript}``."""
-    from bokeh.embed.bundle import bundle_for_objs_and_resources
-    from bokeh.io.notebook import JS_MIME_TYPE, LOAD_MIME_TYPE, _loading_js
+    """The display data that loads BokehJS from the server into the page (about 1 kB, where
+    Bokeh's inline resources are 4 MB): ``{mime type: JavaScript}``, one for JupyterLab's
+    jupyter_bokeh and one for other front ends."""
+    import json
+
+    from bokeh.io.notebook import JS_MIME_TYPE, LOAD_MIME_TYPE
     from bokeh.resources import Resources
 
-    bundle = bundle_for_objs_and_resources(None, Resources(mode="server", root_url=_PLACEHOLDER))
-
-    def pointed(js: str) -> str:
-        assert _PLACEHOLDER in js, "Bokeh's loader no longer names its files' URLs"
-        return js.replace(f'"{_PLACEHOLDER}', f'{_BASE_URL} + "{ROUTE}')
-
-    return {JS_MIME_TYPE: pointed(_loading_js(bundle, None, 5000, register_mime=True)),
-            LOAD_MIME_TYPE: pointed(_loading_js(bundle, None, 5000, register_mime=False))}
+    files = [url.split("/static/", 1)[1].split("?")[0]
+             for url in Resources(mode="server", root_url="/").js_files]
+    js = _LOADER % {"route": f"{ROUTE}static/", "files": json.dumps(files)}
+    return {JS_MIME_TYPE: js, LOAD_MIME_TYPE: js}
 
 
 # -- the server extension ---------------------------------------------------------------------

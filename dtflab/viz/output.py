@@ -20,19 +20,28 @@ def show(obj) -> None:
     """Inline in a Jupyter kernel (JupyterLab needs jupyter_bokeh, a dtflab dependency);
     elsewhere Bokeh opens a browser tab.
 
-    BokehJS comes from the Jupyter server where it serves it (``dtflab.viz.bokehjs``), else
-    it is inlined; never from Bokeh's CDN: classrooms, hubs and CI machines often cannot reach
-    it (the plot then fails with a JS timeout).
+    Where the Jupyter server serves BokehJS (``dtflab.viz.bokehjs``) the plot is a widget, whose
+    data is not saved with the notebook; elsewhere BokehJS and the plot's data are inlined into
+    the output. Never from Bokeh's CDN: classrooms, hubs and CI machines often cannot reach it
+    (the plot then fails with a JS timeout).
     """
     from bokeh.io import show as bokeh_show
 
+    from dtflab.viz import bokehjs
+
     load_bokehjs()
-    bokeh_show(obj)
+    if in_notebook() and bokehjs.served():
+        from IPython.display import display
+        from jupyter_bokeh import BokehModel
+
+        display(BokehModel(obj))
+    else:
+        bokeh_show(obj)
 
 
 def load_bokehjs() -> None:
     """Load BokehJS into the notebook page, once per kernel: from the Jupyter server where it
-    serves it (a loader of a few kB in the notebook), else inlined (about 8 MB in the notebook).
+    serves it (a loader of about 1 kB in the notebook), else inlined (about 8 MB in the notebook).
 
     Needed before showing a plot, and before displaying a widget that embeds one
     (``jupyter_bokeh.BokehModel`` uses the page's BokehJS: without it, its view fails).
@@ -45,7 +54,7 @@ def load_bokehjs() -> None:
         from dtflab.viz import bokehjs
 
         if bokehjs.served():
-            from bokeh.io import curstate
+            from bokeh.io.state import curstate
             from IPython.display import publish_display_data
 
             curstate().output_notebook()
@@ -59,11 +68,17 @@ def display_with_a_still(widget, figures, text: str) -> None:
     """Display ``widget`` together with a still of it: its Bokeh ``figures`` as they are now and
     ``text`` (HTML), for wherever no kernel drives widgets (the documentation site, a notebook
     viewer). JupyterLab shows the live widget; a renderer without ipywidgets' manager shows the
-    still, which cannot be moved: it says so."""
+    still, which cannot be moved: it says so. Under a server that serves BokehJS (JupyterLab,
+    where the notebook is saved) there is no still."""
     from bokeh.embed import components
     from IPython.display import display
 
+    from dtflab.viz import bokehjs
+
     bundle = widget._repr_mimebundle_()
+    if bokehjs.served():  # JupyterLab draws the widget; a still would be saved with the notebook
+        display(bundle, raw=True)
+        return
     # one figure at a time: each is the only root of its widget's document, which stays as it is
     stills = "".join(div + script for script, div in (components(figure) for figure in figures))
     bundle["text/html"] = (f'<div class="dtflab-still">{stills}<div>{text}</div>'
