@@ -49,3 +49,38 @@ WHERE = "([name, column, value]) => {" + _PLOTS + """
   const sy = plot.frame.y_scale.compute(data.y[i]);
   return {x: box.left + sx, y: box.top + sy};
 }"""
+
+#: ``name`` -> for each bar of that quad renderer (data columns ``left``, ``right``) that its
+#: LabelSet labels: ``[label, the bar's width on screen, the label's width in its font]``, in
+#: pixels, measured on the page (a canvas's ``measureText``, with the LabelSet's own font).
+LABELS_FIT = "(name) => {" + _PLOTS + """
+  const found = withRenderer(name);
+  if (!found) return null;
+  const [plot, model] = found;
+  const data = model.data_source.data;
+  const labels = [...plot.renderer_views.keys()].find((m) => m.type === "LabelSet"
+      && m.source === model.data_source) || null;
+  const ctx = document.createElement("canvas").getContext("2d");
+  ctx.font = labels ? `${labels.text_font_style.value ?? labels.text_font_style} ${labels.text_font_size.value ?? labels.text_font_size} ${labels.text_font.value ?? labels.text_font}` : "9px helvetica";
+  const x = plot.frame.x_scale;
+  const shown = data[labels ? labels.text.field : "label"];
+  return Array.from(shown).map((label, i) => [label, x.compute(data.right[i]) - x.compute(data.left[i]),
+      ctx.measureText(label).width]).filter(([label]) => label);
+}"""
+
+#: ``() =>`` for every plot on the page that is laid out: ``[title line, where it ends, the
+#: canvas's width]`` in pixels, each title line measured in its own font from the frame's left.
+TITLES_FIT = "() => {" + _PLOTS + """
+  const ctx = document.createElement("canvas").getContext("2d");
+  const found = [];
+  for (const plot of plots.filter((p) => p.el.isConnected && p.el.getBoundingClientRect().width > 0)) {
+    const model = plot.model;
+    for (const title of [model.title, ...model.above].filter((t) => t && typeof t.text === "string" && t.text)) {
+      const value = (v) => (v && v.value !== undefined ? v.value : v);
+      ctx.font = `${value(title.text_font_style)} ${value(title.text_font_size)} ${value(title.text_font)}`;
+      found.push([title.text, plot.frame.bbox.left + ctx.measureText(title.text).width,
+                  plot.el.getBoundingClientRect().width]);
+    }
+  }
+  return found;
+}"""

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import pytest
 
-from bokeh_page import DATA, WHERE
+from bokeh_page import DATA, LABELS_FIT, TITLES_FIT, WHERE
 from conftest import free_ports, not_here, wait_until
 
 from dtflab import exercises
@@ -599,6 +599,13 @@ def test_after_run_all_the_schedule_playground_redraws_runs_and_the_saved_notebo
     text = widget.inner_text()
     assert "measured: idle" in text and "Ran on 2 workers of its own" in text, text[-500:]
     shot(page, widget, str(SHOTS / "schedule_playground_gpipe.png"))
+    # what the page shows fits: each bar's label inside its bar, each title inside its canvas
+    for name in ("measured_forward", "measured_backward", "formula_forward", "formula_backward"):
+        labels = page.evaluate(LABELS_FIT, name)
+        assert labels, name
+        assert [fit for fit in labels if fit[2] > fit[1]] == [], (name, labels)
+    titles = page.evaluate(TITLES_FIT)
+    assert len(titles) >= 2 and [fit for fit in titles if fit[1] > fit[2]] == [], titles
     saved, committed = lab.root / "notebooks" / notebook, ROOT / "notebooks" / notebook
     before = saved.stat().st_mtime_ns
     page.evaluate(SAVE)
@@ -630,6 +637,14 @@ def test_the_plan_of_a_65b_model_draws_its_configuration_map(lab, page):
     assert any(cells["fits"]) and not all(cells["fits"]), cells["fits"]  # some grey
     assert cells["_titles"][0].startswith("MFU of each cell's best layout")
     assert any(title.startswith("1024 devices of") for title in cells["_titles"][1:]), cells["_titles"]
+    assert [fit for fit in page.evaluate(TITLES_FIT) if fit[1] > fit[2]] == []
+    # the table above it, with the file browser open: each layout on one line, none wrapped
+    page.evaluate("() => window.jupyterapp.commands.execute('filebrowser:activate')")
+    page.wait_for_selector(".jp-FileBrowser", state="visible")
+    table = cell_containing(page, "big.table(8)").locator(".dtflab-plan-table tr")
+    reveal(table.first)
+    heights = [box["height"] for box in (row.bounding_box() for row in table.all()) if box]
+    assert len(heights) == 1 + 8 and max(heights) < 1.5 * min(heights), heights
     assert page.console_errors == []
 
 

@@ -57,6 +57,9 @@ def test_every_layout_uses_the_devices_and_the_fastest_that_fits_comes_first():
                                                       if k != "total"))
     assert 0 < best.mfu < 1 and best.plan.tensor <= 8  # a tensor group inside a node
     assert "d" in plans.table() and best.layout in plans.table()
+    html = plans.table(3)._repr_html_()  # a notebook's: rows that scroll, never wrap
+    assert 'style="overflow-x:auto"' in html and 'style="white-space:nowrap"' in html
+    assert html.count("<tr>") == 1 + min(3, len(plans.fitting)) and best.layout in html
 
 
 def test_a_fixed_way_keeps_only_its_layouts_and_one_that_does_not_divide_is_refused():
@@ -145,7 +148,7 @@ def test_a_machine_describes_each_of_its_links_once():
 
 
 def test_the_configuration_map_is_legible_a_scale_labels_that_contrast_and_a_title_in_two_lines():
-    from dtflab.viz.plan_map import contrast
+    from dtflab.viz.colours import contrast
 
     plans = dtflab.plan(GPT_65B, devices=64, hardware="h100", batch=64, precision="bfloat16")
     figure = plans.heatmap()

@@ -91,3 +91,13 @@ def test_the_legend_lists_only_the_kinds_of_work_the_schedule_has():
     assert "weight gradients" not in listed() and {"forward", "backward"} <= set(listed())
     playground.set(schedule="zero_bubble")
     assert "weight gradients" in listed()
+
+
+def test_a_bar_too_narrow_for_its_label_goes_unlabelled_and_keeps_its_name():
+    from dtflab.viz.pipeline import Timeline
+
+    chart = Timeline(width=720)
+    chart.draw([(0, "F", 0, 0.0, 1.0, 0), (0, "F", 1, 1.0, 1.004, 0)], ["worker 0"])
+    data = chart.sources["F"].data
+    assert data["label"] == ["F0", "F1"]  # the hover's name for each bar
+    assert data["text"] == ["F0", ""]  # about 2 px wide: its label would spill over its neighbours

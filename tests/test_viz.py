@@ -84,6 +84,14 @@ def test_transfer_matrix_has_a_cell_per_device_pair(sync_towers):
     n = len(sync_towers.devices)
     assert len(cells["nbytes"]) == n * n
     assert sum(cells["nbytes"]) == sum(t.nbytes for t in sync_towers.transfers)
+    # every count reads on its cell (white on the deep blue of the busiest pairs: black was 1.6:1)
+    from dtflab.viz.colours import contrast
+
+    labelled = [(text, cell) for text, cell, label in zip(cells["label_colour"], cells["colour"],
+                                                          cells["label"]) if label]
+    assert labelled and min(contrast(text, cell) for text, cell in labelled) >= 4.5
+    busiest = cells["colour"][cells["nbytes"].index(max(cells["nbytes"]))]
+    assert contrast("#000000", busiest) < 4.5  # the old black label on it would not have read
 
 
 def test_a_large_graph_is_collapsed_by_scope_and_can_be_expanded(cluster):

@@ -16,7 +16,10 @@ RENDERERS = {"bubble": "bubble", "F": "forward", "B": "backward", "W": "weights"
 FORMULAS = {"gpipe": "(p - 1) / (m + p - 1)", "1f1b": "(p - 1) / (m + p - 1)",
             "interleaved": "(p - 1) / (v m + p - 1)",
             "zero_bubble": "r / (1 + r), r = (p - 1)(F + B - W) / (m (F + B + W))"}
-_FIELDS = ("left", "right", "bottom", "top", "color", "label", "stage", "what", "start",
+#: The x range's room past the last piece; the lane labels' share of a chart's width (at most,
+#: "stage 0 (worker:0): idle 54%"), and a bar label's width per character (9 px type), in pixels.
+FIT, LANE_LABELS_PX, CHAR_PX = 1.02, 190, 5.5
+_FIELDS = ("left", "right", "bottom", "top", "color", "label", "text", "stage", "what", "start",
            "duration", "x", "y")
 
 
@@ -85,7 +88,7 @@ class Timeline:
                 hatch_pattern="/" if kind == "bubble" else None, hatch_color="#999999",
                 source=source, legend_label=legend, name=prefix + name))
             if kind != "bubble":
-                self.figure.add_layout(LabelSet(x="x", y="y", text="label", source=source,
+                self.figure.add_layout(LabelSet(x="x", y="y", text="text", source=source,
                                                 text_align="center", text_baseline="middle",
                                                 text_font_size="9px", text_color="white"))
         self.renderers = renderers
@@ -97,12 +100,19 @@ class Timeline:
         self.figure.add_layout(legend, "below")
 
     def draw(self, slots, labels: list[str], *, end: float | None = None, what: str = "",
-             chunks: int = 1, title: str | None = None) -> None:
+             chunks: int = 1, title: str | None = None, span: float | None = None) -> None:
         """Show ``slots`` (``(worker, kind, micro_batch, start, end, chunk)``) on one row per
-        entry of ``labels``, the bubble up to ``end`` (by default the last piece's end)."""
+        entry of ``labels``, the bubble up to ``end`` (by default the last piece's end). A bar
+        too narrow for its label at the chart's width, ``span`` wide (by default as
+        :meth:`fit` makes it), goes unlabelled: hovering it names it."""
         rows = len(labels)
         end = max((s[4] for s in slots), default=1.0) if end is None else end
         data = columns(slots, rows, end, what, chunks)
+        per_unit = (self.figure.width - LANE_LABELS_PX) / (span or end * FIT)
+        for column in data.values():  # what the bar shows of its label
+            column["text"] = [label if (right - left) * per_unit >= len(label) * CHAR_PX + 4
+                              else "" for label, left, right
+                              in zip(column["label"], column["left"], column["right"])]
         for kind, source in self.sources.items():
             source.data = data[kind]
         fig = self.figure
@@ -122,7 +132,7 @@ class Timeline:
                                if renderer in item.renderers)
 
     def fit(self, end: float) -> None:
-        self.figure.x_range.start, self.figure.x_range.end = 0.0, end * 1.02
+        self.figure.x_range.start, self.figure.x_range.end = 0.0, end * FIT
 
 
 def pipeline_chart(bubble, *, width: int = 720):
@@ -144,13 +154,13 @@ def pipeline_chart(bubble, *, width: int = 720):
     top = Timeline(width=width, x_label="ms from the first micro-batch")
     top.draw(measured, [f"{label}: idle {share:.0%}" for label, share
                         in zip(labels, bubble.idle_share)], end=bubble.span_us / 1e3,
-             what="measured", chunks=v,
+             what="measured", chunks=v, span=end * FIT,
              title=f"Measured: idle {bubble.mean_idle_share:.0%} of "
                    f"{bubble.span_us / 1e3:.1f} ms ({setting})")
     top.fit(end)
     bottom = Timeline(width=width, prefix="formula_", x_range=top.figure.x_range,
                       x_label="ms, each piece the measured mean")
-    bottom.draw(ideal, labels, what="formula", chunks=v,
+    bottom.draw(ideal, labels, what="formula", chunks=v, span=end * FIT,
                 title=f"Formula: idle {bubble.formula:.0%} = {FORMULAS[bubble.schedule]}, "
                       f"no overhead")
     return column(top.figure, bottom.figure)

@@ -5,11 +5,12 @@ no layout with those ways fits; hovering a cell shows its breakdown."""
 
 from __future__ import annotations
 
+from dtflab.viz.colours import label_colour
+
 GREY = "#d9d9d9"
 #: The two ends of the MFU scale, pale to deep blue; a cell's label is dark on pale cells and
 #: white on deep ones (whichever contrasts more with the cell: WCAG's ratio).
 LOW, HIGH = (222, 235, 247), (8, 48, 107)
-DARK, WHITE = "#000000", "#ffffff"  # one of the two reads at 4.58:1 or better on any colour
 
 
 def cells(plans) -> dict:
@@ -47,22 +48,6 @@ def _colour(share: float) -> str:
     share = max(0.0, min(1.0, share))
     r, g, b = (round(a + (z - a) * share) for a, z in zip(LOW, HIGH))
     return f"#{r:02x}{g:02x}{b:02x}"
-
-
-def contrast(one: str, other: str) -> float:
-    """WCAG 2's contrast ratio of two ``#rrggbb`` colours (1 to 21; text wants 4.5 or more)."""
-    def luminance(colour: str) -> float:
-        channels = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
-        r, g, b = (c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels)
-        return 0.2126 * r + 0.7152 * g + 0.0722 * b
-
-    light, dark = sorted((luminance(one), luminance(other)), reverse=True)
-    return (light + 0.05) / (dark + 0.05)
-
-
-def label_colour(cell: str) -> str:
-    """The label colour that reads best on ``cell``."""
-    return max((DARK, WHITE), key=lambda text: contrast(text, cell))
 
 
 def heatmap(plans, *, width: int = 560, height: int = 420):

@@ -46,20 +46,21 @@ class RunPlans:
             raise ValueError(planner.cannot_fit(self.rows, self.hardware))
         return self.fitting[0]
 
-    def table(self, count: int = 10) -> str:
-        lines = [f"{self.devices} devices, {self.hardware.describe()}",
-                 f"{'layout':<44}{'GB/device':>10}{'step s':>9}{'MFU':>7}{'tok/s':>11}"
-                 f"{'crit. batch':>12}   largest parts"]
+    def table(self, count: int = 10) -> Table:
+        """The ``count`` fastest layouts that fit (or, none fitting, the rows and why): text
+        to print, and a table a notebook shows in a box that scrolls rather than wraps."""
+        head = f"{self.devices} devices, {self.hardware.describe()}"
+        rows = []
         for row in (self.fitting or self.rows)[:count]:
             parts = sorted(((v, k) for k, v in row.seconds.items() if k != "total"),
                            reverse=True)[:3]
-            critical = "-" if row.critical_batch is None else f"{row.critical_batch:,}"
-            lines.append(f"{row.layout:<44}{row.memory['total'] / 1e9:>10.2f}"
-                         f"{row.seconds['total']:>9.3f}{row.mfu:>7.1%}{row.tokens_per_s:>11,.0f}"
-                         f"{critical:>12}   " + ", ".join(f"{k} {v:.3g}" for v, k in parts))
-        if not self.fitting:
-            lines.append(planner.cannot_fit(self.rows, self.hardware))
-        return "\n".join(lines)
+            rows.append((row.layout, f"{row.memory['total'] / 1e9:.2f}",
+                         f"{row.seconds['total']:.3f}", f"{row.mfu:.1%}",
+                         f"{row.tokens_per_s:,.0f}",
+                         "-" if row.critical_batch is None else f"{row.critical_batch:,}",
+                         ", ".join(f"{k} {v:.3g}" for v, k in parts)))
+        foot = "" if self.fitting else planner.cannot_fit(self.rows, self.hardware)
+        return Table(head, rows, foot)
 
     def __repr__(self) -> str:
         return (f"<RunPlans {len(self.rows)} layouts, {len(self.fitting)} fit; "
@@ -144,3 +145,38 @@ def plan(model, devices: int, hardware="h100", *, cluster=None, memory_gb: float
                          f"sequence or batch do not split so); drop one, or see "
                          f"dtflab.plan(...) without it")
     return RunPlans(base, devices, machine, rows)
+
+
+class Table(str):
+    """A plan's table: its text (what ``print`` shows), and its HTML (what a notebook shows of
+    ``display(plans.table())``): one line a row, in a box that scrolls sideways when the page
+    is narrow, where printed text would wrap mid-number."""
+
+    COLUMNS = (("layout", 44), ("GB/device", 10), ("step s", 9), ("MFU", 7), ("tok/s", 11),
+               ("crit. batch", 12), ("largest parts", 0))
+
+    def __new__(cls, head: str, rows: list[tuple[str, ...]], foot: str = ""):
+        def line(cells):
+            (first, width), *rest = cls.COLUMNS
+            text = f"{cells[0]:<{width}}" + "".join(f"{c:>{w}}" for c, (_, w)
+                                                     in zip(cells[1:-1], rest[:-1]))
+            return text + "   " + cells[-1]
+
+        lines = [head, line([name for name, _ in cls.COLUMNS])] + [line(row) for row in rows]
+        table = super().__new__(cls, "\n".join(lines + ([foot] if foot else [])))
+        table.head, table.rows, table.foot = head, rows, foot
+        return table
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        def cells(values, tag):
+            return "".join(f'<{tag} style="text-align:{"left" if i in (0, 6) else "right"}">'
+                           f"{escape(str(value))}</{tag}>" for i, value in enumerate(values))
+
+        body = "".join(f"<tr>{cells(row, 'td')}</tr>" for row in self.rows)
+        return (f'<div class="dtflab-plan-table" style="overflow-x:auto">'
+                f"<p>{escape(self.head)}</p><table style=\"white-space:nowrap\">"
+                f"<thead><tr>{cells([name for name, _ in self.COLUMNS], 'th')}</tr></thead>"
+                f"<tbody>{body}</tbody></table>"
+                + (f"<p>{escape(self.foot)}</p>" if self.foot else "") + "</div>")
