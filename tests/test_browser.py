@@ -779,7 +779,7 @@ FRACTIONS_STACKED = """() => [...document.querySelectorAll('mfrac')].map(f => {
 
 @pytest.mark.docs
 @pytest.mark.timeout(3000)  # builds the site first if test_docs has not: executing what is missing
-def test_the_site_shows_a_guide_page_the_api_a_tutorial_plot_and_finds_by_search(site, page):
+def test_the_site_shows_a_guide_page_the_api_a_tutorial_plot_and_finds_by_search(site, built_site, page):
     # Nothing but the site itself reaches the page: what it needs, it ships (a CDN would hide it)
     page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(site)
                else route.abort())
@@ -811,6 +811,26 @@ def test_the_site_shows_a_guide_page_the_api_a_tutorial_plot_and_finds_by_search
     still = page.locator(".dtflab-still").first
     assert "the fullest holds" in still.inner_text()
     assert ink(painted(page, still, 5_000, SHOTS / "site_memory_planner.png")) > 5_000
+
+    # every tutorial page, both editions: no formula left as typed, no widget left as an empty
+    # placeholder (each shows a still of itself, with text), the dashboards' stills drawn
+    tutorials = sorted((Path(built_site[0]) / "tutorials").glob("*/[0-9][0-9]_*.html"))
+    assert len(tutorials) == 2 * len(list((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
+    stills = {}
+    for tutorial in tutorials:
+        address = tutorial.relative_to(built_site[0]).as_posix()
+        page.goto(f"{site}/{address}")
+        assert "$$" not in page.locator("main").inner_text(), address
+        empty = page.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
+        assert empty == 0, f"{address}: {empty} widgets with nothing in their place"
+        texts = page.locator(".dtflab-still").all_inner_texts()
+        assert all(len(text.strip()) > 20 for text in texts), (address, texts)
+        stills[address] = len(texts)
+    assert stills["tutorials/en/00_quickstart.html"] >= 3, stills  # the cluster panels
+    page.goto(f"{site}/tutorials/en/03_sync_data_parallelism.html")
+    page.wait_for_function("() => window.Bokeh && Object.keys(window.Bokeh.index).length > 0", timeout=60_000)
+    dashboard = page.locator(".dtflab-still", has_text="as the finished run left it").first
+    assert ink(painted(page, dashboard, 5_000, SHOTS / "site_dashboard.png")) > 5_000
 
     page.goto(f"{site}/search.html?q=start_cluster")
     results = page.locator("#search-results li a")

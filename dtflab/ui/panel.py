@@ -63,6 +63,24 @@ def ClusterPanel(cluster):
 
     refresh.on_click(update)
     cluster._watchers.append(update)
-    box = ipywidgets.VBox([table, refresh])
+    box = _panel_box()([table, refresh])
     box.add_class("dtflab-cluster-panel")
     return box
+
+
+@functools.lru_cache(maxsize=None)
+def _panel_box():
+    """The panel's widget class (made on first use: ipywidgets is imported only then)."""
+    import ipywidgets
+
+    class PanelBox(ipywidgets.VBox):
+        """The panel: shown with a still of its table where no kernel drives widgets."""
+
+        def _repr_mimebundle_(self, **kwargs):
+            from dtflab.viz.output import with_a_still
+
+            live = super()  # with_a_still asks it for the widget's own display data
+            return with_a_still(live, [], self.children[0].value,
+                                when="as this run showed it then")
+
+    return PanelBox

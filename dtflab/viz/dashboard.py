@@ -64,6 +64,7 @@ class Dashboard:
         self._recent = [collections.deque() for _ in runs]
         self.figures = column(row(self.loss_fig, self.speed_fig), self.stale_fig)
         self.widget = self._widget()
+        self._display_id = None
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._update_loop, name="dtflab-dashboard", daemon=True)
         self._thread.start()
@@ -76,8 +77,15 @@ class Dashboard:
             run.stop(wait=False)
 
     def wait(self) -> None:
-        """Block until every run has ended and the last points are drawn."""
+        """Block until every run has ended and the last points are drawn; where the dashboard
+        was displayed with a still (the documentation site, a viewer), the still becomes the
+        finished runs' plots."""
         self._thread.join()
+        if self.widget is not None and self._display_id is not None:
+            from dtflab.viz.output import update_the_still
+
+            update_the_still(self.widget, [self.figures], self.status.value,
+                             display_id=self._display_id, when="as the finished run left it")
 
     def close(self) -> None:
         """Stop updating (the runs go on)."""
@@ -92,8 +100,17 @@ class Dashboard:
         # The embedded BokehModel renders with the page's BokehJS. %load_ext dtflab loads it
         # in an earlier cell; loading it here, in the same output, can lose the race.
         load_bokehjs()
+        if self.widget is None:
+            display(self.figures)
+            return
+        import uuid
 
-        display(self.widget if self.widget is not None else self.figures)
+        from dtflab.viz.output import display_with_a_still
+
+        self._display_id = uuid.uuid4().hex  # wait() draws the finished runs in the still
+        display_with_a_still(self.widget, [], "the runs had just started: "
+                             "dashboard.wait() draws them here once they finish",
+                             display_id=self._display_id, when="as the runs began")
 
     # -- internals -------------------------------------------------------------------------
 

@@ -64,27 +64,47 @@ def load_bokehjs() -> None:
         _notebook_ready = True
 
 
-def display_with_a_still(widget, figures, text: str) -> None:
-    """Display ``widget`` together with a still of it: its Bokeh ``figures`` as they are now and
+def with_a_still(widget, figures, text: str, *,
+                 when: str = "as this run first showed it") -> dict:
+    """``widget``'s display data with a still of it: its Bokeh ``figures`` as they are now and
     ``text`` (HTML), for wherever no kernel drives widgets (the documentation site, a notebook
     viewer). JupyterLab shows the live widget; a renderer without ipywidgets' manager shows the
     still, which cannot be moved: it says so. Under a server that serves BokehJS (JupyterLab,
     where the notebook is saved) there is no still."""
     from bokeh.embed import components
-    from IPython.display import display
 
     from dtflab.viz import bokehjs
 
     bundle = widget._repr_mimebundle_()
     if bokehjs.served():  # JupyterLab draws the widget; a still would be saved with the notebook
-        display(bundle, raw=True)
-        return
+        return bundle
     # one figure at a time: each is the only root of its widget's document, which stays as it is
     stills = "".join(div + script for script, div in (components(figure) for figure in figures))
     bundle["text/html"] = (f'<div class="dtflab-still">{stills}<div>{text}</div>'
-                           f"<p><i>A still of the widget as this run first showed it: run the "
-                           f"notebook to move its controls.</i></p></div>")
-    display(bundle, raw=True)
+                           f"<p><i>A still of the widget {when}: run the notebook to use "
+                           f"it.</i></p></div>")
+    return bundle
+
+
+def display_with_a_still(widget, figures, text: str, *, display_id: str | None = None,
+                         when: str = "as this run first showed it") -> None:
+    """Display :func:`with_a_still`'s data; with ``display_id``, a later
+    :func:`update_the_still` replaces it."""
+    from IPython.display import display
+
+    display(with_a_still(widget, figures, text, when=when), raw=True, display_id=display_id)
+
+
+def update_the_still(widget, figures, text: str, *, display_id: str,
+                     when: str = "as this run left it") -> None:
+    """Replace the display ``display_id`` with a new still (nothing where there are none)."""
+    from IPython.display import update_display
+
+    from dtflab.viz import bokehjs
+
+    if in_notebook() and not bokehjs.served():
+        update_display(with_a_still(widget, figures, text, when=when), raw=True,
+                       display_id=display_id)
 
 
 def save_html(obj, path, title: str = "dtflab") -> str:
