@@ -59,7 +59,7 @@ def test_run_on_a_stopped_cluster_runs_on_workers_of_its_own_and_stops_them(star
            "playground's cluster was stopped)" in playground.line.value
     assert playground.measured_chart.figure.visible
     # its own is stopped too, and (no_leaks) its processes are gone
-    assert cluster.stopped and set(running.clusters) == before
+    assert cluster.stopped and set(running.clusters) == before  # meant: read again after Run
     playground.set(stages=OWN_WORKERS + 1)  # more than it starts of its own: says so, starts none
     assert playground.run() is None
     assert playground.status.startswith(f"Run starts at most {OWN_WORKERS} workers of its own "

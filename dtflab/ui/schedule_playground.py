@@ -96,8 +96,8 @@ class SchedulePlayground:
             self.status = reason
             self._show()
             return None
-        import dtflab
         from dtflab import train
+        from dtflab.cluster import start_cluster
 
         own = self._needs_its_own()
         self.status = f"starting {p} workers of its own, then running…" if own else "running…"
@@ -105,7 +105,7 @@ class SchedulePlayground:
         # p x v full-width layers between a narrow input and output: every stage gets one
         problem = train.classification(width=self.width, features=8, batch_size=32 * m,
                                        hidden_layers=p * v + 1)
-        cluster = (dtflab.start_cluster(ps=0, workers=p, inter_op_threads=2, intra_op_threads=1)
+        cluster = (start_cluster(ps=0, workers=p, inter_op_threads=2, intra_op_threads=1)
                    if own else self.cluster)
         try:
             run = train.pipeline(problem, cluster, stages=p, micro_batches=m,
