@@ -245,6 +245,6 @@ class SchedulePlayground:
 
 def schedule_playground(cluster=None, **setting) -> SchedulePlayground:
     """A :class:`SchedulePlayground` on ``cluster`` (without one, Run starts its own), starting
-    from ``setting``
-    (``schedule``, ``stages``, ``micro_batches``, ``chunks``, ``backward``, ``weight_share``)."""
+    from ``setting`` (``schedule``, ``stages``, ``micro_batches``, ``chunks``, ``backward``,
+    ``weight_share``)."""
     return SchedulePlayground(cluster, **setting)

@@ -157,7 +157,7 @@ class Table(str):
 
     def __new__(cls, head: str, rows: list[tuple[str, ...]], foot: str = ""):
         def line(cells):
-            (first, width), *rest = cls.COLUMNS
+            (_, width), *rest = cls.COLUMNS
             text = f"{cells[0]:<{width}}" + "".join(f"{c:>{w}}" for c, (_, w)
                                                      in zip(cells[1:-1], rest[:-1]))
             return text + "   " + cells[-1]
