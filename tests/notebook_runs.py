@@ -339,8 +339,13 @@ def main(folder: str, *paths: str) -> None:
         (out / f"{index}.json.part").write_text(json.dumps(fields))
         (out / f"{index}.json.part").rename(out / f"{index}.json")
 
+    def loaded(path: Path) -> bool:
+        return any(path.as_posix().endswith(name) for name in UNDER_LOAD)
+
+    # the ones beside busy loops first (they take longest), while the other tiers still run
+    order = sorted(range(len(paths)), key=lambda i: not loaded(Path(paths[i])))
     with concurrent.futures.ThreadPoolExecutor(AT_ONCE) as pool:
-        for future in [pool.submit(one, i, Path(p)) for i, p in enumerate(paths)]:
+        for future in [pool.submit(one, i, Path(paths[i])) for i in order]:
             future.result()
 
 
