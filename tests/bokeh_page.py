@@ -12,8 +12,9 @@ const visit = (view) => {
   for (const child of (view.child_views || [])) visit(child);
 };
 for (const Bokeh of [window.Bokeh].filter(Boolean)) {
-  const index = Bokeh.index;
-  (typeof index.values === "function" ? [...index.values()] : Object.values(index)).forEach(visit);
+  const index = Bokeh.index;  // its roots: enumerating the index itself fails when one model
+  // has two root views (a widget shown twice: "ownKeys ... duplicate entries")
+  (index.roots ?? (typeof index.values === "function" ? [...index.values()] : Object.values(index))).forEach(visit);
 }
 const withRenderer = (name) => {  // the last one on the page (earlier views may be detached)
   const shown = plots.filter((p) => p.el.isConnected && p.el.getBoundingClientRect().width > 0);

@@ -38,6 +38,7 @@ local.data = variant.local;
 cross.data = variant.cross;
 fig.x_range.end = variant.width + 0.2;
 fig.title.text = variant.title;
+hint.text = variant.hint;
 """
 
 
@@ -50,7 +51,7 @@ def partition_figure(step: StepTrace, *, max_ops: int = 150, expand=(), width: i
     ``expand=("gradients",)``. Each transfer edge carries ``highlight``: the names of the
     send, receive and RPC records that moved it (see ``link_to_timeline``).
     """
-    from bokeh.models import ColumnDataSource, CustomJS, HoverTool, LabelSet, TapTool
+    from bokeh.models import ColumnDataSource, CustomJS, HoverTool, LabelSet, TapTool, Title
     from bokeh.plotting import figure
 
     expand = tuple(scope.rstrip("/") for scope in expand)
@@ -88,12 +89,17 @@ def partition_figure(step: StepTrace, *, max_ops: int = 150, expand=(), width: i
     ops = fig.scatter("x", "y", size="size", color="color", line_color="white", source=op_source,
                       name="ops")
     if layout.collapsed:  # few nodes, each a scope: name them, and open one on click
+        # what a click does, on a line of its own under the title (one line ran past 760 px)
+        hint = Title(text=base["hint"], text_font_style="italic", text_font_size="11px",
+                     name="partition_hint")
+        fig.add_layout(hint, "above")
         fig.add_layout(LabelSet(x="x", y="y", text="name", source=op_source, y_offset=8,
                                 text_font_size="9px", text_color="#444444", angle=0.35))
         variants = _click_variants(step, max_ops, expand, colors)
         fig.add_tools(TapTool(renderers=[ops]))
         op_source.selected.js_on_change("indices", CustomJS(
-            args=dict(ops=op_source, local=local, cross=cross, fig=fig, variants=variants),
+            args=dict(ops=op_source, local=local, cross=cross, fig=fig, hint=hint,
+                      variants=variants),
             code=EXPAND_ON_CLICK))
     fig.add_tools(HoverTool(renderers=[ops], tooltips=[("op", "@name"), ("type", "@type"),
                                                        ("device", "@device")]))
@@ -104,15 +110,15 @@ def _layout_data(step: StepTrace, layout, colors) -> dict:
     """The figure's data for one layout: ops, local edges, transfers, width, title."""
     wire = sum(t.nbytes for t in step.transfers)
     title = (f"Partitioned graph: {len(step.ops())} ops on {len(layout.devices)} devices, "
-             f"{len(step.transfers)} transfers, {wire:,} bytes"
-             + (" (collapsed by name scope: click a scope to open it)" if layout.collapsed else ""))
+             f"{len(step.transfers)} transfers, {wire:,} bytes")
+    hint = "collapsed by name scope: click a scope to open it" if layout.collapsed else ""
     local = [e for e in layout.edges if not e.crosses_devices]
     crossing = [e for e in layout.edges if e.crosses_devices]
     biggest = max((e.nbytes for e in crossing), default=1) or 1
     nodes = list(layout.nodes.values())
     point = lambda key: layout.nodes[key]  # noqa: E731
     return {
-        "title": title, "width": max(layout.width, 1),
+        "title": title, "hint": hint, "width": max(layout.width, 1),
         "local": dict(xs=[[point(e.src).x, point(e.dst).x] for e in local],
                       ys=[[point(e.src).y, point(e.dst).y] for e in local]),
         "cross": dict(
