@@ -46,12 +46,13 @@ GROUP_PREFIX = "dtflab-notebook-"  # each notebook's cgroups: f"{GROUP_PREFIX}{p
 #: clears its environment escapes this; none of dtflab's does).
 RUN_TAG = "DTFLAB_NOTEBOOK_RUN"
 JOIN = Path(__file__).with_name("join_cgroup.py")
-#: Notebooks whose prose and checks compare timings run, in their Japanese edition (the same
+#: Notebooks whose checks compare timings closely run, in their Japanese edition (the same
 #: code), beside two busy loops in their own Binder group, as on a shared machine: each check
-#: a cell makes must hold there too, or the prose must state its condition. (Every notebook so
-#: would take three times the executions' time; these five are where the timings are compared.)
-UNDER_LOAD = {f"ja/{name}.ipynb" for name in ("01_model_parallelism", "03_sync_data_parallelism",
-                                               "04_async_parameter_servers",
+#: a cell makes must hold there too, or the prose must state its condition. These three: a
+#: straggler's cost (04), the bubble against micro-batches (09), the schedules (13). Every
+#: notebook so would take 2.6 times the executions' time; 01 and 03 compare a distributed toy
+#: with one process, by factors a busy loop cannot reverse (both ran so once, and held).
+UNDER_LOAD = {f"ja/{name}.ipynb" for name in ("04_async_parameter_servers",
                                                "09_pipeline_parallelism",
                                                "13_experts_and_schedules")}
 BUSY_LOOPS = 2
@@ -342,8 +343,8 @@ def main(folder: str, *paths: str) -> None:
     def loaded(path: Path) -> bool:
         return any(path.as_posix().endswith(name) for name in UNDER_LOAD)
 
-    # the ones beside busy loops first (they take longest), while the other tiers still run
-    order = sorted(range(len(paths)), key=lambda i: not loaded(Path(paths[i])))
+    # the ones beside busy loops first, the longest (the last) first, while the other tiers run
+    order = sorted(range(len(paths)), key=lambda i: (0, -i) if loaded(Path(paths[i])) else (1, i))
     with concurrent.futures.ThreadPoolExecutor(AT_ONCE) as pool:
         for future in [pool.submit(one, i, Path(paths[i])) for i in order]:
             future.result()
