@@ -197,9 +197,7 @@ def execute(path: Path, label: str, specs: Path, tutorial: bool = True, pace=Non
     client = NotebookClient(notebook, km=manager, timeout=600, kernel_name=spec,
                             resources={"metadata": {"path": str(path.parent)}})
     started, error = time.perf_counter(), None
-    tutorial_name = (path.resolve().relative_to(ROOT / "notebooks").as_posix()
-                     if path.resolve().is_relative_to(ROOT / "notebooks") else "")
-    busy = busy_loops(binder) if tutorial_name in UNDER_LOAD else []
+    busy = busy_loops(binder) if under_load(path) else []
     try:
         client.execute()
     except CellExecutionError as exc:
@@ -228,6 +226,13 @@ def execute(path: Path, label: str, specs: Path, tutorial: bool = True, pace=Non
         target.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(notebook, target)
     return run
+
+
+def under_load(path: Path) -> bool:
+    """Whether ``path`` is one of the tutorials in ``UNDER_LOAD``."""
+    tutorials = ROOT / "notebooks"
+    path = path.resolve()
+    return path.is_relative_to(tutorials) and path.relative_to(tutorials).as_posix() in UNDER_LOAD
 
 
 def busy_loops(binder: Limits | None) -> list[subprocess.Popen]:
@@ -341,11 +346,8 @@ def main(folder: str, *paths: str) -> None:
         (out / f"{index}.json.part").write_text(json.dumps(fields))
         (out / f"{index}.json.part").rename(out / f"{index}.json")
 
-    def loaded(path: Path) -> bool:
-        return any(path.as_posix().endswith(name) for name in UNDER_LOAD)
-
     # the ones beside busy loops first, the longest (the last) first, while the other tiers run
-    order = sorted(range(len(paths)), key=lambda i: (0, -i) if loaded(Path(paths[i])) else (1, i))
+    order = sorted(range(len(paths)), key=lambda i: (0, -i) if under_load(Path(paths[i])) else (1, i))
     with concurrent.futures.ThreadPoolExecutor(AT_ONCE) as pool:
         for future in [pool.submit(one, i, Path(paths[i])) for i in order]:
             future.result()

@@ -53,7 +53,6 @@ class PlacementEditor:
         self.max_ops = max_ops  # above this, the partition graph starts collapsed by scope
         self.plan = plan or PlacementPlan.round_robin(cluster, job=job)
         self.step = None
-        self._placement = None  # the still's figure, from the last apply
         _, _, _, _, self.variables = build_graph(builder, self.plan)
         self._undo: list[tuple[dict, str]] = []  # (plan before, what changed)
         self._change, self._applied = "start", None
@@ -128,7 +127,6 @@ class PlacementEditor:
                                 transfer_matrix_figure(self.step, width=340)),
                             partition, timeline)
             self.views.children = [BokehModel(layout)]
-            self._placement = placement_figure(self.plan, self.variables, width=420)
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until the trace the last change scheduled has run (at once if none is due)."""
@@ -210,6 +208,7 @@ class PlacementEditor:
         from html import escape
 
         from dtflab.viz.output import display_with_a_still
+        from dtflab.viz.placement import placement_figure
 
         # the still: where each variable was, and the step's bytes (the views need the kernel)
         placed = self.plan.placement(self.variables)
@@ -218,5 +217,7 @@ class PlacementEditor:
         last = self.board.history[-1] if self.board.history else None
         step = (f"<p>{last['bytes']:,} bytes on the wire, a step of {last['step_ms']:.1f} ms</p>"
                 if last else "")
-        display_with_a_still(self.widget, [self._placement] if self._placement else [],
+        # the still's own figure, drawn once here (the one in the views is its widget's)
+        figures = [placement_figure(self.plan, self.variables, width=420)] if last else []
+        display_with_a_still(self.widget, figures,
                              f"<table><tr><th>variable</th><th>on</th></tr>{rows}</table>{step}")
