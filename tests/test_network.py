@@ -12,6 +12,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -346,3 +347,40 @@ def test_bytes_between_tasks_go_to_the_right_pair_when_two_connections_share_a_l
         both.stdin.close()
         both.wait(timeout=10)
         both.stdout.close()
+
+
+#: A network namespace of its own whose firewall drops one packet in four arriving at one port: the
+#: client sends 2,000,000 bytes there, so the kernel sends some again. Prints the bytes the
+#: process counted, then the retransmitted ones.
+LOSSY_LINK = """import os, socket, subprocess
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+server = socket.create_server(("127.0.0.1", 0))
+port = server.getsockname()[1]
+ours = socket.create_connection(("127.0.0.1", port))
+theirs, _ = server.accept()
+for rule in (["add", "table", "inet", "lossy"],
+             ["add", "chain", "inet", "lossy", "in", "{ type filter hook input priority 0; }"],
+             ["add", "rule", "inet", "lossy", "in", "tcp", "dport", str(port),
+              "numgen", "random", "mod", "4", "0", "drop"]):
+    subprocess.run(["nft", *rule], check=True)
+from dtflab.network.transport import bytes_sent, task_flows
+before = bytes_sent()
+ours.sendall(b"x" * 2_000_000)
+received = 0
+while received < 2_000_000:
+    received += len(theirs.recv(1 << 16))
+ends = [flow for flow in task_flows("here", os.getpid()) if flow.peer[1] == port]
+print(bytes_sent() - before, sum(flow.retransmitted for flow in ends))
+"""
+
+
+def test_bytes_the_kernel_sent_again_are_counted_apart_from_what_the_program_sent():
+    if os.geteuid() != 0 or shutil.which("nft") is None:
+        not_here("LOSSY-LINK TEST NOT RUN: it needs root (a network namespace of its own) and "
+                 "nftables' nft (apt-get install nftables)")
+    done = subprocess.run(["unshare", "-n", sys.executable, "-c", LOSSY_LINK],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    sent, again = map(int, done.stdout.split())
+    assert again > 0  # the firewall dropped some: the kernel sent them again
+    assert sent == 2_000_000

@@ -7,6 +7,11 @@ the tasks are this process's descendants, so no privilege is needed) and reads t
 everything gRPC put on the socket: tensors, protobuf and HTTP/2 framing, and TensorFlow's own
 heartbeats. A socket closed between two snapshots takes its bytes with it, so compare
 snapshots taken while the same connections are open (a training run's steady state).
+
+Bytes the kernel sent again (``tcpi_bytes_retrans``: segments lost, which happens on loopback
+too when a starved receiver's backlog overflows) are counted apart, in ``retransmitted``:
+``sent`` is what the program sent, each byte once, which is what a formula predicts. One
+loopback segment is up to 64 KiB: sent again, it adds tens of per cent to a small step's bytes.
 """
 
 from __future__ import annotations
@@ -16,24 +21,26 @@ import ctypes
 import os
 import socket
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dtflab.errors import NotSupportedError
 
 _SYS_PIDFD_GETFD = 438  # the same number on x86-64 and arm64
-_BYTES_RECEIVED, _BYTES_SENT = 128, 200  # offsets in struct tcp_info
+_BYTES_RECEIVED, _BYTES_SENT, _BYTES_RETRANS = 128, 200, 208  # offsets in struct tcp_info
 _TCP_INFO_SIZE = 232
 
 
 @dataclass(frozen=True)
 class Flow:
-    """One TCP connection end of a task: where it points and what crossed it so far."""
+    """One TCP connection end of a task: where it points and what crossed it so far (``sent``:
+    the program's bytes, each once; ``retransmitted``: what the kernel sent again)."""
 
     task: str
     local: tuple[str, int]
     peer: tuple[str, int]
     sent: int
     received: int
+    retransmitted: int = 0
 
 
 _libc = None  # loaded on first use
@@ -77,7 +84,9 @@ def task_flows(task: str, pid: int) -> list[Flow]:
                                             "lacks tcpi_bytes_sent (Linux 4.19+)")
                 (received,) = struct.unpack_from("Q", info, _BYTES_RECEIVED)
                 (sent,) = struct.unpack_from("Q", info, _BYTES_SENT)
-                flows.append(Flow(task, _address(sock.getsockname()), peer, sent, received))
+                (again,) = struct.unpack_from("Q", info, _BYTES_RETRANS)
+                flows.append(Flow(task, _address(sock.getsockname()), peer, sent - again,
+                                  received, again))
     finally:
         os.close(pidfd)
     return flows
@@ -91,16 +100,18 @@ def _address(address) -> tuple[str, int]:
 @dataclass(frozen=True)
 class WireSnapshot:
     """Bytes sent so far from each task to each peer (another task, or ``"other"``: this
-    notebook, the gate, a Dask worker)."""
+    notebook, the gate, a Dask worker), and apart from them the bytes the kernel sent again."""
 
     sent: dict[tuple[str, str], int]
+    retransmitted: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def __sub__(self, earlier: "WireSnapshot") -> "WireSnapshot":
-        keys = set(self.sent) | set(earlier.sent)
-        return WireSnapshot({key: self.sent.get(key, 0) - earlier.sent.get(key, 0) for key in keys})
+        return WireSnapshot(_minus(self.sent, earlier.sent),
+                            _minus(self.retransmitted, earlier.retransmitted))
 
     def scaled(self, factor: float) -> "WireSnapshot":
-        return WireSnapshot({key: value * factor for key, value in self.sent.items()})
+        return WireSnapshot({key: value * factor for key, value in self.sent.items()},
+                            {key: value * factor for key, value in self.retransmitted.items()})
 
     def sent_by(self) -> dict[str, int]:
         """Bytes each task sent (to anyone)."""
@@ -117,6 +128,10 @@ class WireSnapshot:
         return dict(totals)
 
 
+def _minus(later: dict, earlier: dict) -> dict:
+    return {key: later.get(key, 0) - earlier.get(key, 0) for key in set(later) | set(earlier)}
+
+
 def snapshot(pids: dict[str, int]) -> WireSnapshot:
     """Bytes sent so far between the processes ``{task: pid}`` (one call reads every socket)."""
     return sent_between([flow for task, pid in pids.items() for flow in task_flows(task, pid)])
@@ -128,15 +143,17 @@ def sent_between(flows: list[Flow]) -> WireSnapshot:
     address alone is not enough, since Linux gives one local port to several outgoing
     connections when they go to different places."""
     ends = {(flow.local, flow.peer): flow.task for flow in flows}
-    sent = collections.Counter()
+    sent, again = collections.Counter(), collections.Counter()
     received_from_other = collections.Counter()
     for flow in flows:
         peer = ends.get((flow.peer, flow.local), "other")
         sent[flow.task, peer] += flow.sent
+        again[flow.task, peer] += flow.retransmitted
         if peer == "other":  # what the outside sent this task: counted at this end
             received_from_other["other", flow.task] += flow.received
     sent.update(received_from_other)
-    return WireSnapshot({key: value for key, value in sent.items() if key[0] != key[1]})
+    return WireSnapshot({key: value for key, value in sent.items() if key[0] != key[1]},
+                        {key: value for key, value in again.items() if value and key[0] != key[1]})
 
 
 def cluster_snapshot(cluster) -> WireSnapshot:
@@ -158,6 +175,7 @@ def cluster_snapshot(cluster) -> WireSnapshot:
 
 def bytes_sent(pid: int | None = None) -> int:
     """Bytes this process (or process ``pid``, one of its descendants) has sent so far on its
-    open TCP connections, counted by the kernel: for a program to count its own traffic, e.g.
-    a DTensor client around its steps. Connections already closed are not counted."""
+    open TCP connections, counted by the kernel, each byte once (not what it sent again): for a
+    program to count its own traffic, e.g. a DTensor client around its steps. Connections
+    already closed are not counted."""
     return sum(flow.sent for flow in task_flows("this process", pid or os.getpid()))
