@@ -87,7 +87,7 @@ def pipelined(problem, cluster, rounds, steps):
     for _ in range(rounds):
         for m in MICRO_BATCHES:  # interleaved: drift in the machine's load hits every m alike
             history = train.pipeline(problem, cluster, stages=2, micro_batches=m, steps=steps,
-                                     trace_step=1, watchdog=False)
+                                     trace_step=1, watchdog=False, schedule="gpipe")
             times[m] += step_times(history)
             bubbles[m].append(history.bubble)
     return times, bubbles

@@ -229,7 +229,8 @@ CASES = [
          r"this cluster has 2; use stages=2 or start more, e\.g\. dtflab\.start_cluster\(workers=3\)"),
     Case("train-pipeline-uneven-micro-batches", on_cluster(
         lambda c: train.pipeline(PROBLEM, c, micro_batches=3)), "micro_batches=3",
-         r"batch of 100 does not split into 3 equal micro-batches; use a divisor, e\.g\. micro_batches=4"),
+         r"batch of 100 does not split into 3 equal micro-batches; use micro_batches=2, or a "
+         r"batch_size divisible by 3"),
     Case("train-pipeline-unknown-schedule", on_cluster(
         lambda c: train.pipeline(PROBLEM, c, schedule="1F1B")), "schedule='1F1B'",
          r"one of 'gpipe', '1f1b'"),
@@ -241,15 +242,15 @@ CASES = [
          r"this cluster has 2; use ways=2 or start more, e\.g\. dtflab\.start_cluster\(workers=3\)"),
     Case("train-tensor-parallel-ways-not-dividing-the-width", on_cluster(
         lambda c: train.tensor_parallel(train.classification(width=33, batch_size=64), c, ways=2)),
-         "ways=2", r"layer 1's 33 outputs do not split into 2 equal column slices; use ways=1, "
-                   r"or a width divisible by 2, e\.g\. 32"),
+         "ways=2", r"hidden widths 33, 33 do not split into 2 equal slices; use ways=1"),
     Case("train-tensor-parallel-zero-ways", on_cluster(
         lambda c: train.tensor_parallel(PROBLEM, c, ways=0)), "ways=0", r"for example ways=2"),
     Case("train-tensor-parallel-slow-unknown-task", on_cluster(
         lambda c: train.tensor_parallel(PROBLEM, c, slow={"worker:2": 0.1})), "'worker:2'",
          r"use one of: worker:0, worker:1"),
     Case("train-sharded-uneven-batch", api(lambda: train.sharded_data_parallel(PROBLEM, workers=3)),
-         "3", r"does not split into 3 equal slices; choose workers that divide it, e\.g\. workers=2"),
+         "workers=3", r"batch of 100 does not split into 3 equal slices; use workers=2, or a "
+                      r"batch_size divisible by 3"),
     Case("train-sharded-zero-threads", api(lambda: train.sharded_data_parallel(PROBLEM, threads=0)),
          "threads=0", r"for example threads=1"),
     Case("train-sharded-slow-unknown", api(

@@ -64,8 +64,8 @@ def test_the_mesh_picture_carries_each_links_measured_bytes(mesh):
 
 def test_layouts_the_combined_loop_cannot_run_are_refused_with_the_fix(mesh):
     problem = train.transformer(**PROBLEM)
-    with pytest.raises(ValueError, match=r"context=2: combined does not cut the sequence yet; "
-                                         r"use train.context_parallel alone"):
+    with pytest.raises(ValueError, match=r"context=2: combined does not cut the sequence yet "
+                                         r"\(train.context_parallel does, alone\); use context=1"):
         train.combined(problem, mesh, train.Layout(data=2, context=2))
     with pytest.raises(ValueError, match=r"Layout\(pipeline=3, data=2, tensor=2\) needs 12 "
                                          r"worker tasks"):

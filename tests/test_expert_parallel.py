@@ -95,7 +95,7 @@ def test_a_skewed_router_keeps_one_expert_worker_busy_and_the_other_idle(split_c
 
 def test_experts_that_do_not_split_and_bad_routing_are_refused_with_the_fix(split_cluster):
     with pytest.raises(ValueError, match=r"workers=3: transformer_2x128_h2_s64_e4k2's 4 experts "
-                                         r"do not split evenly over 3 workers; use workers=2"):
+                                         r"do not split evenly over 3 ways; use workers=2"):
         train.expert_parallel(train.transformer(**MOE), split_cluster, workers=3)
     with pytest.raises(ValueError, match=r"top_k=5: top_k must be a whole number of at most 4"):
         train.transformer(experts=4, top_k=5)

@@ -7,7 +7,8 @@ import itertools
 import pytest
 
 from dtflab import train
-from dtflab.train.layouts.mesh import AXES
+from dtflab.train.layouts.layout import AXES
+from dtflab.viz.layout import positions
 
 
 def test_groups_are_megatrons_worked_example():
@@ -66,8 +67,9 @@ def test_the_picture_draws_each_task_and_each_axis_links():
         assert len(drawn["x0"]) == count
     assert not fig.select(name="links_context")
     # a pipeline's stages side by side, a data replica per row
-    x, y = layout.positions()[layout.rank(pipeline=1, data=1, tensor=1)]
-    assert x > layout.positions()[layout.rank(tensor=1)][0] and y < 0
+    placed = positions(layout)
+    x, y = placed[layout.rank(pipeline=1, data=1, tensor=1)]
+    assert x > placed[layout.rank(tensor=1)][0] and y < 0
 
 
 def test_a_one_form_loop_takes_a_layout_that_cuts_its_axis_alone():
@@ -134,3 +136,73 @@ def test_more_ways_than_worker_tasks_are_refused_naming_both(start_cluster):
                                          r"3; start them with dtflab.start_cluster\(workers=4\)"):
         layout.tasks(cluster)
     assert train.Layout(data=3).tasks(cluster) == [f"/job:worker/task:{i}" for i in range(3)]
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(data=0), r"^data=0: data must be a whole number of at least 1; for example data=2$"),
+    (dict(schedule="1F1B"), r"^schedule='1F1B': schedule must be one of 'gpipe', '1f1b'"),
+    (dict(chunks=2), r"^chunks=2: only the interleaved schedule .*; use schedule='interleaved' or"),
+    (dict(pipeline=2, schedule="interleaved", chunks=2, micro_batches=3),
+     r"^micro_batches=3: the interleaved schedule .* e\.g\. micro_batches=2$"),
+    (dict(sequence_parallel=True), r"^sequence_parallel=True: .*; use tensor=2 or more"),
+    (dict(data=3, expert=2), r"^expert=2: .* data=3 does not divide by it; use expert=1, or data=2$"),
+    (dict(zero=4), r"^zero=4: ZeRO's stage must be one of 0, 1, 2, 3"),
+    (dict(precision="fp8"), r"^precision='fp8': precision must be one of"),
+    (dict(recompute="some"), r"^recompute='some': recompute must be one of"),
+])
+def test_each_rule_of_a_layout_is_one_line_naming_the_value_and_the_fix(fields, message):
+    with pytest.raises(ValueError, match=message) as refused:
+        train.Layout(**fields)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("problem, fields, message", [
+    (train.transformer(batch_size=8), dict(data=2, micro_batches=3),
+     r"^micro_batches=3: a replica's 4 of the batch of 8 .*; use micro_batches=2"),
+    (train.transformer(heads=4), dict(tensor=3), r"^tensor=3: .*4 heads .*; use tensor=2"),
+    (train.transformer(blocks=2), dict(pipeline=2, schedule="interleaved", chunks=2,
+                                       micro_batches=2), r"^chunks=2: 2 workers x 2 chunks"),
+    (train.transformer(), dict(data=2, expert=2), r"^expert=2: .* has no experts"),
+    (train.transformer(), dict(precision="bfloat16"),
+     r"^precision='bfloat16': .* computes with precision='float32'"),
+    (train.classification(), dict(context=2), r"^context=2: an MLP has no sequence to cut"),
+])
+def test_a_model_that_does_not_divide_the_way_a_layout_cuts_is_refused(problem, fields, message):
+    with pytest.raises(ValueError, match=message):
+        train.Layout(**fields).fits(problem)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: train.pipeline(train.transformer(blocks=2), None, stages=2,
+                            layout=train.Layout(pipeline=2)), r"^stages= and layout= both given"),
+    (lambda: train.pipeline(train.transformer(blocks=2), None, stages=3),
+     r"^stages=3: .* at most 2 stages; use stages=2 or a deeper model"),
+    (lambda: train.pipeline(train.transformer(blocks=2), None,
+                            layout=train.Layout(pipeline=2, zero=1)), r"^zero=1: pipeline keeps"),
+    (lambda: train.tensor_parallel(train.transformer(), None, layout=train.Layout(tensor=2,
+                                                                                  micro_batches=2)),
+     r"^micro_batches=2: tensor_parallel runs the whole batch at once; use micro_batches=1$"),
+    (lambda: train.combined(train.transformer(), None, train.Layout(data=2, micro_batches=2)),
+     r"^micro_batches=2: combined runs one micro-batch a step"),
+    (lambda: train.expert_parallel(train.transformer(experts=4), None,
+                                   layout=train.Layout(data=2)),
+     r"^expert=1: expert_parallel spreads the experts over every data way"),
+    (lambda: train.zero(train.transformer(), layout=train.Layout(data=2)),
+     r"^zero=0: train.zero runs ZeRO's stages 1 to 3"),
+    (lambda: train.all_reduce(train.transformer(), layout=train.Layout(data=2, zero=2)),
+     r"^zero=2: all_reduce keeps a whole copy"),
+    (lambda: train.all_reduce(train.transformer(), layout=train.Layout(data=2, tensor=2)),
+     r"^Layout\(data=2, tensor=2\): all_reduce cuts the data axis alone"),
+])
+def test_every_loop_refuses_through_the_one_layout_before_it_starts_anything(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_a_plans_layout_is_the_layout_a_loop_takes():
+    from dtflab.train.formulas.plan import Plan
+
+    plan = Plan(blocks=4, pipeline=2, micro_batches=4, schedule="gpipe", data=2)
+    assert plan.layout == train.Layout(data=2, pipeline=2, micro_batches=4, schedule="gpipe")
+    with pytest.raises(ValueError, match=r"^stage=4: ZeRO's stage must be one of"):
+        Plan(stage=4)

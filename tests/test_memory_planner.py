@@ -88,11 +88,11 @@ def test_the_ways_split_what_the_references_say_they_split():
 
 
 @pytest.mark.parametrize("fields, message", [
-    (dict(heads=4, tensor=3), r"tensor=3: 4 heads do not split over 3 devices"),
-    (dict(blocks=2, pipeline=4), r"pipeline=4: 2 blocks do not split into 4 equal stages"),
-    (dict(batch=16, data=4, micro_batches=8), r"micro_batches=8: a batch of 16 sequences over "
-                                               r"data=4 replicas does not split"),
-    (dict(stage=4), r"stage=4: stage must be one of 0, 1, 2, 3"),
+    (dict(heads=4, tensor=3), r"tensor=3: the 2-block model's 4 heads do not split into 3 equal groups; use tensor=2"),
+    (dict(blocks=2, pipeline=4), r"pipeline=4: the 2-block model has 2 blocks, so at most 2 stages; use pipeline=2"),
+    (dict(batch=16, data=4, micro_batches=8), r"micro_batches=8: a replica's 4 of the batch of "
+                                               r"16 does not split into 8 equal micro-batches"),
+    (dict(stage=4), r"stage=4: ZeRO's stage must be one of 0, 1, 2, 3 .*; for example stage=1"),
     (dict(recompute="some"), r"recompute='some': recompute must be one of"),
     (dict(precision="fp8"), r"precision='fp8': precision must be one of"),
     (dict(preset="GPT-5"), r"preset='GPT-5': preset must be one of 'dtflab default"),

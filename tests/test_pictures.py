@@ -82,7 +82,7 @@ def test_the_pipeline_picture_counts_the_bytes_a_traced_pipeline_step_moves(star
     texts = dtflab.pipeline_picture(problem, cluster, stages=2, micro_batches=4).texts()
     assert f"worker:0 ({cluster.addresses['worker'][0]})" in texts
     assert "layers 1-2: 33,280 B" in texts and "4 micro-batches of 64" in texts
-    step = train.pipeline(problem, cluster, stages=2, micro_batches=4, steps=3, trace_step=1).trace
+    step = train.pipeline(problem, cluster, stages=2, micro_batches=4, steps=3, trace_step=1, schedule="gpipe").trace
     moved = {(short_device(a), short_device(b)): n for (a, b), n in step.bytes_between().items()}
     activations = next(int(t.split()[1].replace(",", "")) for t in texts if t.startswith("activations"))
     assert activations == 64 * 64 * 4

@@ -161,7 +161,7 @@ def test_each_micro_batch_size_has_its_own_measured_arithmetic_in_the_cost_model
     arithmetic = train.stage_arithmetic_s(DEEP, cluster, stages=2, micro_batches=(1, 4, 8),
                                           repeats=1)
     assert sorted(arithmetic) == [1, 4, 8] and all(s > 0 for s in arithmetic.values())
-    bubble = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, steps=3, trace_step=1).bubble
+    bubble = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, steps=3, trace_step=1, schedule="gpipe").bubble
     # At the traced step's own m the measured arithmetic changes nothing; at another m the
     # stage's arithmetic is scaled by what was measured there, the rest left as traced: twice
     # the arithmetic at m = 8 adds a stage's once more, in m + p - 1 = 9 slots of 1 / 8 each.
@@ -172,8 +172,8 @@ def test_each_micro_batch_size_has_its_own_measured_arithmetic_in_the_cost_model
         bubble.predicted_step_s(2, arithmetic)
     # Several traced steps, at any m: each part their median, the stage times scaled to the
     # first step's m by the arithmetic measured at each.
-    again = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, steps=3, trace_step=1).bubble
-    eight = train.pipeline(DEEP, cluster, stages=2, micro_batches=8, steps=3, trace_step=1).bubble
+    again = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, steps=3, trace_step=1, schedule="gpipe").bubble
+    eight = train.pipeline(DEEP, cluster, stages=2, micro_batches=8, steps=3, trace_step=1, schedule="gpipe").bubble
     model = train.StepModel.median_of([bubble, again, eight], arithmetic)
     stages = sorted([bubble.stage_s, again.stage_s, eight.stage_s * arithmetic[4] / arithmetic[8]])
     assert (model.micro_batches, model.steps, model.stage_s) == (4, 3, stages[1])
@@ -210,7 +210,7 @@ def test_the_step_model_read_from_traced_steps_predicts_the_measured_steps(clust
     """Each m's step predicted from traced steps, within a factor of the measured step."""
     # Notebook 09's route: the model's parts the medians of traced steps at one m, its
     # prediction at that m and at another against the steps measured there.
-    runs = {m: [train.pipeline(DEEP, cluster, stages=2, micro_batches=m, steps=12, trace_step=2)
+    runs = {m: [train.pipeline(DEEP, cluster, stages=2, micro_batches=m, steps=12, trace_step=2, schedule="gpipe")
                 for _ in range(3)] for m in (2, 8)}
     measured = {m: median_step_s(histories, traced=2) for m, histories in runs.items()}
     ratios = {}
@@ -223,7 +223,7 @@ def test_the_step_model_read_from_traced_steps_predicts_the_measured_steps(clust
 
 
 def test_the_pipeline_chart_draws_the_measured_slots_and_the_formulas_schedule(cluster):
-    bubble = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, steps=3, trace_step=1).bubble
+    bubble = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, steps=3, trace_step=1, schedule="gpipe").bubble
     chart = bubble.figure()
     measured, formula = chart.children  # one above the other
     renderers = {r.name: r.data_source.data for fig in (measured, formula) for r in fig.renderers
@@ -262,7 +262,7 @@ def test_1f1b_holds_fewer_activations_than_gpipe(cluster):
 
 def test_a_slow_stage_holds_up_the_pipeline(cluster):
     history = train.pipeline(DEEP, cluster, stages=2, micro_batches=2, steps=3, trace_step=1,
-                             slow={"worker:1": 0.3})
+                             slow={"worker:1": 0.3}, schedule="gpipe")
     bubble = history.bubble
     slept = bubble.busy_us(1) - bubble.arithmetic_us(1)
     assert slept >= 0.25e6  # its forwards slept 0.15 s each
@@ -276,20 +276,20 @@ def test_a_first_step_slower_than_the_operation_timeout_is_not_a_failed_task(clu
     # the watchdog's first_step_s; here the timeout is 1 s and the first step sleeps 1.5 s.
     monkeypatch.setattr(sessions, "OPERATION_TIMEOUT_MS", 1000)
     history = train.pipeline(DEEP, cluster, stages=2, micro_batches=2, steps=1,
-                             slow={"worker:1": 1.5})
+                             slow={"worker:1": 1.5}, schedule="gpipe")
     assert history.steps == 1 and history.failures == []
     # Later steps keep the operation timeout; with every task alive, none is named as failed.
     with pytest.raises(DtflabError, match=r"^step 1 failed with every task alive "
                                           r"\(DeadlineExceededError: .+\); the synchronous run stopped$"
                        ) as raised:
         train.pipeline(DEEP, cluster, stages=2, micro_batches=2, steps=2, slow={"worker:1": 1.5},
-                       watchdog=False)
+                       watchdog=False, schedule="gpipe")
     assert not isinstance(raised.value, TaskError)
 
 
 def test_a_background_pipeline_streams_to_the_dashboard_and_stops(cluster):
     run = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, steps=100_000,
-                         background=True)
+                         background=True, schedule="gpipe")
     dashboard = Dashboard(run, interval_s=0.1)
     points = lambda: sum(line.points for line in dashboard.loss_lines.values())
     assert wait_until(lambda: points() > 0, timeout=60)
@@ -305,7 +305,7 @@ def test_a_background_pipeline_streams_to_the_dashboard_and_stops(cluster):
 def test_a_dead_stage_ends_the_run_naming_it(start_cluster):
     cluster = start_cluster(workers=2)
     run = train.pipeline(DEEP, cluster, stages=2, micro_batches=2, steps=100_000,
-                         background=True, watchdog=False)
+                         background=True, watchdog=False, schedule="gpipe")
     assert wait_until(lambda: run.history.steps >= 2, timeout=60)
     cluster.kill("worker", 1)
     with pytest.raises(TaskError, match="worker:1"):

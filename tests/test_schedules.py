@@ -78,7 +78,7 @@ def test_the_interleaved_order_is_megatrons():
                              r"micro_batches=4"),
     ("1f1b", 2, 4, 2, r"chunks=2: only the interleaved schedule gives a worker several chunks; "
                       r"use schedule='interleaved' or chunks=1"),
-    ("interleaved", 2, 4, 0, r"chunks=0: chunks is the number of model chunks each worker holds"),
+    ("interleaved", 2, 4, 0, r"chunks=0: chunks must be a whole number of at least 1; for example chunks=2"),
 ])
 def test_bad_settings_are_refused_naming_the_value_and_the_fix(schedule, p, m, chunks, message):
     with pytest.raises(ValueError, match=message):

@@ -50,8 +50,8 @@ def test_bytes_and_activations_against_tensor_parallelism_and_their_formulas(clu
     for sequence_parallel in (False, True):
         wires[sequence_parallel] = train.WireBytes(after_step=2, steps=4)
         runs[sequence_parallel] = train.tensor_parallel(
-            problem, cluster, layout=train.Layout(tensor=2), steps=7, seed=0, trace_step=1,
-            sequence_parallel=sequence_parallel, callbacks=[wires[sequence_parallel]])
+            problem, cluster, layout=train.Layout(tensor=2, sequence_parallel=sequence_parallel),
+            steps=7, seed=0, trace_step=1, callbacks=[wires[sequence_parallel]])
     formula = runs[True].details["bytes_formula"]
     assert formula == dict(zip(("worker:0", "worker:1"),
                                costs.transformer_sequence_parallel_bytes(2, problem)))

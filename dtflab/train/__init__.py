@@ -57,7 +57,7 @@ WHERE = {
     "context_parallel": "strategies.context_parallel", "combined": "strategies.combined",
     "expert_parallel": "strategies.expert_parallel",
     "sharded_data_parallel": "strategies.sharded_data_parallel", "zero": "strategies.zero",
-    "Layout": "layouts.mesh", "calibrate": "experiments.calibration",
+    "Layout": "layouts.layout", "calibrate": "experiments.calibration",
 }
 
 

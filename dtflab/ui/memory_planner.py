@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from dtflab.train.formulas import plan as formulas
+from dtflab.train.layouts.layout import RECOMPUTE, ZERO_STAGES
 
 #: The colours of the kinds, bottom to top.
 COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868",
@@ -88,9 +89,9 @@ class MemoryPlanner:
                                       description=f"{name} ways", layout=w.Layout(width="190px"))
         fields["precision"] = w.ToggleButtons(options=list(formulas.memory.BYTES),
                                               value=self.plan.precision, description="precision")
-        fields["recompute"] = w.ToggleButtons(options=list(formulas.RECOMPUTE),
+        fields["recompute"] = w.ToggleButtons(options=list(RECOMPUTE),
                                               value=self.plan.recompute, description="recompute")
-        fields["stage"] = w.ToggleButtons(options=list(formulas.STAGES), value=self.plan.stage,
+        fields["stage"] = w.ToggleButtons(options=list(ZERO_STAGES), value=self.plan.stage,
                                           description="ZeRO stage")
         fields["tied"] = w.Checkbox(value=self.plan.tied, description="tied output layer")
         for control in fields.values():

@@ -19,7 +19,9 @@ stops it once the step is traced: nothing of it outlives the click.
 
 from __future__ import annotations
 
+from dtflab import checks
 from dtflab.train.formulas import schedules
+from dtflab.train.layouts.layout import Layout, said_as
 
 #: The largest setting Run runs here: pieces of work per step (p x m x v x 3 at most).
 MAX_PIECES = 400
@@ -38,6 +40,12 @@ class SchedulePlayground:
 
         from dtflab.viz.pipeline import Timeline
 
+        # the sliders' ranges, and the one layout's rules: refused, never clamped
+        checks.whole(stages, "stages", minimum=2, maximum=8, example=2)
+        checks.whole(micro_batches, "micro_batches", maximum=32, example=4)
+        checks.whole(chunks, "chunks", maximum=4, example=1)
+        with said_as(False, pipeline="stages"):
+            Layout(pipeline=stages, micro_batches=micro_batches, schedule=schedule, chunks=chunks)
         self.cluster = cluster
         self.width = width
         self.bubble = None

@@ -46,6 +46,7 @@ def calibrate(cluster, *, repeats: int = 5) -> Hardware:
     """Measure ``cluster``'s worker tasks (see the module's docstring)."""
     import psutil
 
+    checks.cluster(cluster)
     checks.whole(repeats, "repeats", example=5)
     tasks = len(cluster.addresses.get("worker", []))
     if tasks < 2:

@@ -51,11 +51,12 @@ consumer has read it; the transient peak, measured only) and TensorFlow's own bu
 from __future__ import annotations
 
 from dtflab.train.formulas import transformer as shape_formulas
+from dtflab.train.layouts.layout import PRECISIONS
 
 FLOAT32 = 4
 KINDS = ("parameters", "gradients", "optimizer", "activations")
 #: Bytes per element of each compute type ``train.transformer(precision=)`` takes.
-BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+BYTES = dict(zip(PRECISIONS, (4, 2, 2)))  # the layout names them
 
 
 def activation_bytes(blocks: int, d_model: int, heads: int, sequence: int, batch: int,

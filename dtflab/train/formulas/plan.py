@@ -38,10 +38,9 @@ import math
 from dataclasses import asdict, dataclass
 
 from dtflab.train.formulas import memory
+from dtflab.train.layouts.layout import Layout, said_as
 
 KINDS = memory.KINDS
-RECOMPUTE = ("none", "selective", "full")
-STAGES = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -89,62 +88,34 @@ class Plan:
     def __post_init__(self):
         from dtflab import checks
 
-        for name in ("blocks", "d_model", "heads", "sequence", "vocabulary", "batch",
-                     "micro_batches", "data", "tensor", "pipeline", "context", "top_k",
-                     "expert", "chunks", "exchanges"):
+        for name in ("blocks", "d_model", "heads", "sequence", "vocabulary", "batch", "top_k",
+                     "exchanges"):
             checks.whole(getattr(self, name), name)
-        checks.one_of(self.precision, "precision", tuple(memory.BYTES))
-        checks.one_of(self.recompute, "recompute", RECOMPUTE)
-        checks.one_of(self.stage, "stage", STAGES)
-        from dtflab.train.formulas import schedules
-
-        checks.one_of(self.schedule, "schedule", schedules.SCHEDULES)
-        self._check_levers()
-        if self.d_model % self.heads:
-            raise ValueError(f"heads={self.heads}: d_model={self.d_model} does not split into "
-                             f"{self.heads} equal heads; use a heads that divides it")
-        if self.heads % self.tensor:
-            raise ValueError(f"tensor={self.tensor}: {self.heads} heads do not split over "
-                             f"{self.tensor} devices; use a tensor that divides heads")
-        if self.blocks % self.pipeline:
-            raise ValueError(f"pipeline={self.pipeline}: {self.blocks} blocks do not split into "
-                             f"{self.pipeline} equal stages; use a pipeline that divides blocks")
-        if self.batch % (self.data * self.micro_batches):
-            raise ValueError(f"micro_batches={self.micro_batches}: a batch of {self.batch} "
-                             f"sequences over data={self.data} replicas does not split into "
-                             f"{self.micro_batches} equal micro-batches; use a batch divisible "
-                             f"by {self.data * self.micro_batches}")
-
-    def _check_levers(self):
-        if self.sequence % self.context:
-            raise ValueError(f"context={self.context}: a sequence of {self.sequence} does not cut "
-                             f"into {self.context} equal pieces; use a context that divides it")
-        if self.experts:
-            if self.experts % self.expert or self.data % self.expert:
-                raise ValueError(f"expert={self.expert}: the {self.experts} experts and the "
-                                 f"{self.data} data ways must both divide by it; use an expert "
-                                 f"that divides both")
-            if self.top_k > self.experts:
+        checks.whole(self.experts, "experts", minimum=0, example=8)
+        with said_as(False, zero="stage", batch_size="batch"):
+            layout = self.layout  # every way and choice checked there, once
+            if self.d_model % self.heads:
+                raise ValueError(f"heads={self.heads}: d_model={self.d_model} does not split "
+                                 f"into {self.heads} equal heads; use a heads that divides it")
+            if self.top_k > max(self.experts, 1):
                 raise ValueError(f"top_k={self.top_k}: at most experts={self.experts}")
-        elif self.expert != 1:
-            raise ValueError(f"expert={self.expert}: a dense model has no experts to spread; "
-                             f"use expert=1 or experts=E")
-        if self.sequence_parallel and self.tensor == 1:
-            raise ValueError("sequence_parallel=True: it cuts what tensor parallelism leaves "
-                             "whole; use tensor > 1")
-        if (self.chunks > 1) != (self.schedule == "interleaved"):
-            raise ValueError(f"chunks={self.chunks}: chunks above 1 go with the interleaved "
-                             f"schedule and it with them; use schedule='interleaved' and "
-                             f"chunks=2, or chunks=1")
-        if self.chunks > 1:
-            if self.blocks % (self.pipeline * self.chunks):
-                raise ValueError(f"chunks={self.chunks}: {self.blocks} blocks do not cut into "
-                                 f"{self.pipeline} x {self.chunks} equal stages; use chunks "
-                                 f"that divide {self.blocks // self.pipeline}")
-            if self.micro_batches % self.pipeline:
-                raise ValueError(f"chunks={self.chunks}: the interleaved schedule takes "
-                                 f"micro-batches in groups of {self.pipeline}; use "
-                                 f"micro_batches a multiple of it")
+            layout.fits(_Shape(self))
+        # the arithmetic below cuts the blocks evenly, as Megatron does
+        if self.blocks % (self.pipeline * self.chunks):
+            raise ValueError(f"pipeline={self.pipeline}: {self.blocks} blocks do not cut into "
+                             f"{self.pipeline * self.chunks} equal stages"
+                             + (f" of {self.chunks} chunks" if self.chunks > 1 else "")
+                             + "; use a pipeline (and chunks) whose product divides blocks")
+
+    @property
+    def layout(self) -> Layout:
+        """This plan's ways and choices as the one layout the loops take (``train.pipeline(...,
+        layout=plan.layout)``)."""
+        return Layout(data=self.data, tensor=self.tensor, pipeline=self.pipeline,
+                      context=self.context, expert=self.expert,
+                      micro_batches=self.micro_batches, schedule=self.schedule,
+                      chunks=self.chunks, zero=self.stage, recompute=self.recompute,
+                      precision=self.precision, sequence_parallel=self.sequence_parallel)
 
     @property
     def devices(self) -> int:
@@ -163,6 +134,19 @@ class Plan:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """A plan's model as :meth:`Layout.fits` reads a problem."""
+
+    plan: Plan
+
+    def __getattr__(self, name):
+        plan = self.plan
+        return {"batch_size": plan.batch, "unit": "block", "depth": plan.blocks,
+                "name": f"the {plan.blocks}-block model", "recompute": plan.recompute,
+                "precision": plan.precision}.get(name, getattr(plan, name, None))
 
 
 def stage_parameters(plan: Plan, first: bool, last: bool) -> dict[str, int]:

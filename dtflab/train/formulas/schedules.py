@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
+from dtflab.train.layouts.layout import SCHEDULES, Layout  # noqa: F401  (the layout checks them)
 
 
 class Work(NamedTuple):
@@ -46,28 +46,6 @@ class Planned(NamedTuple):
     start: float
     end: float
     chunk: int = 0
-
-
-def check(schedule: str, stages: int, micro_batches: int, chunks: int = 1) -> None:
-    """One line naming the bad value and the fix, or nothing."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule={schedule!r}: schedule must be one of "
-                         f"{', '.join(map(repr, SCHEDULES))}")
-    if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
-        raise ValueError(f"chunks={chunks!r}: chunks is the number of model chunks each worker "
-                         f"holds, a whole number of at least 1, e.g. chunks=2")
-    if schedule == "interleaved":
-        if chunks < 2:
-            raise ValueError(f"chunks={chunks}: the interleaved schedule gives each worker "
-                             f"several chunks of the model; use chunks=2 or more")
-        if micro_batches % stages:
-            fits = max(micro_batches - micro_batches % stages, stages)
-            raise ValueError(f"micro_batches={micro_batches}: the interleaved schedule sends "
-                             f"micro-batches in groups of {stages} (one per worker); use a "
-                             f"multiple of {stages}, e.g. micro_batches={fits}")
-    elif chunks != 1:
-        raise ValueError(f"chunks={chunks}: only the interleaved schedule gives a worker "
-                         f"several chunks; use schedule='interleaved' or chunks=1")
 
 
 def bubble_share(stages: int, micro_batches: int, chunks: int = 1) -> float:
@@ -93,7 +71,7 @@ def bubble_ratio(schedule: str, stages: int, micro_batches: int, chunks: int = 1
 
     ``forward`` and ``backward`` are one worker's time for one micro-batch (all its chunks);
     only their ratios matter."""
-    check(schedule, stages, micro_batches, chunks)
+    Layout(pipeline=stages, micro_batches=micro_batches, schedule=schedule, chunks=chunks)
     p, m = stages, micro_batches
     if schedule == "zero_bubble":
         w = backward / 2 if weight is None else weight
@@ -105,7 +83,7 @@ def bubble_ratio(schedule: str, stages: int, micro_batches: int, chunks: int = 1
 def pipeline_order(schedule: str, stages: int, micro_batches: int,
                    chunks: int = 1) -> list[list[Work]]:
     """What each worker runs, in order: one list of :class:`Work` per worker."""
-    check(schedule, stages, micro_batches, chunks)
+    Layout(pipeline=stages, micro_batches=micro_batches, schedule=schedule, chunks=chunks)
     p, m = stages, micro_batches
     if schedule == "gpipe":
         return [[Work("F", j) for j in range(m)] + [Work("B", j) for j in range(m)]

@@ -28,6 +28,7 @@ from dtflab.cluster.task import log_tail
 from dtflab.errors import StallError, TaskError
 from dtflab.train import problems
 from dtflab.train.layouts import tasks as layout
+from dtflab.train.layouts.layout import Layout, said_as
 from dtflab.train.run.checkpoints import Recovery
 from dtflab.train.run.reports import EVERY_INTERFACE, LOOPBACK, Reports, WorkerDied
 from dtflab.train.run.runner import Update, checked_run, new_runner
@@ -53,7 +54,8 @@ class ProgramOptions:
     (``train.all_reduce``'s docstring says what each does). A strategy takes them as
     ``**options`` and shows them in its signature with :func:`takes_program_options`."""
 
-    workers: int = 2
+    workers: int | None = None
+    layout: object = None
     steps: int = 200
     seed: int = 0
     slow: dict | None = None
@@ -79,23 +81,28 @@ class ProgramOptions:
         """The programs run on another machine's Dask workers."""
         return self.scheduler is not None or self.client is not None
 
-    def checked(self, problem) -> "ProgramOptions":
+    def checked(self, problem, loop: str, **shorthand) -> "ProgramOptions":
         """Checked before anything starts (one line naming the bad value and the fix); the
-        workers as a count, ``slow`` by task, the watchdog's settings."""
+        layout (``layout=``, or the one ``workers=`` and the loop's own ``shorthand`` build:
+        2 data ways when left out) and the workers as a count, ``slow`` by task, the
+        watchdog's settings."""
         from dtflab import checks
         from dtflab.cluster import MAX_THREADS
         from dtflab.spec import parse_count
 
         watchdog = checked_run(self.steps, self.seed, self.trace_step, self.watchdog)
-        workers = parse_count(self.workers, "workers")
+        workers = None if self.workers is None else parse_count(self.workers, "workers")
+        with said_as(self.layout is not None, data="workers"):
+            run_layout = Layout.given(self.layout, loop, {"data": 2}, data=workers, **shorthand)
+            workers = run_layout.alone("data", loop)
+            run_layout.without(loop, micro_batches="runs the whole slice at once",
+                               schedule="has no pipeline", expert="trains a dense model",
+                               sequence_parallel="has no tensor ways").fits(problem)
         checks.seconds(self.timeout, "timeout", example=60)
         if self.collective_timeout_s is not None:
             checks.seconds(self.collective_timeout_s, "collective_timeout_s", example=30)
         if self.threads is not None:
             checks.whole(self.threads, "threads", maximum=MAX_THREADS, example=1)
-        if problem.batch_size % workers:
-            raise ValueError(f"the batch of {problem.batch_size} does not split into {workers} "
-                             f"equal slices; choose workers that divide it, e.g. workers=2")
         chosen = layout.worker_tasks(workers)
         slow = checks.tasks_in(self.slow, "slow", chosen, example={chosen[-1]: 0.05})
         if self.checkpoint_every is not None:
@@ -108,7 +115,8 @@ class ProgramOptions:
                              f"machine and every worker's host share (on NFS, say), where the "
                              f"workers write their checkpoints and profiles; for example "
                              f"checkpoint_dir='/shared/dtflab-run'")
-        return dataclasses.replace(self, workers=workers, slow=slow, watchdog=watchdog)
+        return dataclasses.replace(self, workers=workers, layout=run_layout, slow=slow,
+                                   watchdog=watchdog)
 
 
 def takes_program_options(strategy):

@@ -71,7 +71,9 @@ def all_reduce(problem, *, bucket_bytes: int = 0, **options):
     folder this machine and every worker's host share (NFS, say), where a restarted worker
     finds the newest checkpoint and this notebook the workers' profiles.
     """
-    options = ProgramOptions(**options).checked(problem)
+    options = ProgramOptions(**options).checked(problem, "all_reduce")
+    options.layout.without("all_reduce", zero="keeps a whole copy on every worker (train.zero "
+                           "shards it)")
     if bucket_bytes != 0:
         from dtflab import checks
 

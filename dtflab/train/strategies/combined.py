@@ -1,5 +1,5 @@
 """The forms combined on one layout: data x tensor x pipeline (Megatron's "3D"), each rank a
-worker task as :class:`~dtflab.train.layouts.mesh.Layout` numbers them.
+worker task as :class:`~dtflab.train.layouts.layout.Layout` numbers them.
 
 Each data replica d trains on its slice of the global batch with its own copy of the model,
 built by :func:`~dtflab.train.strategies.tensor_parallel_blocks.blocks_loss`: its blocks cut
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dtflab import names
 from dtflab._quiet import import_tf
 from dtflab.train.formulas import costs
-from dtflab.train.layouts.mesh import Layout
+from dtflab.train.layouts.layout import Layout
 from dtflab.train.problems import Transformer
 from dtflab.train.run.graphs import TrainGraph
 from dtflab.train.run.runner import checked_run, new_runner
@@ -107,16 +107,16 @@ def combined(problem, cluster, layout: Layout, *, steps: int = 200, seed: int = 
     """
     watchdog = checked_run(steps, seed, trace_step, watchdog)
     dense_only(problem, "combined")
-    if not isinstance(layout, Layout):
-        raise ValueError(f"layout={layout!r}: combined takes a train.Layout, e.g. "
-                         f"train.Layout(data=2, tensor=2)")
+    layout = Layout.given(layout, "combined", {"data": 2, "tensor": 2})
     if not isinstance(problem, Transformer):
         raise ValueError(f"combined: {problem.name} is not a transformer; it combines a "
                          f"transformer's forms, e.g. train.transformer()")
-    if layout.context > 1:
-        raise ValueError(f"context={layout.context}: combined does not cut the sequence yet; "
-                         f"use train.context_parallel alone, or context=1")
-    layout.fits(problem)
+    layout.without("combined", context="does not cut the sequence yet (train.context_parallel "
+                   "does, alone)", expert="trains a dense model",
+                   micro_batches="runs one micro-batch a step (train.pipeline has schedules)",
+                   schedule="runs one micro-batch a step", zero="keeps whole copies on each "
+                   "replica (train.zero shards them)", sequence_parallel="does not cut the "
+                   "sequence yet").fits(problem)
     devices = layout.tasks(cluster)
     built = combined_graph(problem, layout, devices, seed)
     runner = new_runner("combined", name or f"combined ({layout})", callbacks, watchdog,

@@ -22,6 +22,7 @@ from dtflab import checks, names
 from dtflab._quiet import import_tf
 from dtflab.train.formulas import costs
 from dtflab.train.layouts import ring
+from dtflab.train.layouts.layout import Layout, said_as
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.problems import Transformer
 from dtflab.train.problems import transformer_ops as ops
@@ -116,10 +117,10 @@ def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = Non
     return TrainGraph(graph, init, train, loss, (x, t), variables=list(variables.values()))
 
 
-def context_parallel(problem, cluster, *, ways: int = 2, cut: str = "zigzag", steps: int = 200,
-                     seed: int = 0, slow: dict | None = None, background: bool = False,
-                     callbacks=(), name: str | None = None, trace_step: int | None = None,
-                     watchdog=True, layout=None):
+def context_parallel(problem, cluster, *, ways: int | None = None, layout: Layout | None = None,
+                     cut: str = "zigzag", steps: int = 200, seed: int = 0,
+                     slow: dict | None = None, background: bool = False, callbacks=(),
+                     name: str | None = None, trace_step: int | None = None, watchdog=True):
     """Train ``problem`` (a ``Transformer``) with its sequence cut ``ways`` ways over the first
     worker tasks, attention by ring attention (context parallelism).
 
@@ -130,16 +131,18 @@ def context_parallel(problem, cluster, *, ways: int = 2, cut: str = "zigzag", st
     ``cut="naive"`` gives worker i the i-th of ``ways`` pieces; ``"zigzag"`` cuts 2 x ``ways``
     pieces and gives worker i pieces i and 2 ways - 1 - i, which balances the causal mask's
     work (:func:`dtflab.train.layouts.ring.work`). The sequence must cut into equal pieces.
-    ``layout=train.Layout(context=c)`` says the same as ``ways=c``. The losses are
+    ``layout=train.Layout(context=c)`` says the same as ``ways=c`` (2 when left out). The losses are
     ``train.single``'s up to float rounding. ``history.details["bytes_formula"]`` holds what
     :func:`dtflab.train.formulas.costs.context_parallel_bytes` says each worker sends per step;
     ``history.details["attention_work"]`` the query-key pairs each worker computes per block.
     """
     watchdog = checked_run(steps, seed, trace_step, watchdog)
     dense_only(problem, "context_parallel")
-    if layout is not None:
+    with said_as(layout is not None, context="ways"):
+        layout = Layout.given(layout, "context_parallel", {"context": 2}, context=ways)
         ways = layout.alone("context", "context_parallel")
-    checks.whole(ways, "ways", example=2)
+        layout.without("context_parallel", micro_batches="runs the whole batch at once",
+                       schedule="has no pipeline", zero="keeps whole copies")
     checks.one_of(cut, "cut", ring.CUTS)
     _check_problem(problem, ways, cut)
     enough_workers(cluster, ways, "ways", "each piece of the sequence runs on a worker task")
@@ -148,6 +151,7 @@ def context_parallel(problem, cluster, *, ways: int = 2, cut: str = "zigzag", st
     runner = new_runner("context_parallel", name or f"context parallel ({ways} ways, {cut})",
                         callbacks, watchdog, cluster=cluster)
     details = runner.history.details
+    details["layout"] = layout
     formula = costs.context_parallel_bytes(problem, ways, cut)
     details["bytes_formula"] = {names.task(device): sent for device, sent in zip(devices, formula)}
     details["attention_work"] = {names.task(device): pairs for device, pairs in

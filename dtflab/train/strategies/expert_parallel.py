@@ -22,8 +22,9 @@ and ``worker{w}/...`` (the rest of worker w's), so a traced step shows who was b
 
 from __future__ import annotations
 
-from dtflab import checks, names
+from dtflab import names
 from dtflab._quiet import import_tf
+from dtflab.train.layouts.layout import Layout, said_as
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.problems import Transformer, experts as moe
 from dtflab.train.run.graphs import TrainGraph, straggler
@@ -150,10 +151,10 @@ def _applied(tf, problem, loss, copies, held):
     return problem.optimizer().apply_gradients(pairs)
 
 
-def expert_parallel(problem, cluster, *, workers: int = 2, steps: int = 200, seed: int = 0,
+def expert_parallel(problem, cluster, *, workers: int | None = None,
+                    layout: Layout | None = None, steps: int = 200, seed: int = 0,
                     slow: dict | None = None, background: bool = False, callbacks=(),
-                    name: str | None = None, trace_step: int | None = None, watchdog=True,
-                    layout=None):
+                    name: str | None = None, trace_step: int | None = None, watchdog=True):
     """Train ``problem`` (a ``Transformer`` with ``experts=E``) with its experts spread over
     ``workers`` worker tasks, each with its slice of the batch (see the module's docstring).
 
@@ -161,29 +162,30 @@ def expert_parallel(problem, cluster, *, workers: int = 2, steps: int = 200, see
     In [2]: run = train.expert_parallel(problem, cluster, workers=2, trace_step=5)
     In [3]: run.details["per_step"]["tokens_per_expert"][-1]   # per block, per expert
 
-    ``layout=train.Layout(data=w)`` says the same as ``workers=w`` (the experts go with the
-    data axis). The losses are ``train.single``'s up to float rounding.
+    ``layout=train.Layout(data=w, expert=w)`` says the same as ``workers=w`` (2 when left out):
+    each worker a data replica holding its share of the experts. The losses are
+    ``train.single``'s up to float rounding.
     """
     watchdog = checked_run(steps, seed, trace_step, watchdog)
-    if layout is not None:
-        workers = layout.alone("data", "expert_parallel")
-    checks.whole(workers, "workers", example=2)
     if not isinstance(problem, Transformer) or not problem.experts:
         raise ValueError(f"expert_parallel: {problem.name} has no experts; use "
                          f"train.transformer(experts=4, ...)")
-    if problem.experts % workers:
-        fits = max(n for n in range(1, workers + 1) if problem.experts % n == 0)
-        raise ValueError(f"workers={workers}: {problem.name}'s {problem.experts} experts do not "
-                         f"split evenly over {workers} workers; use workers={fits}, or experts "
-                         f"divisible by {workers}")
-    if problem.batch_size % workers:
-        raise ValueError(f"workers={workers}: the batch of {problem.batch_size} does not split "
-                         f"into {workers} equal slices; use a batch_size divisible by {workers}")
+    with said_as(layout is not None, data="workers", expert="workers"):
+        layout = Layout.given(layout, "expert_parallel", {"data": 2, "expert": 2},
+                              data=workers, expert=workers)
+        workers = layout.alone("data", "expert_parallel")
+        if layout.expert != workers:
+            raise ValueError(f"expert={layout.expert}: expert_parallel spreads the experts over "
+                             f"every data way; use train.Layout(data={workers}, "
+                             f"expert={workers})")
+        layout.without("expert_parallel", micro_batches="runs the whole batch at once",
+                       schedule="has no pipeline", zero="keeps whole copies").fits(problem)
     enough_workers(cluster, workers, "workers", "each expert group runs on a worker task")
     devices, slow_devices = worker_devices(cluster, workers, slow)
     built = expert_graph(problem, tuple(devices), seed, slow_devices)
     runner = new_runner("expert_parallel", name or f"expert parallel ({workers} workers)",
                         callbacks, watchdog, cluster=cluster)
     runner.history.details["workers"] = [names.task(device) for device in devices]
+    runner.history.details["layout"] = layout
     return run_one_replica(built, cluster.target(*names.split(devices[0])), runner, problem,
                            steps, seed, cluster, background, trace_step)

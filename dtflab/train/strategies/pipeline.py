@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dtflab import checks, names, tf_private
+from dtflab import names, tf_private
 from dtflab._quiet import import_tf
-from dtflab.train.formulas import costs, schedules
+from dtflab.train.formulas import schedules
+from dtflab.train.layouts.layout import Layout, said_as
 from dtflab.train.layouts.layers import layer_ranges
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.measure.bubble import Bubble
@@ -37,13 +38,11 @@ from dtflab.train.strategies import backward_split
 class Stages:
     """Where a pipeline's layers run: stage k holds layers ``layers[k]`` (1-based, inclusive
     ranges, as ``Problem.forward`` numbers them) and runs on ``devices[k % p]``, p workers each
-    holding ``chunks`` stages (more than one only for the interleaved schedule)."""
+    holding ``layout.chunks`` stages (more than one only for the interleaved schedule)."""
 
     devices: tuple[str, ...]
     layers: tuple[tuple[int, int], ...]
-    micro_batches: int
-    schedule: str
-    chunks: int = 1
+    layout: Layout
 
     @property
     def workers(self) -> int:
@@ -65,7 +64,7 @@ def pipeline_graph(problem, stages: Stages, seed: int,
     ``slow[device]`` seconds are slept on that worker each step, spread over its forwards (a
     slow worker holds up every micro-batch that passes it)."""
     tf = import_tf()
-    p, m, v = stages.workers, stages.micro_batches, stages.chunks
+    p, m, v = stages.workers, stages.layout.micro_batches, stages.layout.chunks
     initial = dict(problem.initial_values(seed))
     graph = tf.Graph()
     with graph.as_default():
@@ -86,7 +85,7 @@ def pipeline_graph(problem, stages: Stages, seed: int,
         build = {"F": step.forward, "B": step.backward, "W": step.weights}
         # The formula's timeline puts every piece after what it needs: its start order is an
         # order to build in, and each worker's pieces come in the schedule's order.
-        for piece in sorted(costs.pipeline_timeline(stages.schedule, p, m, chunks=v),
+        for piece in sorted(schedules.pipeline_timeline(stages.layout.schedule, p, m, chunks=v),
                             key=lambda piece: (piece.start, piece.worker)):
             build[piece.kind](piece.chunk * p + piece.worker, piece.micro_batch)
         variables = list(created.values())
@@ -139,7 +138,7 @@ class _StepBuilder:
             # the first stage's share twice.
             incoming = self.xs[j] if s == 0 else tf.stop_gradient(self.outputs[s - 1][j])
             # a slow worker sleeps after its previous work, as a slower machine
-            share = 1 / (self.stages.micro_batches * self.stages.chunks)
+            share = 1 / (self.stages.layout.micro_batches * self.stages.layout.chunks)
             waits = straggler(self.slow, device, self.last[worker], share)
             with tf.control_dependencies(waits):
                 h_in = tf.identity(incoming, name="input")
@@ -159,7 +158,7 @@ class _StepBuilder:
                         else self.input_grads[s + 1][j])
             upstream = self._after_last(s, upstream, "output_gradient")
             wrt = self.variables[s] + ([self.inputs[s][j]] if s > 0 else [])
-            split = self.stages.schedule == "zero_bubble"
+            split = self.stages.layout.schedule == "zero_bubble"
             if split:  # also the tensors where the weights meet the activations: see below
                 graph = tf.compat.v1.get_default_graph()
                 forward = [op for op in graph.get_operations()
@@ -215,10 +214,15 @@ def _multiply(op, side: str) -> bool:
         "MatMul_grad/MatMul" if side == "input" else "MatMul_grad/MatMul_1")
 
 
-def pipeline(problem, cluster, *, stages: int = 2, micro_batches: int = 4,
-             schedule: str = "gpipe", chunks: int = 1, cut=None, steps: int = 200,
-             seed: int = 0, slow: dict | None = None, background: bool = False, callbacks=(),
-             name: str | None = None, trace_step: int | None = None, watchdog=True):
+#: What ``pipeline()``'s shorthand keywords build when no layout is given.
+SHORTHAND = {"pipeline": 2, "micro_batches": 4}
+
+
+def pipeline(problem, cluster, *, stages: int | None = None, micro_batches: int | None = None,
+             schedule: str | None = None, chunks: int | None = None, layout: Layout | None = None,
+             cut=None, steps: int = 200, seed: int = 0, slow: dict | None = None,
+             background: bool = False, callbacks=(), name: str | None = None,
+             trace_step: int | None = None, watchdog=True):
     """Train ``problem`` with its layers cut into stages on the first ``stages`` worker tasks,
     each batch in ``micro_batches`` micro-batches.
 
@@ -226,6 +230,9 @@ def pipeline(problem, cluster, *, stages: int = 2, micro_batches: int = 4,
        ...:                      micro_batches=8, trace_step=5, background=True)
     In [2]: run.wait().bubble.show()      # the pipeline chart of step 5, beside the formula's
 
+    ``layout=train.Layout(pipeline=2, micro_batches=8, schedule="gpipe")`` says the same as
+    the keywords ``stages``, ``micro_batches``, ``schedule`` and ``chunks``, which build one
+    (2 stages and 4 micro-batches when left out; the schedule is the layout's default, 1F1B).
     ``schedule`` (:mod:`dtflab.train.formulas.schedules`): ``"gpipe"`` (all forwards, then all
     backwards), ``"1f1b"`` (one forward, one backward after the warm-up: fewer micro-batches'
     activations held at once), ``"interleaved"`` (each worker holds ``chunks`` stages, the
@@ -241,33 +248,26 @@ def pipeline(problem, cluster, *, stages: int = 2, micro_batches: int = 4,
     run with a TaskError naming it.
     """
     watchdog = checked_run(steps, seed, trace_step, watchdog)
-    checks.one_of(schedule, "schedule", costs.SCHEDULES)
-    checks.whole(stages, "stages", example=2)
-    checks.whole(micro_batches, "micro_batches", example=4)
-    schedules.check(schedule, stages, micro_batches, chunks)
-    if chunks > 1 and stages * chunks > problem.depth:
-        fits = max(c for c in range(1, chunks + 1) if stages * c <= problem.depth)
-        raise ValueError(f"chunks={chunks}: {stages} workers x {chunks} chunks are "
-                         f"{stages * chunks} stages, and {problem.name} has {problem.depth} "
-                         f"{problem.unit}s; use chunks={fits} or a deeper model")
-    ranges = layer_ranges(problem, stages * chunks, cut)
-    enough_workers(cluster, stages, "stages", "a stage runs on a worker task")
-    if problem.batch_size % micro_batches:
-        divisors = [d for d in (1, 2, 4, 8, 16, 32) if problem.batch_size % d == 0]
-        raise ValueError(f"micro_batches={micro_batches}: the batch of {problem.batch_size} does "
-                         f"not split into {micro_batches} equal micro-batches; use a divisor, "
-                         f"e.g. micro_batches={divisors[-1]}")
-    devices, slow_devices = worker_devices(cluster, stages, slow)
-    plan = Stages(tuple(devices), ranges, micro_batches, schedule, chunks)
+    with said_as(layout is not None, pipeline="stages"):
+        layout = Layout.given(layout, "pipeline", SHORTHAND, pipeline=stages,
+                              micro_batches=micro_batches, schedule=schedule, chunks=chunks)
+        p = layout.alone("pipeline", "pipeline")
+        layout.without("pipeline", zero="keeps whole copies (train.zero shards them)",
+                       sequence_parallel="does not cut the sequence").fits(problem)
+    ranges = layer_ranges(problem, p * layout.chunks, cut)
+    enough_workers(cluster, p, "stages", "a stage runs on a worker task")
+    devices, slow_devices = worker_devices(cluster, p, slow)
+    plan = Stages(tuple(devices), ranges, layout)
     built, weight_ops = pipeline_graph(problem, plan, seed, slow_devices)
-    runner = new_runner("pipeline", name or f"pipeline ({stages} stages, {micro_batches} "
-                        f"micro-batches, {schedule}"
-                        + (f", {chunks} chunks" if chunks > 1 else "") + ")",
+    m, schedule, chunks = layout.micro_batches, layout.schedule, layout.chunks
+    runner = new_runner("pipeline", name or f"pipeline ({p} stages, {m} micro-batches, "
+                        f"{schedule}" + (f", {chunks} chunks" if chunks > 1 else "") + ")",
                         callbacks, watchdog, cluster=cluster)
     history = runner.history
     history.details["stages"] = plan
+    history.details["layout"] = layout
     history.reads["bubble"] = lambda trace: Bubble.from_trace(
-        trace, plan.devices, micro_batches, schedule, chunks=chunks, weight_ops=weight_ops)
+        trace, plan.devices, m, schedule, chunks=chunks, weight_ops=weight_ops)
     # The master runs on the last stage's task: idle while the pipeline fills, it sends every
     # other stage its part of the step at once (on stage 0, whose one thread is busy with the
     # first forwards, the other stages got theirs only after those: measured, 34 of 193 ms).

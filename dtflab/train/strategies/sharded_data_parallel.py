@@ -71,7 +71,10 @@ def sharded_data_parallel(problem, **options):
     ``train.all_reduce``'s do (checkpoints and traces then need a shared ``checkpoint_dir``).
     """
     dense_only(problem, "sharded_data_parallel")
-    options = ProgramOptions(**options).checked(problem)
+    options = ProgramOptions(**options).checked(problem, "sharded_data_parallel")
+    if options.layout.zero not in (0, 3):
+        raise ValueError(f"zero={options.layout.zero}: sharded_data_parallel is ZeRO's stage 3; "
+                         f"use zero=3, or train.zero(stage={options.layout.zero})")
     details = {"bytes_per_step_formula": costs.sharded_bytes(exchanged_bytes(problem),
                                                              options.workers),
                "state_bytes_formula": costs.sharded_state_bytes(problem.parameter_bytes,

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dtflab import checks, names
+from dtflab import names
 from dtflab._quiet import import_tf
 from dtflab.train.formulas import costs
 from dtflab.train.layouts.layers import split_layers
+from dtflab.train.layouts.layout import Layout, said_as
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.problems import Transformer
 from dtflab.train.run.graphs import TrainGraph, straggler
@@ -120,10 +121,11 @@ def tensor_parallel_graph(problem, split: Split, seed: int, slow: dict | None = 
     return TrainGraph(graph, init, train, loss, (x, t), variables=variables)
 
 
-def tensor_parallel(problem, cluster, *, ways: int = 2, steps: int = 200, seed: int = 0,
-                    slow: dict | None = None, background: bool = False, callbacks=(),
-                    name: str | None = None, trace_step: int | None = None, watchdog=True,
-                    sequence_parallel: bool = False, layout=None):
+def tensor_parallel(problem, cluster, *, ways: int | None = None,
+                    sequence_parallel: bool | None = None, layout: Layout | None = None,
+                    steps: int = 200, seed: int = 0, slow: dict | None = None,
+                    background: bool = False, callbacks=(), name: str | None = None,
+                    trace_step: int | None = None, watchdog=True):
     """Train ``problem`` with every layer pair of an MLP, or every block of a transformer,
     split ``ways`` ways over the first worker tasks (Megatron-style tensor parallelism).
 
@@ -143,16 +145,22 @@ def tensor_parallel(problem, cluster, *, ways: int = 2, steps: int = 200, seed: 
     the residual stream and the LayerNorms, along the sequence (Korthikanti et al. 2022): each
     sum becomes a reduce-scatter and each half-block's input an all-gather
     (``costs.transformer_sequence_parallel_bytes``).
-    ``layout=train.Layout(tensor=k)`` says the same as ``ways=k``.
+    ``layout=train.Layout(tensor=k, sequence_parallel=True)`` says the same as ``ways=k,
+    sequence_parallel=True``, which build one (2 ways when left out).
     ``slow={"worker:1": 0.05}`` makes that worker sleep that long a step: every sum waits for
     it. A dead task ends the run with a TaskError naming it.
     """
     watchdog = checked_run(steps, seed, trace_step, watchdog)
     dense_only(problem, "tensor_parallel")
-    if layout is not None:
+    with said_as(layout is not None, tensor="ways"):
+        layout = Layout.given(layout, "tensor_parallel", {"tensor": 2}, tensor=ways,
+                              sequence_parallel=sequence_parallel)
         ways = layout.alone("tensor", "tensor_parallel")
-    checks.whole(ways, "ways", example=2)
-    enough_workers(cluster, ways, "ways", "each way runs on a worker task")
+        layout.without("tensor_parallel", micro_batches="runs the whole batch at once",
+                       schedule="has no pipeline", zero="keeps whole copies")
+        enough_workers(cluster, ways, "ways", "each way runs on a worker task")
+        layout.fits(problem)
+    sequence_parallel = layout.sequence_parallel
     available = len(cluster.addresses["worker"])
     devices, slow_devices = worker_devices(cluster, ways, slow)
     if sequence_parallel:
@@ -173,6 +181,7 @@ def tensor_parallel(problem, cluster, *, ways: int = 2, steps: int = 200, seed: 
                         watchdog, cluster=cluster)
     history = runner.history
     history.details["split"] = split
+    history.details["layout"] = layout
     history.details["bytes_formula"] = {names.task(device): sent
                                         for device, sent in zip(devices, formula)}
     return run_one_replica(built, cluster.target(*names.split(devices[0])),

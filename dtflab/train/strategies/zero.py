@@ -41,7 +41,7 @@ STAGES = (1, 2, 3)
 
 
 @takes_program_options
-def zero(problem, *, stage: int = 1, **options):
+def zero(problem, *, stage: int | None = None, **options):
     """Train ``problem`` with ZeRO stage ``stage`` (1, 2 or 3) in ``workers`` worker programs.
 
     In [1]: history = train.zero(train.transformer(), stage=2, workers=2, steps=100)
@@ -53,15 +53,25 @@ def zero(problem, *, stage: int = 1, **options):
     worker process's ``rss`` and ``pss``), ``step_peak_bytes`` (each worker's peak per step
     beyond what it held before it), ``fingerprints``, ``bytes_per_step_formula`` and
     ``state_bytes_formula``. Stage 3 is ``train.sharded_data_parallel``.
-    The other arguments are ``train.all_reduce``'s.
+    ``layout=train.Layout(data=2, zero=2)`` says the same as ``workers=2, stage=2`` (stage 1
+    when neither says). The other arguments are ``train.all_reduce``'s.
     """
-    checks.one_of(stage, "stage", STAGES)
     dense_only(problem, "zero")
+    if stage is None and options.get("layout") is None:
+        stage = 1
+    if stage is not None:
+        checks.one_of(stage, "stage", STAGES)
+    checked = ProgramOptions(**options).checked(problem, "zero", zero=stage)
+    stage = checked.layout.zero
+    if stage == 0:
+        raise ValueError("zero=0: train.zero runs ZeRO's stages 1 to 3; use zero=1, or "
+                         "train.all_reduce for a whole copy on every worker")
     if stage == 3:
         from dtflab.train.strategies.sharded_data_parallel import sharded_data_parallel
 
-        return sharded_data_parallel(problem, **options)
-    options = ProgramOptions(**options).checked(problem)
+        return sharded_data_parallel(problem, **{**options, "workers": None,
+                                                 "layout": checked.layout})
+    options = checked
     m, n = problem.parameter_bytes, options.workers
     details = {"bytes_per_step_formula": costs.all_reduce_bytes(m, n),
                "state_bytes_formula": {"parameters": m, "slots": 2 * m / n},
