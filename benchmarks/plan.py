@@ -12,7 +12,7 @@ state). Predictions are made before the first run.
 - plan_memory_max_rel_error: the same for memory by kind (each kind above 1 MB), the worst,
   and plan_memory_mean_rel_error;
 - plan_published_max_rel_error (and _mean_): the nine published A100 runs
-  (``formulas.published``) on the A100 preset;
+  (``planner.published``) on the A100 preset;
 - calibration_s: how long ``calibrate`` took; calibration: what it measured;
 - runs: each run's predicted and measured step (ms) and memory by kind (MB).
 
@@ -65,7 +65,7 @@ def memory(history) -> dict:
 def runs(shape: dict, experts: bool):
     """``(name, workers, run(cluster) -> history, Plan)`` for each strategy on ``shape``."""
     from dtflab import train
-    from dtflab.train.formulas.plan import Plan
+    from dtflab.train.planner.device_memory import Plan
 
     problem = train.transformer(**shape)
     base = Plan(blocks=shape["blocks"], d_model=shape["d_model"], heads=shape["heads"],
@@ -111,9 +111,9 @@ def runs(shape: dict, experts: bool):
 
 def main(quick: bool) -> None:
     import dtflab
-    from dtflab.train.experiments.calibration import calibrate
-    from dtflab.train.formulas import published, step_time
-    from dtflab.train.formulas.plan import per_device
+    from dtflab.train.planner.calibration import calibrate
+    from dtflab.train.planner import published, step_time
+    from dtflab.train.planner.device_memory import per_device
 
     shapes = [dict(blocks=4, d_model=128, heads=4, sequence=64, batch_size=16)]
     if not quick:

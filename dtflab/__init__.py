@@ -52,9 +52,9 @@ def __getattr__(name):
 
         return getattr(memory_planner, name)
     if name in ("plan", "RunPlans"):
-        from dtflab.train.experiments import planning
+        from dtflab.train.planner import plans
 
-        return getattr(planning, name)
+        return getattr(plans, name)
     if name in ("schedule_playground", "SchedulePlayground"):
         from dtflab.ui import schedule_playground
 

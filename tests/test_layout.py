@@ -200,7 +200,7 @@ def test_every_loop_refuses_through_the_one_layout_before_it_starts_anything(cal
 
 
 def test_a_plans_layout_is_the_layout_a_loop_takes():
-    from dtflab.train.formulas.plan import Plan
+    from dtflab.train.planner.device_memory import Plan
 
     plan = Plan(blocks=4, pipeline=2, micro_batches=4, schedule="gpipe", data=2)
     assert plan.layout == train.Layout(data=2, pipeline=2, micro_batches=4, schedule="gpipe")

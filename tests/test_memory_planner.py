@@ -6,7 +6,7 @@ import pytest
 
 import dtflab
 from dtflab import train
-from dtflab.train.formulas import plan as formulas
+from dtflab.train.planner import device_memory
 
 
 @pytest.mark.slow
@@ -72,14 +72,14 @@ def test_the_fields_move_the_bars_and_a_plan_it_cannot_run_says_why():
 def test_the_ways_split_what_the_references_say_they_split():
     """A pipeline's first stage under 1F1B keeps the activations of min(p, m) micro-batches
     of its blocks; ZeRO stage s shards one more kind over the data replicas."""
-    shape = dict(formulas.PRESETS["GPT, 32 x 4096 (6.7 B)"], precision="bfloat16")
-    one = formulas.per_device(formulas.Plan(**shape))
-    staged = formulas.per_device(formulas.Plan(**shape, pipeline=4, micro_batches=8))
+    shape = dict(device_memory.PRESETS["GPT, 32 x 4096 (6.7 B)"], precision="bfloat16")
+    one = device_memory.per_device(device_memory.Plan(**shape))
+    staged = device_memory.per_device(device_memory.Plan(**shape, pipeline=4, micro_batches=8))
     # a quarter of the blocks, 4 micro-batches of an eighth of the batch in flight: an eighth
     # of the blocks' activations, and half the one-hot tokens (the loss's are the last stage's)
     assert 0.125 < staged["activations"] / one["activations"] < 0.2
     assert 0.24 < staged["parameters"] / one["parameters"] < 0.27
-    sharded = [formulas.per_device(formulas.Plan(**shape, data=8, stage=stage))
+    sharded = [device_memory.per_device(device_memory.Plan(**shape, data=8, stage=stage))
                for stage in (0, 1, 2, 3)]
     assert [s["optimizer"] for s in sharded[1:]] == [sharded[0]["optimizer"] // 8] * 3
     assert sharded[2]["gradients"] == sharded[3]["gradients"] == sharded[0]["gradients"] // 8
@@ -127,7 +127,7 @@ def test_the_verdict_says_each_amount_in_its_own_unit_and_no_error_reads_minus_z
 
 
 def test_in_16_bits_the_line_says_the_activations_hold_the_weights_copies():
-    shape = dict(formulas.PRESETS["GPT, 32 x 4096 (6.7 B)"], recompute="full")
+    shape = dict(device_memory.PRESETS["GPT, 32 x 4096 (6.7 B)"], recompute="full")
     planner = dtflab.memory_planner(**shape, precision="float32")
     assert "16-bit copies" not in planner.line.value
     as_float32 = planner.predicted["activations"]

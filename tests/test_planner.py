@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 import dtflab
-from dtflab.train.formulas import hardware, planner, published, step_time
-from dtflab.train.formulas.plan import Plan, per_device
+from dtflab.train.planner import hardware, published, search, step_time
+from dtflab.train.planner.device_memory import Plan, per_device
 
 GPT_65B = "GPT, 80 x 8192 (65 B)"
 
@@ -74,7 +74,7 @@ def test_the_critical_batch_is_where_the_arithmetic_first_outlasts_the_communica
     base = Plan(blocks=8, d_model=1024, heads=16, sequence=1024, vocabulary=32000, batch=64,
                 precision="bfloat16", data=8, micro_batches=8)
     machine = hardware.cpu_cluster()  # a slow network: the data axis binds at small batches
-    batch = planner.critical_batch(base, machine)
+    batch = search.critical_batch(base, machine)
     # meant: critical_batch returns None where the traffic outlasts the arithmetic at any batch
     assert batch is not None and batch % 8 == 0
 

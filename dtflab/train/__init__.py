@@ -8,8 +8,10 @@ counts as stalled and how often it is retried on a new session (train.run.watchd
 
 The rooms, top to bottom (each imports only the rooms below it; ``tests/test_layers.py``):
 
-- ``experiments/``: runs of several strategies and what they fit (scaling, the scaling model),
-  the planner's front door (``dtflab.plan``) and the calibration it plans "here" on.
+- ``planner/``: a run planned at any size before it is run: each device's memory, the step
+  time, the hardware (presets, or this cluster's, calibrated), every layout over N devices, the
+  published runs it is checked against, and its front door (``dtflab.plan``).
+- ``experiments/``: runs of several strategies and what they fit (scaling, the scaling model).
 - ``strategies/``: one module per loop, named like the function it defines: ``single``,
   ``model_parallel`` (2016: variables on the ps tasks), ``sync_data_parallel`` (towers
   through a ps), ``async_parameter_server`` (Downpour), ``ps_strategy`` (TF2's
@@ -57,7 +59,7 @@ WHERE = {
     "context_parallel": "strategies.context_parallel", "combined": "strategies.combined",
     "expert_parallel": "strategies.expert_parallel",
     "sharded_data_parallel": "strategies.sharded_data_parallel", "zero": "strategies.zero",
-    "Layout": "layouts.layout", "calibrate": "experiments.calibration",
+    "Layout": "layouts.layout", "calibrate": "planner.calibration",
 }
 
 
@@ -68,9 +70,8 @@ MOVED = {"costs": "formulas.costs", "bubble": "measure.bubble",
          "scaling_model": "experiments.scaling_model", "callbacks": "run.callbacks",
          "history": "run.history", "runner": "run.runner", "watchdog": "run.watchdog",
          "checkpoints": "run.checkpoints", "ring": "layouts.ring",
-         "schedules": "formulas.schedules", "step_time": "formulas.step_time",
-         "hardware": "formulas.hardware", "published": "formulas.published",
-         "planner": "formulas.planner"}
+         "schedules": "formulas.schedules", "step_time": "planner.step_time",
+         "hardware": "planner.hardware", "published": "planner.published"}
 
 
 def __getattr__(name):

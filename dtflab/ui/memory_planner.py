@@ -8,20 +8,20 @@ In [2]: planner                       # the widget
 In [3]: planner.set(tensor=4, pipeline=2, precision="bfloat16")
 In [4]: planner.measure()             # or the button; planner.measured, planner.errors
 
-The arithmetic is ``dtflab.train.formulas.plan``'s (its docstring says which terms dtflab has
-measured and which are the references' and not yet measured here). Measure cannot run a plan
-split by tensor, pipeline or ZeRO: ``train.memory`` measures one replica's traced step, and the
-loops that split a transformer (``train.pipeline``, ``train.tensor_parallel``, ``train.zero``)
-report losses and bytes on the wire, not bytes per device by kind; it says so instead of
-drawing.
+The arithmetic is ``dtflab.train.planner.device_memory``'s (its docstring says which terms
+dtflab has measured and which are the references' and not yet measured here). Measure cannot
+run a plan split by tensor, pipeline or ZeRO: ``train.memory`` measures one replica's traced
+step, and the loops that split a transformer (``train.pipeline``, ``train.tensor_parallel``,
+``train.zero``) report losses and bytes on the wire, not bytes per device by kind; it says so
+instead of drawing.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from dtflab.train.formulas import plan as formulas
-from dtflab.train.layouts.layout import RECOMPUTE, ZERO_STAGES
+from dtflab.train.layouts.layout import PRECISIONS, RECOMPUTE, ZERO_STAGES
+from dtflab.train.planner import device_memory
 
 #: The colours of the kinds, bottom to top.
 COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868",
@@ -55,24 +55,24 @@ def percent(share: float) -> str:
     return "0.00%" if text in ("+0.00%", "-0.00%") else text
 
 
-def preset_of(plan: formulas.Plan) -> str:
+def preset_of(plan: device_memory.Plan) -> str:
     """The preset whose shape ``plan`` has (as the menu sets it, tied unless it says), or
     ``YOUR_OWN``."""
-    for name, shape in formulas.PRESETS.items():
+    for name, shape in device_memory.PRESETS.items():
         if all(getattr(plan, field) == value for field, value in {"tied": True, **shape}.items()):
             return name
     return YOUR_OWN
 
 
 class MemoryPlanner:
-    """See the module's docstring. ``plan`` holds the current :class:`~formulas.Plan`;
-    ``predicted`` and ``measured`` the bytes by kind (``measured`` empty until Measure);
+    """See the module's docstring. ``plan`` holds the current
+    :class:`~dtflab.train.planner.device_memory.Plan`; ``predicted`` and ``measured`` the bytes by kind (``measured`` empty until Measure);
     ``status`` the line under the bars."""
 
-    def __init__(self, plan: formulas.Plan | None = None, *, budget_gb: float = 80.0):
+    def __init__(self, plan: device_memory.Plan | None = None, *, budget_gb: float = 80.0):
         import ipywidgets as w
 
-        self.plan = plan or formulas.Plan()
+        self.plan = plan or device_memory.Plan()
         self.budget_gb = float(budget_gb)
         self.measured: dict = {}
         self.errors: dict = {}
@@ -87,7 +87,7 @@ class MemoryPlanner:
         for name in ("data", "tensor", "pipeline"):
             fields[name] = w.Dropdown(options=WAYS, value=getattr(self.plan, name),
                                       description=f"{name} ways", layout=w.Layout(width="190px"))
-        fields["precision"] = w.ToggleButtons(options=list(formulas.memory.BYTES),
+        fields["precision"] = w.ToggleButtons(options=list(PRECISIONS),
                                               value=self.plan.precision, description="precision")
         fields["recompute"] = w.ToggleButtons(options=list(RECOMPUTE),
                                               value=self.plan.recompute, description="recompute")
@@ -97,8 +97,8 @@ class MemoryPlanner:
         for control in fields.values():
             control.style.description_width = "initial"
         self.fields = fields
-        self.preset = w.Dropdown(options=[YOUR_OWN, *formulas.PRESETS], value=preset_of(self.plan),
-                                 description="preset")
+        self.preset = w.Dropdown(options=[YOUR_OWN, *device_memory.PRESETS],
+                                 value=preset_of(self.plan), description="preset")
         self.budget = w.BoundedFloatText(value=self.budget_gb, min=0.001, max=1e6, step=1,
                                          description="budget GB", layout=w.Layout(width="190px"))
         self.measure_button = w.Button(description="Measure", icon="play",
@@ -116,7 +116,7 @@ class MemoryPlanner:
 
     @property
     def predicted(self) -> dict[str, int]:
-        return formulas.per_device(self.plan)
+        return device_memory.per_device(self.plan)
 
     def set(self, **changes) -> MemoryPlanner:
         """Change the plan's fields (``tensor=4``, ``precision="bfloat16"``...) as the controls
@@ -159,7 +159,7 @@ class MemoryPlanner:
                 self._draw()
                 return {}
             report = train.memory(problem, micro_batches=plan.micro_batches)
-            self.measured = {kind: report.measured[kind] for kind in formulas.KINDS}
+            self.measured = {kind: report.measured[kind] for kind in device_memory.KINDS}
             self.measured["total"] = sum(self.measured.values())
             self.errors = {kind: (self.predicted[kind] - value) / value
                            for kind, value in self.measured.items() if value}
@@ -220,7 +220,7 @@ class MemoryPlanner:
             return
         values = {name: control.value for name, control in self.fields.items()}
         try:
-            plan = formulas.Plan(**values)
+            plan = device_memory.Plan(**values)
         except ValueError as error:
             self.status = str(error)
             self._draw()
@@ -231,15 +231,15 @@ class MemoryPlanner:
     def _preset(self, change):
         if self._updating:  # the menu following the fields (_apply), not a learner's choice
             return
-        if change["new"] in formulas.PRESETS:
-            shape = {"tied": True, **formulas.PRESETS[change["new"]]}
+        if change["new"] in device_memory.PRESETS:
+            shape = {"tied": True, **device_memory.PRESETS[change["new"]]}
             try:
                 self.set(**shape)
             except ValueError as error:  # the ways set do not split this shape
                 self.status = str(error)
                 self._draw()
 
-    def _apply(self, plan: formulas.Plan):
+    def _apply(self, plan: device_memory.Plan):
         if plan != self.plan:
             self.measured, self.errors = {}, {}
         self.plan = plan
@@ -295,19 +295,19 @@ class MemoryPlanner:
     def _weight_copies(self) -> int:
         """Bytes of the 16-bit weight copies in one replica's activations (0 in float32)."""
         plan = self.plan
-        return formulas.memory.activation_bytes(
+        return device_memory.memory.activation_bytes(
             plan.blocks, plan.d_model, plan.heads, plan.sequence, plan.batch // plan.data,
             plan.vocabulary, recompute=plan.recompute, precision=plan.precision)["weight_copies"]
 
 
 def memory_planner(preset: str | None = None, *, budget_gb: float = 80.0, **fields):
     """A :class:`MemoryPlanner` starting from ``preset`` (a name in
-    ``formulas.plan.PRESETS``) and/or ``fields`` of ``formulas.plan.Plan``."""
+    ``planner.device_memory.PRESETS``) and/or ``fields`` of ``planner.device_memory.Plan``."""
     from dtflab import checks
 
     start = {}
     if preset is not None:
-        checks.one_of(preset, "preset", tuple(formulas.PRESETS))
-        start.update(formulas.PRESETS[preset])
+        checks.one_of(preset, "preset", tuple(device_memory.PRESETS))
+        start.update(device_memory.PRESETS[preset])
     start.update(fields)
-    return MemoryPlanner(formulas.Plan(**start), budget_gb=budget_gb)
+    return MemoryPlanner(device_memory.Plan(**start), budget_gb=budget_gb)

@@ -2,6 +2,6 @@
 speedups. Pure Python: no TensorFlow, no cluster; a formula is checked against a measurement in
 the tests, never against itself."""
 
-from dtflab.train.formulas import costs, memory, plan, scaling, transformer  # noqa: F401
+from dtflab.train.formulas import costs, memory, scaling, transformer  # noqa: F401
 
-__all__ = ["costs", "memory", "plan", "scaling", "transformer"]
+__all__ = ["costs", "memory", "scaling", "transformer"]

@@ -3,7 +3,7 @@ between devices, as the planner's step-time model reads them (pure Python).
 
 A :class:`Hardware` is measured here (``dtflab.train.experiments.calibrate``: ``measured=True``)
 or taken from a datasheet and a paper (:data:`PRESETS`, each figure's source in its entry). The
-model (``formulas.step_time``) charges each op of a step:
+model (``planner.step_time``) charges each op of a step:
 
 - arithmetic: FLOPs over the peak rate of its kind (a matrix multiply, or anything else) times
   that kind's efficiency at the op's size (:meth:`Hardware.efficiency`, thresholds in GFLOP as

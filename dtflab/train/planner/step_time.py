@@ -1,5 +1,5 @@
-"""How long one training step of a :class:`~dtflab.train.formulas.plan.Plan` takes on a
-:class:`~dtflab.train.formulas.hardware.Hardware`, by part (pure Python).
+"""How long one training step of a :class:`~dtflab.train.planner.device_memory.Plan` takes on a
+:class:`~dtflab.train.planner.hardware.Hardware`, by part (pure Python).
 
 One device's work for one micro-batch is the ops of its blocks (forward, backward, what
 recomputation runs again; and the first stage's embedding, the last stage's output layer and
@@ -41,8 +41,8 @@ embedding's gather cost, and anything a framework adds between ops beyond ``per_
 from __future__ import annotations
 
 from dtflab.train.formulas import memory, schedules
-from dtflab.train.formulas.hardware import Hardware
-from dtflab.train.formulas.plan import Plan, stage_parameters
+from dtflab.train.planner.hardware import Hardware
+from dtflab.train.planner.device_memory import Plan, stage_parameters
 
 #: The parts of a step, in the order a breakdown lists them.
 PARTS = ("compute", "recompute", "tensor", "context", "expert", "pipeline", "bubble", "data",

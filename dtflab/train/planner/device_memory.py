@@ -62,7 +62,7 @@ class Plan:
     pipeline: int = 1
     stage: int = 0
     tied: bool = True
-    # The planner's levers (formulas.step_time, formulas.planner); the defaults change nothing
+    # The planner's levers (planner.step_time, planner.search); the defaults change nothing
     # above. ``context``: ways the sequence is cut (ring attention); ``experts`` E and
     # ``top_k``: a mixture in each block's MLP, its experts over ``expert`` of the data ways;
     # ``sequence_parallel`` with tensor ways; ``chunks``: the interleaved schedule's v;

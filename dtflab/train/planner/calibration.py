@@ -1,5 +1,5 @@
 """This cluster's hardware, measured in one call: what the planner's ``hardware="here"`` plans
-on (``formulas.hardware.Hardware`` with ``measured=True``).
+on (``planner.hardware.Hardware`` with ``measured=True``).
 
 Five measurements, on the cluster's worker tasks, each a median of several runs; where an op is
 timed, a chain of it runs in one step (Grappler off, so the chain is not folded), less a step
@@ -34,10 +34,10 @@ from dataclasses import replace
 from dtflab import checks, names
 from dtflab._quiet import import_tf
 from dtflab.machine import cpus
-from dtflab.train.formulas.hardware import Hardware, Link
+from dtflab.train.planner.hardware import Hardware, Link
 
 SIZES = (256, 512, 1024)
-#: The op charges the step-time model makes for a block (``formulas.step_time.block_ops``: 12
+#: The op charges the step-time model makes for a block (``planner.step_time.block_ops``: 12
 #: ops forward, each again backward).
 MODELLED_OPS_PER_BLOCK = 2 * 12
 
@@ -194,14 +194,14 @@ BLOCK_SHAPES = (dict(d_model=64, heads=4, sequence=32, batch_size=8),
 
 def element_wise(target, device, hardware: Hardware, repeats: int) -> tuple[float, float]:
     """``(per_op_s, seconds_per_byte)`` of the ops of dtflab's transformer block that are not
-    multiplies, as the step-time model counts them (``formulas.step_time.block_ops``: 24 op
+    multiplies, as the step-time model counts them (``planner.step_time.block_ops``: 24 op
     charges a block, forward and backward, and their element-wise bytes): from untraced
     training steps of 1 and 3 blocks on one task at two widths, each block's time less its
     multiplies' (``hardware``'s rates), solved for a fixed cost a modelled op and a cost a
     modelled byte. dtflab's LayerNorm, GELU and softmax are several TensorFlow ops each, and
     its executor runs each one; this prices what that costs here."""
-    from dtflab.train.formulas import step_time
-    from dtflab.train.formulas.plan import Plan
+    from dtflab.train.planner import step_time
+    from dtflab.train.planner.device_memory import Plan
     from dtflab.train.problems import transformer
     from dtflab.train.run.graphs import single_graph
 

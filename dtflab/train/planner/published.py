@@ -19,9 +19,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from dtflab.train.formulas import step_time
-from dtflab.train.formulas.hardware import a100_node
-from dtflab.train.formulas.plan import Plan, per_device
+from dtflab.train.planner import step_time
+from dtflab.train.planner.hardware import a100_node
+from dtflab.train.planner.device_memory import Plan, per_device
 
 #: The four models (blocks, d_model, heads), Table 3.
 MODELS = {"22B": (48, 6144, 64), "175B": (96, 12288, 96), "530B": (105, 20480, 128),

@@ -1,8 +1,8 @@
 """Every layout of a transformer's training over N devices, each with its predicted memory per
-device by kind (``formulas.plan``) and its step time by part (``formulas.step_time``), sorted
+device by kind (``planner.device_memory``) and its step time by part (``planner.step_time``), sorted
 by time among those that fit (pure Python; ``dtflab.plan`` is the front door).
 
-A layout is a :class:`~dtflab.train.formulas.plan.Plan`: data x tensor x pipeline x context ways
+A layout is a :class:`~dtflab.train.planner.device_memory.Plan`: data x tensor x pipeline x context ways
 multiplying to N (and expert ways among the data ways, for a mixture), a micro-batch size, a
 ZeRO stage, a recomputation, sequence parallelism with tensor ways, and the interleaved
 schedule's chunks. The ones enumerated keep tensor and context groups inside a node, as
@@ -15,9 +15,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from dtflab.train.formulas import step_time
-from dtflab.train.formulas.hardware import Hardware
-from dtflab.train.formulas.plan import Plan, per_device
+from dtflab.train.planner import step_time
+from dtflab.train.planner.hardware import Hardware
+from dtflab.train.planner.device_memory import Plan, per_device
 
 #: What a layout row reports beside the Plan.
 KINDS = ("parameters", "gradients", "optimizer", "activations")

@@ -1,5 +1,5 @@
 """Plan a run: every layout of a transformer over N devices, predicted on hardware measured
-here or taken from a datasheet (``dtflab.plan``; the arithmetic is ``formulas.planner``'s).
+here or taken from a datasheet (``dtflab.plan``; the arithmetic is ``planner.search``'s).
 
 In [1]: plans = dtflab.plan("GPT, 80 x 8192 (65 B)", devices=1024, hardware="h100", batch=1024)
 In [2]: plans.best                       # the fastest layout that fits, with its breakdown
@@ -7,7 +7,7 @@ In [3]: plans.heatmap()                  # tensor x pipeline ways, each cell its
 In [4]: dtflab.plan(train.transformer(), devices=2, hardware="here", cluster=cluster)
 
 What it cannot see: stragglers, a network that other jobs share, kernels a framework fuses or
-leaves unfused beyond what ``formulas.step_time`` counts, and memory the framework itself
+leaves unfused beyond what ``planner.step_time`` counts, and memory the framework itself
 holds (allocator slack, CUDA context, communication buffers).
 """
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
-from dtflab.train.formulas import hardware as machines
-from dtflab.train.formulas import plan as shapes
-from dtflab.train.formulas import planner
-from dtflab.train.formulas.hardware import Hardware
+from dtflab.train.planner import device_memory as shapes
+from dtflab.train.planner import hardware as machines
+from dtflab.train.planner import search
+from dtflab.train.planner.hardware import Hardware
 
 VIEWS = "dtflab.viz.plan_map"
 #: Ways ``plan()`` may be told to keep (``tensor=8``): only layouts with them are planned.
@@ -27,7 +27,7 @@ WAYS = ("data", "tensor", "pipeline", "context", "expert")
 
 
 class RunPlans:
-    """Every layout's :class:`~dtflab.train.formulas.planner.Row` for one model, device count
+    """Every layout's :class:`~dtflab.train.planner.search.Row` for one model, device count
     and hardware: ``rows`` (fastest that fit first), ``best``, ``fitting``, a text ``table()``
     and the ``heatmap()``."""
 
@@ -43,7 +43,7 @@ class RunPlans:
         """The fastest layout that fits (a ValueError naming the smallest memory any layout
         reaches, and the lever that would help, where none does)."""
         if not self.fitting:
-            raise ValueError(planner.cannot_fit(self.rows, self.hardware))
+            raise ValueError(search.cannot_fit(self.rows, self.hardware))
         return self.fitting[0]
 
     def table(self, count: int = 10) -> Table:
@@ -59,7 +59,7 @@ class RunPlans:
                          f"{row.tokens_per_s:,.0f}",
                          "-" if row.critical_batch is None else f"{row.critical_batch:,}",
                          ", ".join(f"{k} {v:.3g}" for v, k in parts)))
-        foot = "" if self.fitting else planner.cannot_fit(self.rows, self.hardware)
+        foot = "" if self.fitting else search.cannot_fit(self.rows, self.hardware)
         return Table(head, rows, foot)
 
     def __repr__(self) -> str:
@@ -76,7 +76,7 @@ class RunPlans:
 
 def base_plan(model, **overrides) -> shapes.Plan:
     """A Plan of ``model``'s shape: a ``train.transformer(...)`` problem, a preset's name
-    (``formulas.plan.PRESETS``) or a dict of Plan fields; ``overrides`` (``batch=``,
+    (``planner.device_memory.PRESETS``) or a dict of Plan fields; ``overrides`` (``batch=``,
     ``precision=``...) on top."""
     if isinstance(model, str):
         if model not in shapes.PRESETS:
@@ -109,7 +109,7 @@ def resolve(hardware, cluster=None) -> Hardware:
             raise ValueError("hardware='here' measures a cluster: pass cluster=... (e.g. "
                              "dtflab.start_cluster(workers=2)), or name a preset: "
                              + ", ".join(repr(name) for name in machines.PRESETS))
-        from dtflab.train.experiments.calibration import calibrate
+        from dtflab.train.planner.calibration import calibrate
 
         return calibrate(cluster)
     return machines.preset(hardware)
@@ -130,12 +130,12 @@ def plan(model, devices: int, hardware="h100", *, cluster=None, memory_gb: float
         checks.whole(ways, axis, example=1)
         if devices % ways:
             raise ValueError(f"{axis}={ways}: {ways} {axis} ways do not divide {devices} devices; "
-                             f"use one of {', '.join(map(str, planner.divisors(devices)))}")
+                             f"use one of {', '.join(map(str, search.divisors(devices)))}")
     base = base_plan(model, **overrides)
     machine = resolve(hardware, cluster)
     if memory_gb is not None:
         machine = machines.with_memory(machine, memory_gb * 1e9)
-    rows = planner.plans(dataclasses.replace(base, data=1, tensor=1, pipeline=1), devices,
+    rows = search.plans(dataclasses.replace(base, data=1, tensor=1, pipeline=1), devices,
                          machine)
     rows = [row for row in rows if all(getattr(row.plan, axis) == ways
                                        for axis, ways in fixed.items())]
