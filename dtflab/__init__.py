@@ -21,76 +21,43 @@ from dtflab.errors import DtflabError, NotSupportedError, TaskError
 __version__ = "0.1.0"
 
 
-#: Names of ``dtflab.cluster``, imported on first use: a task process imports the dtflab package
-#: before its entry point, and the entry points import nothing of the code that starts them.
+#: Each public name, the module that defines it and its name there, imported on first use: a
+#: task process imports the dtflab package before its entry point, and must stay
+#: single-threaded until it has joined its private network (numpy starts threads on import).
 CLUSTER = ("Cluster", "TaskInfo", "TaskState", "run", "start_cluster")
 PICTURES = ("cluster_picture", "placement_picture", "towers_picture", "coordinator_picture",
             "downpour_picture", "checkpoint_picture", "pipeline_picture")
+WHERE = {
+    **{name: ("dtflab.cluster", name) for name in CLUSTER},
+    **{name: ("dtflab.viz.pictures", name) for name in PICTURES},
+    "PlacementPlan": ("dtflab.placement", "PlacementPlan"),
+    "PlacementEditor": ("dtflab.ui.placement_editor", "PlacementEditor"),
+    "memory_planner": ("dtflab.ui.memory_planner", "memory_planner"),
+    "MemoryPlanner": ("dtflab.ui.memory_planner", "MemoryPlanner"),
+    "plan": ("dtflab.train.planner.plans", "plan"),
+    "RunPlans": ("dtflab.train.planner.plans", "RunPlans"),
+    "schedule_playground": ("dtflab.ui.schedule_playground", "schedule_playground"),
+    "SchedulePlayground": ("dtflab.ui.schedule_playground", "SchedulePlayground"),
+    "Dashboard": ("dtflab.viz.dashboard", "Dashboard"),
+    "architectures": ("dtflab.viz.architectures", "architectures"),
+    "slices_picture": ("dtflab.viz.slices", "slices_picture"),
+    "bytes_sent": ("dtflab.network.transport", "bytes_sent"),
+    "ScalingModel": ("dtflab.viz.scaling", "ScalingModel"),
+    "scaling_figure": ("dtflab.viz.scaling", "scaling_figure"),
+    "curves_figure": ("dtflab.viz.scaling", "curves_figure"),
+    "cpus": ("dtflab.machine", "cpus"),
+    "short_device": ("dtflab.names", "short"),
+}
 
 
 def __getattr__(name):
-    # Imported on first use: a task server imports dtflab and must stay single-threaded until
-    # it has joined its private network (numpy starts threads on import).
+    import importlib
+
     if name in ("train", "cluster"):
-        import importlib
-
         return importlib.import_module(f"dtflab.{name}")
-    if name in CLUSTER:
-        from dtflab import cluster
-
-        return getattr(cluster, name)
-    if name == "PlacementPlan":
-        from dtflab.placement import PlacementPlan
-
-        return PlacementPlan
-    if name == "PlacementEditor":
-        from dtflab.ui.placement_editor import PlacementEditor
-
-        return PlacementEditor
-    if name in ("memory_planner", "MemoryPlanner"):
-        from dtflab.ui import memory_planner
-
-        return getattr(memory_planner, name)
-    if name in ("plan", "RunPlans"):
-        from dtflab.train.planner import plans
-
-        return getattr(plans, name)
-    if name in ("schedule_playground", "SchedulePlayground"):
-        from dtflab.ui import schedule_playground
-
-        return getattr(schedule_playground, name)
-    if name == "Dashboard":
-        from dtflab.viz.dashboard import Dashboard
-
-        return Dashboard
-    if name == "architectures":
-        from dtflab.viz.architectures import architectures
-
-        return architectures
-    if name in PICTURES:
-        from dtflab.viz import pictures
-
-        return getattr(pictures, name)
-    if name == "slices_picture":
-        from dtflab.viz.slices import slices_picture
-
-        return slices_picture
-    if name == "bytes_sent":
-        from dtflab.network.transport import bytes_sent
-
-        return bytes_sent
-    if name in ("ScalingModel", "scaling_figure", "curves_figure"):
-        from dtflab.viz import scaling
-
-        return getattr(scaling, name)
-    if name == "cpus":
-        from dtflab.machine import cpus
-
-        return cpus
-    if name == "short_device":
-        from dtflab.names import short
-
-        return short
+    if name in WHERE:
+        module, attribute = WHERE[name]
+        return getattr(importlib.import_module(module), attribute)
     raise AttributeError(f"module 'dtflab' has no attribute {name!r}")
 
 

@@ -204,5 +204,5 @@ def test_a_plans_layout_is_the_layout_a_loop_takes():
 
     plan = Plan(blocks=4, pipeline=2, micro_batches=4, schedule="gpipe", data=2)
     assert plan.layout == train.Layout(data=2, pipeline=2, micro_batches=4, schedule="gpipe")
-    with pytest.raises(ValueError, match=r"^stage=4: ZeRO's stage must be one of"):
-        Plan(stage=4)
+    with pytest.raises(ValueError, match=r"^zero=4: ZeRO's stage must be one of"):
+        Plan(zero=4)

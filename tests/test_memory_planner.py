@@ -51,7 +51,7 @@ def test_the_fields_move_the_bars_and_a_plan_it_cannot_run_says_why():
     assert after["activations"] < before["activations"]
     assert after["parameters"] < before["parameters"]
     assert planner.source.data["activations"][0] < bars["activations"][0]  # the bar moved
-    planner.fields["stage"].value = 1  # ZeRO 1 over one replica changes nothing
+    planner.fields["zero"].value = 1  # ZeRO 1 over one replica changes nothing
     assert planner.predicted["optimizer"] == after["optimizer"]
     planner.fields["data"].value = 8
     assert planner.predicted["optimizer"] < after["optimizer"] / 7
@@ -65,7 +65,7 @@ def test_the_fields_move_the_bars_and_a_plan_it_cannot_run_says_why():
     assert "heads=5: d_model=768 does not split into 5 equal heads" in planner.line.value
     assert planner.source.data == bars
     # too big to run here
-    planner.set(heads=12, tensor=1, pipeline=1, stage=0, data=1)
+    planner.set(heads=12, tensor=1, pipeline=1, zero=0, data=1)
     assert planner.measure() == {} and "only plans under 1024 MB" in planner.status
 
 
@@ -79,7 +79,7 @@ def test_the_ways_split_what_the_references_say_they_split():
     # of the blocks' activations, and half the one-hot tokens (the loss's are the last stage's)
     assert 0.125 < staged["activations"] / one["activations"] < 0.2
     assert 0.24 < staged["parameters"] / one["parameters"] < 0.27
-    sharded = [device_memory.per_device(device_memory.Plan(**shape, data=8, stage=stage))
+    sharded = [device_memory.per_device(device_memory.Plan(**shape, data=8, zero=stage))
                for stage in (0, 1, 2, 3)]
     assert [s["optimizer"] for s in sharded[1:]] == [sharded[0]["optimizer"] // 8] * 3
     assert sharded[2]["gradients"] == sharded[3]["gradients"] == sharded[0]["gradients"] // 8
@@ -92,7 +92,7 @@ def test_the_ways_split_what_the_references_say_they_split():
     (dict(blocks=2, pipeline=4), r"pipeline=4: the 2-block model has 2 blocks, so at most 2 stages; use pipeline=2"),
     (dict(batch=16, data=4, micro_batches=8), r"micro_batches=8: a replica's 4 of the batch of "
                                                r"16 does not split into 8 equal micro-batches"),
-    (dict(stage=4), r"stage=4: ZeRO's stage must be one of 0, 1, 2, 3 .*; for example stage=1"),
+    (dict(zero=4), r"zero=4: ZeRO's stage must be one of 0, 1, 2, 3 .*; for example zero=1"),
     (dict(recompute="some"), r"recompute='some': recompute must be one of"),
     (dict(precision="fp8"), r"precision='fp8': precision must be one of"),
     (dict(preset="GPT-5"), r"preset='GPT-5': preset must be one of 'dtflab default"),

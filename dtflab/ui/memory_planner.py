@@ -91,8 +91,8 @@ class MemoryPlanner:
                                               value=self.plan.precision, description="precision")
         fields["recompute"] = w.ToggleButtons(options=list(RECOMPUTE),
                                               value=self.plan.recompute, description="recompute")
-        fields["stage"] = w.ToggleButtons(options=list(ZERO_STAGES), value=self.plan.stage,
-                                          description="ZeRO stage")
+        fields["zero"] = w.ToggleButtons(options=list(ZERO_STAGES), value=self.plan.zero,
+                                         description="ZeRO stage")
         fields["tied"] = w.Checkbox(value=self.plan.tied, description="tied output layer")
         for control in fields.values():
             control.style.description_width = "initial"
@@ -191,7 +191,7 @@ class MemoryPlanner:
                 w.HBox([f["blocks"], f["d_model"], f["heads"]]),
                 w.HBox([f["sequence"], f["vocabulary"], f["batch"]]),
                 w.HBox([f["data"], f["tensor"], f["pipeline"]]),
-                f["micro_batches"], f["precision"], f["recompute"], f["stage"], f["tied"],
+                f["micro_batches"], f["precision"], f["recompute"], f["zero"], f["tied"],
                 BokehModel(self.figure), self.line], layout=w.Layout(width="760px"))
             self.widget.add_class("dtflab-memory-planner")
         return self.widget

@@ -35,7 +35,7 @@ dtflab:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from dtflab.train.formulas import memory
 from dtflab.train.layouts.layout import Layout, said_as
@@ -44,9 +44,10 @@ KINDS = memory.KINDS
 
 
 @dataclass(frozen=True)
-class Plan:
-    """A transformer, its global batch, and how it is trained and split (the module's
-    docstring)."""
+class Plan(Layout):
+    """A layout (every way and choice, as the loops take it, checked there once) for one
+    transformer and its global batch in sequences (the module's docstring): ``plan.layout``
+    is the layout alone, for a loop (``train.pipeline(..., layout=plan.layout)``)."""
 
     blocks: int = 2
     d_model: int = 64
@@ -54,52 +55,38 @@ class Plan:
     sequence: int = 32
     vocabulary: int = 23
     batch: int = 16
-    micro_batches: int = 1
-    precision: str = "float32"
-    recompute: str = "none"
-    data: int = 1
-    tensor: int = 1
-    pipeline: int = 1
-    stage: int = 0
     tied: bool = True
     # The planner's levers (planner.step_time, planner.search); the defaults change nothing
-    # above. ``context``: ways the sequence is cut (ring attention); ``experts`` E and
-    # ``top_k``: a mixture in each block's MLP, its experts over ``expert`` of the data ways;
-    # ``sequence_parallel`` with tensor ways; ``chunks``: the interleaved schedule's v;
-    # ``dropout``: Megatron's dropouts (their masks and outputs kept, Korthikanti et al.'s
-    # count); ``regather``: sequence parallelism gathers a block's input again in the backward
-    # instead of keeping it whole (Megatron's choice, Korthikanti et al. section 4.2.2);
-    # ``overlap``: the data axis's gradient exchange under the backward; ``schedule``: the
-    # pipeline's (``formulas.schedules``; "interleaved" with chunks > 1); ``exchanges``: the
-    # collectives the data axis's exchange is cut into (1: bucketed, as DDP and Megatron do;
-    # dtflab's ZeRO programs exchange each parameter on its own).
-    context: int = 1
+    # above. ``experts`` E and ``top_k``: a mixture in each block's MLP, its experts over the
+    # layout's ``expert`` of the data ways; ``dropout``: Megatron's dropouts (their masks and
+    # outputs kept, Korthikanti et al.'s count); ``regather``: sequence parallelism gathers a
+    # block's input again in the backward instead of keeping it whole (Megatron's choice,
+    # Korthikanti et al. section 4.2.2); ``overlap``: the data axis's gradient exchange under
+    # the backward; ``exchanges``: the collectives the data axis's exchange is cut into (1:
+    # bucketed, as DDP and Megatron do; dtflab's ZeRO programs exchange each parameter on its
+    # own).
     experts: int = 0
     top_k: int = 1
-    expert: int = 1
-    sequence_parallel: bool = False
-    chunks: int = 1
     dropout: bool = False
     regather: bool = False
     overlap: bool = False
-    schedule: str = "1f1b"
     exchanges: int = 1
 
     def __post_init__(self):
         from dtflab import checks
 
+        super().__post_init__()  # every way and choice
         for name in ("blocks", "d_model", "heads", "sequence", "vocabulary", "batch", "top_k",
                      "exchanges"):
             checks.whole(getattr(self, name), name)
         checks.whole(self.experts, "experts", minimum=0, example=8)
-        with said_as(False, zero="stage", batch_size="batch"):
-            layout = self.layout  # every way and choice checked there, once
-            if self.d_model % self.heads:
-                raise ValueError(f"heads={self.heads}: d_model={self.d_model} does not split "
-                                 f"into {self.heads} equal heads; use a heads that divides it")
-            if self.top_k > max(self.experts, 1):
-                raise ValueError(f"top_k={self.top_k}: at most experts={self.experts}")
-            layout.fits(_Shape(self))
+        if self.d_model % self.heads:
+            raise ValueError(f"heads={self.heads}: d_model={self.d_model} does not split "
+                             f"into {self.heads} equal heads; use a heads that divides it")
+        if self.top_k > max(self.experts, 1):
+            raise ValueError(f"top_k={self.top_k}: at most experts={self.experts}")
+        with said_as(False, batch_size="batch"):
+            self.fits(_Shape(self))
         # the arithmetic below cuts the blocks evenly, as Megatron does
         if self.blocks % (self.pipeline * self.chunks):
             raise ValueError(f"pipeline={self.pipeline}: {self.blocks} blocks do not cut into "
@@ -109,13 +96,8 @@ class Plan:
 
     @property
     def layout(self) -> Layout:
-        """This plan's ways and choices as the one layout the loops take (``train.pipeline(...,
-        layout=plan.layout)``)."""
-        return Layout(data=self.data, tensor=self.tensor, pipeline=self.pipeline,
-                      context=self.context, expert=self.expert,
-                      micro_batches=self.micro_batches, schedule=self.schedule,
-                      chunks=self.chunks, zero=self.stage, recompute=self.recompute,
-                      precision=self.precision, sequence_parallel=self.sequence_parallel)
+        """The ways and choices alone, as the loops take them."""
+        return Layout(**{field.name: getattr(self, field.name) for field in fields(Layout)})
 
     @property
     def devices(self) -> int:
@@ -130,7 +112,7 @@ class Plan:
     @property
     def measurable(self) -> bool:
         """One device is one replica of ``train.transformer``: ``train.memory`` measures it."""
-        return self.tensor == 1 and self.pipeline == 1 and self.stage == 0
+        return self.tensor == 1 and self.pipeline == 1 and self.zero == 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -260,10 +242,10 @@ def per_device(plan: Plan) -> dict[str, int]:
     for first, last in stages:
         n = stage_parameters(plan, first, last)["total"]
         d = plan.data
-        held = {"parameters": memory.FLOAT32 * n // (d if plan.stage >= 3 else 1),
-                "gradients": memory.FLOAT32 * n // (d if plan.stage >= 2 else 1),
+        held = {"parameters": memory.FLOAT32 * n // (d if plan.zero >= 3 else 1),
+                "gradients": memory.FLOAT32 * n // (d if plan.zero >= 2 else 1),
                 "optimizer": (2 * memory.FLOAT32 * n + 2 * memory.FLOAT32)
-                // (d if plan.stage >= 1 else 1),
+                // (d if plan.zero >= 1 else 1),
                 "activations": stage_activations(plan, first, last)}
         held["total"] = sum(held.values())
         found.append(held)

@@ -154,15 +154,10 @@ def a100_node() -> Hardware:
       NVIDIA/nccl-tests#149), 0.65 of it and 10 µs a collective as Calculon models it;
     - one 200 Gb/s HDR InfiniBand adapter a GPU: 25 GB/s, 0.9 of it and 20 µs (Calculon);
     - each op's arithmetic and memory time added, not overlapped (Calculon's ``no_overlap``)."""
-    return Hardware(
-        "A100 node (8 x A100 80 GB, NVLink, HDR InfiniBand)",
-        flops={"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12},
-        vector_flops={"bfloat16": 78e12, "float16": 78e12, "float32": 19.5e12},
-        memory_bytes=80e9, memory_bandwidth=2039e9, per_node=8,
-        node=Link("NVLink 3", 300e9, 10e-6, 0.65),
+    return _calculon_gpu_node(
+        "A100 node (8 x A100 80 GB, NVLink, HDR InfiniBand)", tensor=312e12, vector=78e12,
+        float32=19.5e12, memory_bandwidth=2039e9, node=Link("NVLink 3", 300e9, 10e-6, 0.65),
         cluster=Link("HDR InfiniBand", 25e9, 20e-6, 0.9),
-        matrix_efficiency=_CALCULON_MATRIX, vector_efficiency=_CALCULON_VECTOR,
-        memory_efficiency=_CALCULON_MEMORY, per_op_s=0.0, overlap=False,
         source="NVIDIA A100 datasheet; Calculon systems/a100_80g.json; nccl-tests#149")
 
 
@@ -177,16 +172,27 @@ def h100_node() -> Hardware:
     - one 400 Gb/s NDR ConnectX-7 a GPU: 50 GB/s, NCCL 46-48 GB/s (nccl-tests#290): 0.93, 20 µs;
     - efficiency curves and the added arithmetic and memory times as Calculon's
       ``systems/h100_80g_nvl8.json``."""
-    return Hardware(
-        "H100 node (8 x H100 80 GB, NVLink 4, NDR InfiniBand)",
-        flops={"bfloat16": 989.4e12, "float16": 989.4e12, "float32": 66.9e12},
-        vector_flops={"bfloat16": 133.8e12, "float16": 133.8e12, "float32": 66.9e12},
-        memory_bytes=80e9, memory_bandwidth=3350e9, per_node=8,
+    return _calculon_gpu_node(
+        "H100 node (8 x H100 80 GB, NVLink 4, NDR InfiniBand)", tensor=989.4e12,
+        vector=133.8e12, float32=66.9e12, memory_bandwidth=3350e9,
         node=Link("NVLink 4", 450e9, 10e-6, 0.82),
         cluster=Link("NDR InfiniBand", 50e9, 20e-6, 0.93),
-        matrix_efficiency=_CALCULON_MATRIX, vector_efficiency=_CALCULON_VECTOR,
-        memory_efficiency=_CALCULON_MEMORY, per_op_s=0.0, overlap=False,
         source="NVIDIA H100 datasheet; Calculon systems/h100_80g_nvl8.json; nccl-tests#212, #290")
+
+
+def _calculon_gpu_node(name: str, *, tensor: float, vector: float, float32: float,
+                       memory_bandwidth: float, node: Link, cluster: Link,
+                       source: str) -> Hardware:
+    """An 8-GPU node of 80 GB devices as Calculon models one: ``tensor`` and ``vector``
+    16-bit FLOP/s, ``float32`` for both, its efficiency curves, each op's arithmetic and
+    memory times added (``no_overlap``)."""
+    return Hardware(
+        name, flops={"bfloat16": tensor, "float16": tensor, "float32": float32},
+        vector_flops={"bfloat16": vector, "float16": vector, "float32": float32},
+        memory_bytes=80e9, memory_bandwidth=memory_bandwidth, per_node=8, node=node,
+        cluster=cluster, matrix_efficiency=_CALCULON_MATRIX,
+        vector_efficiency=_CALCULON_VECTOR, memory_efficiency=_CALCULON_MEMORY, per_op_s=0.0,
+        overlap=False, source=source)
 
 
 def tpu_v5e_slice() -> Hardware:

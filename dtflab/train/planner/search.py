@@ -49,7 +49,7 @@ def describe(plan: Plan) -> str:
     ways = f"d{plan.data} t{plan.tensor} p{plan.pipeline} c{plan.context}"
     if plan.experts:
         ways += f" e{plan.expert}"
-    levers = [f"mb {plan.micro_batch}", f"zero {plan.stage}", plan.recompute]
+    levers = [f"mb {plan.micro_batch}", f"zero {plan.zero}", plan.recompute]
     if plan.sequence_parallel:
         levers.append("sp")
     if plan.chunks > 1:
@@ -96,7 +96,7 @@ def _levers(base, d, t, p, c, micro_batch_sizes, recompute, stages):
                             continue
                         yield dataclasses.replace(base, data=d, tensor=t, pipeline=p, context=c,
                                                   expert=e, micro_batches=m, recompute=r,
-                                                  stage=z, chunks=v, sequence_parallel=t > 1,
+                                                  zero=z, chunks=v, sequence_parallel=t > 1,
                                                   schedule="interleaved" if v > 1 else "1f1b")
 
 

@@ -203,11 +203,11 @@ def data_seconds(plan: Plan, hardware: Hardware, backward: float = 0.0) -> float
         return 0.0
     n = stage_parameters(plan, True, plan.pipeline == 1)["total"]
     link = hardware.link(d, stride=plan.tensor * plan.context)
-    factor = 2 * (d - 1) / d * (1.5 if plan.stage == 3 else 1.0)
+    factor = 2 * (d - 1) / d * (1.5 if plan.zero == 3 else 1.0)
     exchange = link.seconds(memory.FLOAT32 * n, factor)
     # each collective pays the link's latency; ZeRO 1 and 2 a reduce-scatter and an all-gather
     # a piece, ZeRO 3 two gathers and a reduce-scatter
-    collectives = plan.exchanges * {0: 1, 1: 2, 2: 2, 3: 3}[plan.stage]
+    collectives = plan.exchanges * {0: 1, 1: 2, 2: 2, 3: 3}[plan.zero]
     exchange += (collectives - 1) * link.latency
     return max(0.0, exchange - backward) if plan.overlap else exchange
 
@@ -217,7 +217,7 @@ def optimizer_seconds(plan: Plan, hardware: Hardware) -> float:
     gradient, m and v and writing the three back, and the 16-bit copy (ZeRO 1 and up: its
     shard)."""
     n = stage_parameters(plan, True, plan.pipeline == 1)["total"]
-    if plan.stage >= 1:
+    if plan.zero >= 1:
         n /= plan.data
     nbytes = n * (4 * memory.FLOAT32 + 3 * memory.FLOAT32 + memory.BYTES[plan.precision])
     return hardware.op_seconds(10 * n, nbytes, "float32", "vector")

@@ -45,16 +45,12 @@ class Stages:
     layout: Layout
 
     @property
-    def workers(self) -> int:
-        return len(self.devices)
-
-    @property
     def count(self) -> int:
         """The stages: ``p x chunks``."""
         return len(self.layers)
 
     def device(self, stage: int) -> str:
-        return self.devices[stage % self.workers]
+        return self.devices[stage % self.layout.pipeline]
 
 
 def pipeline_graph(problem, stages: Stages, seed: int,
@@ -64,7 +60,7 @@ def pipeline_graph(problem, stages: Stages, seed: int,
     ``slow[device]`` seconds are slept on that worker each step, spread over its forwards (a
     slow worker holds up every micro-batch that passes it)."""
     tf = import_tf()
-    p, m, v = stages.workers, stages.layout.micro_batches, stages.layout.chunks
+    p, m, v = stages.layout.pipeline, stages.layout.micro_batches, stages.layout.chunks
     initial = dict(problem.initial_values(seed))
     graph = tf.Graph()
     with graph.as_default():
@@ -120,18 +116,18 @@ class _StepBuilder:
         self.sums = [None] * k                  # each stage's running sum of gradients
         self.deferred = {}                      # (stage, micro-batch) -> its W: (Split, grads)
         self.weight_ops = set()
-        self.last = [[] for _ in range(stages.workers)]  # the worker's previous piece's ends
+        self.last = [[] for _ in range(stages.layout.pipeline)]  # the worker's previous piece's ends
         self.losses = []
 
     def _after_last(self, s, tensor, name):
         """``tensor`` once stage ``s``'s worker finished its previous piece of work."""
-        with self.tf.control_dependencies(self.last[s % self.stages.workers]):
+        with self.tf.control_dependencies(self.last[s % self.stages.layout.pipeline]):
             return self.tf.identity(tensor, name=name)
 
     def forward(self, s, j):
         tf, problem = self.tf, self.problem
         device, (first, last) = self.stages.device(s), self.stages.layers[s]
-        worker = s % self.stages.workers
+        worker = s % self.stages.layout.pipeline
         with tf.device(device), tf.name_scope(f"stage{s}/forward{j}"):
             # A stage's gradients stop at its input (the stage before backpropagates from
             # there): without the stop, a parameter two stages read, a tied embedding, would get
@@ -171,7 +167,7 @@ class _StepBuilder:
         own, input_grad = grads[:n], (grads[n] if s > 0 else None)
         if s > 0:
             self.input_grads[s][j] = input_grad
-        worker = s % self.stages.workers
+        worker = s % self.stages.layout.pipeline
         if split:
             ops = [op for op in tf.compat.v1.get_default_graph().get_operations()
                    if op.name.startswith(scope + "/")]
@@ -193,13 +189,13 @@ class _StepBuilder:
         its backward built, run now: after the worker's previous piece."""
         parts, own = self.deferred.pop((s, j))
         for op in parts.weight_starts:
-            for before in self.last[s % self.stages.workers]:
+            for before in self.last[s % self.stages.layout.pipeline]:
                 tf_private.run_after(op, before.op if isinstance(before, self.tf.Tensor) else before)
         in_order([op for op in parts.ops_in_order if op in parts.weight_ops
                   and _multiply(op, "weights")])
         with self.tf.device(self.stages.device(s)), self.tf.name_scope(f"stage{s}/weights{j}"):
             self._accumulate(s, own)
-        self.last[s % self.stages.workers] = list(self.sums[s])
+        self.last[s % self.stages.layout.pipeline] = list(self.sums[s])
 
     def _accumulate(self, s, own):
         if self.sums[s] is not None:

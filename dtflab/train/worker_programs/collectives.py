@@ -16,7 +16,7 @@ import glob
 import json
 import os
 
-from dtflab.train.worker_programs.loop import run_steps, write_checkpoint
+from dtflab.train.worker_programs.loop import run_steps, variable_bytes, write_checkpoint
 
 #: Group keys of this program's collectives: far above MultiWorkerMirroredStrategy's own, which
 #: count from 1. The whole group is GROUP_BASE; the pair (i, j) is GROUP_BASE + 1 + i x N + j.
@@ -131,11 +131,32 @@ def adam_on_shards(tf, learning_rate, shards, ms, vs, gradients, beta1_power, be
                                  beta2_power.assign(beta2_power * beta2))
 
 
-def run_with_own_checkpoints(worker, checkpoint, train_step, check, state_bytes) -> None:
-    """Resume ``checkpoint`` (this worker's own part) from the newest step every worker saved,
-    set up ``check``'s collective, say hello, and run the steps, saving every
-    ``--checkpoint-every`` steps as ``saved-<step>.json`` in this worker's folder."""
+def run_with_own_checkpoints(worker, held, adam, train_step, collectives: Collectives,
+                             device: str, *, whole: bool) -> int:
+    """Resume this worker's own part (``held``: the parameters it keeps, ``whole`` copies or
+    its shards; ``adam``: Adam's ``(m, v, beta1_power, beta2_power)`` for them) from the newest
+    step every worker saved, set up the check's collective, say hello, and run the steps,
+    saving every ``--checkpoint-every`` steps as ``saved-<step>.json`` in this worker's
+    folder; each worker's state reported as its parameters' bytes and Adam's m and v's. The
+    check sums the stop votes and what the workers hold (the fingerprint: one copy's sum).
+    Returns the program's exit status, 0."""
     import tensorflow as tf
+
+    ms, vs, beta1_power, beta2_power = adam
+    copies = worker.workers if whole else 1  # whole copies are the same on every worker
+
+    @tf.function
+    def check(stop_vote):
+        with tf.device(device):
+            mine = tf.add_n([tf.reduce_sum(tf.cast(value, tf.float64)) for value in held])
+            total = collectives.all_reduce(tf.stack([tf.cast(stop_vote, tf.float64), mine]))
+            return total[0], total[1] / copies
+
+    checkpoint = tf.train.Checkpoint(held=held, m=ms, v=vs, beta1_power=beta1_power,
+                                     beta2_power=beta2_power)
+
+    def state_bytes():
+        return {"parameters": variable_bytes(held), "slots": variable_bytes(ms + vs)}
 
     flags, index = worker.flags, worker.index
     first = resume(checkpoint, flags, index, worker.workers)
@@ -146,6 +167,7 @@ def run_with_own_checkpoints(worker, checkpoint, train_step, check, state_bytes)
               lambda next_step: write_checkpoint(checkpoint, folder, next_step,
                                                  f"saved-{next_step}.json"),
               state_bytes)
+    return 0
 
 
 def resume(checkpoint, flags, index: int, workers: int) -> int:

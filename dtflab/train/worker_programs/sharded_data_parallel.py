@@ -39,7 +39,7 @@ import numpy as np
 from dtflab.train.formulas import costs
 from dtflab.train.worker_programs.collectives import (BETA1, BETA2, Collectives, adam_on_shards,
                                                       padded, run_with_own_checkpoints)
-from dtflab.train.worker_programs.loop import start, variable_bytes
+from dtflab.train.worker_programs.loop import start
 
 class Unit:
     """One layer's weights and bias as one flat vector padded to a multiple of N."""
@@ -194,19 +194,8 @@ def main(argv=None) -> int:
             with tf.control_dependencies([adam(tape.gradient(loss, shards))]):
                 return tf.identity(loss)
 
-    @tf.function
-    def check(stop_vote):
-        with tf.device(device):
-            mine = tf.add_n([tf.reduce_sum(tf.cast(shard, tf.float64)) for shard in shards])
-            total = collectives.all_reduce(tf.stack([tf.cast(stop_vote, tf.float64), mine]))
-            return total[0], total[1]
-
-    checkpoint = tf.train.Checkpoint(shards=shards, m=ms, v=vs, beta1_power=beta1_power,
-                                     beta2_power=beta2_power)
-    run_with_own_checkpoints(worker, checkpoint, train_step, check,
-                             lambda: {"parameters": variable_bytes(shards),
-                                      "slots": variable_bytes(ms + vs)})  # Adam's m and v
-    return 0
+    return run_with_own_checkpoints(worker, shards, (ms, vs, beta1_power, beta2_power),
+                                    train_step, collectives, device, whole=False)
 
 
 if __name__ == "__main__":

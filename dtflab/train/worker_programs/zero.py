@@ -35,7 +35,7 @@ from dtflab import tf_private
 from dtflab.train.formulas import costs
 from dtflab.train.worker_programs.collectives import (BETA1, BETA2, Collectives, adam_on_shards,
                                                       only_for, padded, run_with_own_checkpoints)
-from dtflab.train.worker_programs.loop import start, variable_bytes
+from dtflab.train.worker_programs.loop import start
 
 
 def own_shard(tf, value, index: int, shard: int):
@@ -111,20 +111,8 @@ def main(argv=None) -> int:
             with tf.control_dependencies(assigned):
                 return tf.identity(loss)
 
-    @tf.function
-    def check(stop_vote):
-        with tf.device(device):
-            mine = tf.add_n([tf.reduce_sum(tf.cast(param, tf.float64)) for param in params])
-            # every worker's working copy is the same: the sum over workers is N times one
-            total = collectives.all_reduce(tf.stack([tf.cast(stop_vote, tf.float64), mine]))
-            return total[0], total[1] / workers
-
-    checkpoint = tf.train.Checkpoint(params=params, m=ms, v=vs, beta1_power=beta1_power,
-                                     beta2_power=beta2_power)
-    run_with_own_checkpoints(worker, checkpoint, train_step, check,
-                             lambda: {"parameters": variable_bytes(params),
-                                      "slots": variable_bytes(ms + vs)})  # Adam's m and v
-    return 0
+    return run_with_own_checkpoints(worker, params, (ms, vs, beta1_power, beta2_power),
+                                    train_step, collectives, device, whole=True)
 
 
 if __name__ == "__main__":
