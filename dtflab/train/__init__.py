@@ -35,7 +35,6 @@ Every name here is imported on first use.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 
 #: Each public name and the module that defines it, imported on first use: a worker program
 #: that imports ``dtflab.train.worker_programs.loop`` loads the package, and must not load every
@@ -63,26 +62,11 @@ WHERE = {
 }
 
 
-#: Modules that moved into a room, still reachable by their old names
-#: (``from dtflab.train import costs``: the notebooks and the guides use these).
-MOVED = {"costs": "formulas.costs", "bubble": "measure.bubble",
-         "stage_arithmetic": "measure.stage_arithmetic", "scaling": "experiments.scaling",
-         "scaling_model": "experiments.scaling_model", "callbacks": "run.callbacks",
-         "history": "run.history", "runner": "run.runner", "watchdog": "run.watchdog",
-         "checkpoints": "run.checkpoints", "ring": "layouts.ring",
-         "schedules": "formulas.schedules", "step_time": "planner.step_time",
-         "hardware": "planner.hardware", "published": "planner.published"}
-
-
 def __getattr__(name):
     if name in WHERE:
         value = getattr(importlib.import_module(f"dtflab.train.{WHERE[name]}"), name)
         globals()[name] = value  # looked up once
         return value
-    if name in MOVED:
-        return importlib.import_module(f"dtflab.train.{MOVED[name]}")
-    if importlib.util.find_spec(f"dtflab.train.{name}") is not None:  # train.costs
-        return importlib.import_module(f"dtflab.train.{name}")
     raise AttributeError(f"module 'dtflab.train' has no attribute {name!r}")
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dtflab import checks, names
 from dtflab._quiet import import_tf
-from dtflab.train.formulas import costs
+from dtflab.train.formulas import split_bytes
 from dtflab.train.layouts import ring
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.problems import Transformer
@@ -132,7 +132,7 @@ def context_parallel(problem, cluster, *, ways: int = 2, cut: str = "zigzag", st
     work (:func:`dtflab.train.layouts.ring.work`). The sequence must cut into equal pieces.
     ``layout=train.Layout(context=c)`` says the same as ``ways=c``. The losses are
     ``train.single``'s up to float rounding. ``history.details["bytes_formula"]`` holds what
-    :func:`dtflab.train.formulas.costs.context_parallel_bytes` says each worker sends per step;
+    :func:`dtflab.train.formulas.split_bytes.context_parallel_bytes` says each worker sends per step;
     ``history.details["attention_work"]`` the query-key pairs each worker computes per block.
     """
     watchdog = checked_run(steps, seed, trace_step, watchdog)
@@ -148,7 +148,7 @@ def context_parallel(problem, cluster, *, ways: int = 2, cut: str = "zigzag", st
     runner = new_runner("context_parallel", name or f"context parallel ({ways} ways, {cut})",
                         callbacks, watchdog, cluster=cluster)
     details = runner.history.details
-    formula = costs.context_parallel_bytes(problem, ways, cut)
+    formula = split_bytes.context_parallel_bytes(problem, ways, cut)
     details["bytes_formula"] = {names.task(device): sent for device, sent in zip(devices, formula)}
     details["attention_work"] = {names.task(device): pairs for device, pairs in
                                  zip(devices, ring.work(cut, ways, problem.sequence))}

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from dtflab import checks, names, tf_private
 from dtflab._quiet import import_tf
-from dtflab.train.formulas import costs, schedules
+from dtflab.train.formulas import schedules
 from dtflab.train.layouts.layers import layer_ranges
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.measure.bubble import Bubble
@@ -86,7 +86,7 @@ def pipeline_graph(problem, stages: Stages, seed: int,
         build = {"F": step.forward, "B": step.backward, "W": step.weights}
         # The formula's timeline puts every piece after what it needs: its start order is an
         # order to build in, and each worker's pieces come in the schedule's order.
-        for piece in sorted(costs.pipeline_timeline(stages.schedule, p, m, chunks=v),
+        for piece in sorted(schedules.pipeline_timeline(stages.schedule, p, m, chunks=v),
                             key=lambda piece: (piece.start, piece.worker)):
             build[piece.kind](piece.chunk * p + piece.worker, piece.micro_batch)
         variables = list(created.values())
@@ -241,7 +241,7 @@ def pipeline(problem, cluster, *, stages: int = 2, micro_batches: int = 4,
     run with a TaskError naming it.
     """
     watchdog = checked_run(steps, seed, trace_step, watchdog)
-    checks.one_of(schedule, "schedule", costs.SCHEDULES)
+    checks.one_of(schedule, "schedule", schedules.SCHEDULES)
     checks.whole(stages, "stages", example=2)
     checks.whole(micro_batches, "micro_batches", example=4)
     schedules.check(schedule, stages, micro_batches, chunks)

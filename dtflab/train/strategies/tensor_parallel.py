@@ -3,7 +3,7 @@
 tasks, the first matrix by columns and the second by rows, one sum of activations forward and
 one of gradients backward per pair.
 
-Pairs are layers ``(1, 2), (3, 4), ...`` from the input (:func:`dtflab.train.formulas.costs.
+Pairs are layers ``(1, 2), (3, 4), ...`` from the input (:func:`dtflab.train.layouts.layers.
 tensor_parallel_pairs`); an odd depth leaves the last layer, the output layer, whole on worker 0.
 Worker j holds columns j of the pair's first weights and bias (``w1[:, j]``, ``b1[j]``), computes
 its slice of the hidden activation and its activation function locally, multiplies that slice
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from dtflab import checks, names
 from dtflab._quiet import import_tf
-from dtflab.train.formulas import costs
+from dtflab.train.formulas import costs, split_bytes
 from dtflab.train.layouts.layers import split_layers
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.problems import Transformer
@@ -142,7 +142,7 @@ def tensor_parallel(problem, cluster, *, ways: int = 2, steps: int = 200, seed: 
     ``sequence_parallel=True`` (a transformer's) also cuts what tensor parallelism leaves whole,
     the residual stream and the LayerNorms, along the sequence (Korthikanti et al. 2022): each
     sum becomes a reduce-scatter and each half-block's input an all-gather
-    (``costs.transformer_sequence_parallel_bytes``).
+    (``split_bytes.transformer_sequence_parallel_bytes``).
     ``layout=train.Layout(tensor=k)`` says the same as ``ways=k``.
     ``slow={"worker:1": 0.05}`` makes that worker sleep that long a step: every sum waits for
     it. A dead task ends the run with a TaskError naming it.
@@ -161,8 +161,8 @@ def tensor_parallel(problem, cluster, *, ways: int = 2, steps: int = 200, seed: 
         heads_per_worker(problem, ways, available)
         built = blocks_graph(problem, tuple(devices), seed, slow_devices, sequence_parallel)
         split = Split(tuple(devices), (), ())
-        formula = (costs.transformer_sequence_parallel_bytes if sequence_parallel else
-                   costs.transformer_tensor_parallel_bytes)(ways, problem)
+        formula = (split_bytes.transformer_sequence_parallel_bytes if sequence_parallel else
+                   split_bytes.transformer_tensor_parallel_bytes)(ways, problem)
     else:
         pairs, whole = split_layers(problem, ways, available)
         split = Split(tuple(devices), pairs, whole)
