@@ -131,17 +131,18 @@ def test_each_module_imports_only_the_rooms_below_its_own(module):
 
 
 #: The rooms inside ``dtflab/train/`` and the train rooms below each that it may import, as
-#: ``LAYERS`` does for dtflab's rooms. A strategy builds on the run machinery, the layouts and
-#: the formulas; the worker programs stand on the formulas and the problems alone; the layouts,
-#: the formulas and the planner import no TensorFlow when loaded (the planner's calibration
-#: runs a loop, importing TensorFlow then).
+#: ``LAYERS`` does for dtflab's rooms. A strategy builds on the graphs' pieces, the run
+#: machinery, the layouts and the formulas; the worker programs stand on the formulas and the
+#: problems alone; the layouts, the formulas and the planner import no TensorFlow when loaded
+#: (the planner's calibration runs a loop, importing TensorFlow then).
 TRAIN_ROOMS = {
     "__init__": None,  # the names users call, each imported on first use
-    "planner": {"strategies", "measure", "run", "layouts", "formulas", "problems"},
-    "experiments": {"strategies", "measure", "run", "layouts", "formulas", "problems"},
-    "examples": {"strategies", "run", "layouts", "formulas", "problems"},  # graphs to trace
-    "strategies": {"measure", "run", "layouts", "formulas", "problems"},
-    "measure": {"run", "layouts", "formulas", "problems"},
+    "planner": {"strategies", "measure", "graphs", "run", "layouts", "formulas", "problems"},
+    "experiments": {"strategies", "measure", "graphs", "run", "layouts", "formulas", "problems"},
+    "examples": {"strategies", "graphs", "run", "layouts", "formulas", "problems"},  # to trace
+    "strategies": {"measure", "graphs", "run", "layouts", "formulas", "problems"},
+    "measure": {"graphs", "run", "layouts", "formulas", "problems"},
+    "graphs": {"run", "layouts", "formulas", "problems"},  # the pieces loops build graphs of
     "run": {"worker_programs", "layouts", "formulas", "problems"},
     "worker_programs": {"formulas", "layouts", "problems"},
     "formulas": {"layouts"},

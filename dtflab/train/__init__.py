@@ -22,6 +22,8 @@ The rooms, top to bottom (each imports only the rooms below it; ``tests/test_lay
   experts over workers), ``sharded_data_parallel`` (ZeRO-3 / FSDP in worker programs), ``zero`` (ZeRO's stages 1
   and 2 in worker programs; stage 3 is ``sharded_data_parallel``).
 - ``measure/``: measurements on a traced step (the bubble, a stage's arithmetic, memory).
+- ``graphs/``: the pieces of training graphs that loops build, none of them a loop (one copy of
+  the model, a transformer's blocks cut Megatron-style, ring attention, a backward split in two).
 - ``layouts/``: where a run's parts go (layer pairs, the mesh's ranks, ring attention's cut).
 - ``run/``: the machinery every strategy shares (the one :class:`Runner`, ``RunHistory``,
   callbacks, the watchdog, checkpoints, sessions, starting worker programs).

@@ -2,7 +2,7 @@
 worker task as :class:`~dtflab.train.layouts.mesh.Layout` numbers them.
 
 Each data replica d trains on its slice of the global batch with its own copy of the model,
-built by :func:`~dtflab.train.strategies.tensor_parallel_blocks.blocks_loss`: its blocks cut
+built by :func:`~dtflab.train.graphs.tensor_parallel_blocks.blocks_loss`: its blocks cut
 into ``pipeline`` stages of whole blocks, each stage's blocks split over that stage's tensor
 group (Megatron's block: heads and hidden units). A stage hands the stream to the next from
 each tensor rank to the same rank of the next stage. Then the data axis: each variable's
@@ -28,7 +28,7 @@ from dtflab.train.problems import Transformer
 from dtflab.train.run.graphs import TrainGraph
 from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.run.sessions import run_one_replica
-from dtflab.train.strategies.tensor_parallel_blocks import blocks_loss
+from dtflab.train.graphs.tensor_parallel_blocks import blocks_loss
 from dtflab.train.problems.experts import dense_only
 
 

@@ -1,5 +1,5 @@
 """Context parallelism: a transformer's sequence cut into pieces on c worker tasks, each
-worker running every layer on its positions, attention by :mod:`~dtflab.train.strategies.
+worker running every layer on its positions, attention by :mod:`~dtflab.train.graphs.
 ring_attention` (keys and values round the ring, an online softmax).
 
 Everything but attention works position by position (the embedding, LayerNorms, the matrix
@@ -28,7 +28,7 @@ from dtflab.train.problems import transformer_ops as ops
 from dtflab.train.run.graphs import TrainGraph, straggler
 from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.run.sessions import run_one_replica
-from dtflab.train.strategies import ring_attention
+from dtflab.train.graphs import ring_attention
 from dtflab.train.problems.experts import dense_only
 
 

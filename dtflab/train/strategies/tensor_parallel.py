@@ -1,5 +1,5 @@
 """Tensor parallelism as Megatron-LM splits an MLP (a transformer's blocks:
-:mod:`~dtflab.train.strategies.tensor_parallel_blocks`): every pair of layers cut across k worker
+:mod:`~dtflab.train.graphs.tensor_parallel_blocks`): every pair of layers cut across k worker
 tasks, the first matrix by columns and the second by rows, one sum of activations forward and
 one of gradients backward per pair.
 
@@ -38,7 +38,7 @@ from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.problems import Transformer
 from dtflab.train.run.graphs import TrainGraph, straggler
 from dtflab.train.run.runner import checked_run, new_runner
-from dtflab.train.strategies.tensor_parallel_blocks import (blocks_graph, heads_per_worker,
+from dtflab.train.graphs.tensor_parallel_blocks import (blocks_graph, heads_per_worker,
                                                               sequence_pieces)
 from dtflab.train.run.sessions import run_one_replica
 from dtflab.train.problems.experts import dense_only
@@ -134,7 +134,7 @@ def tensor_parallel(problem, cluster, *, ways: int = 2, steps: int = 200, seed: 
     Layers 1 and 2, 3 and 4, ... are pairs (an odd depth leaves the output layer whole on
     worker:0); each pair's hidden width must split into ``ways`` equal slices. A transformer's
     heads split into ``ways`` equal groups, its MLP's hidden units too
-    (:mod:`~dtflab.train.strategies.tensor_parallel_blocks`). The losses are
+    (:mod:`~dtflab.train.graphs.tensor_parallel_blocks`). The losses are
     ``train.single``'s up to float rounding (the partial outputs are summed in another order).
     ``history.details["bytes_formula"]`` holds what :func:`dtflab.train.formulas.costs.
     tensor_parallel_bytes` (a transformer: ``transformer_tensor_parallel_bytes``) says each
