@@ -5,7 +5,7 @@ computes).
 - experts_vs_single_max_abs_loss_diff: the worst |loss difference| per step of
   train.expert_parallel (2 workers) against train.single on the same problem and seed.
 - experts_all_to_all_bytes_over_formula: each worker's bytes per step at the transport
-  (WireBytes) over costs.expert_parallel_bytes for the same steps' routing (the mean over the
+  (WireBytes) over split_bytes.expert_parallel_bytes for the same steps' routing (the mean over the
   window); and the traced step's tensors over the formula for that step.
 - experts_busy_max_over_mean: each worker's time in its experts' multiplies in a traced step,
   max over mean, for a router that starts skewed toward expert 0 (skew=1.0), with the balance
@@ -71,7 +71,7 @@ def schedules(cluster, quick: bool, rounds: int) -> dict:
 def main(quick: bool, rounds: int) -> None:
     import dtflab
     from dtflab import train
-    from dtflab.train.formulas import costs
+    from dtflab.train.formulas import split_bytes
 
     shape = dict(blocks=2, d_model=64 if quick else 128, heads=2, sequence=32 if quick else 64,
                  batch_size=8, experts=4)
@@ -85,11 +85,11 @@ def main(quick: bool, rounds: int) -> None:
         results["experts_vs_single_max_abs_loss_diff"] = float(
             np.max(np.abs(np.array(alone.losses) - np.array(run.losses))))
         routed = run.details["per_step"]["routed"]
-        window = [costs.expert_parallel_bytes(problem, routed[step]) for step in range(3, 7)]
+        window = [split_bytes.expert_parallel_bytes(problem, routed[step]) for step in range(3, 7)]
         traced = collections.Counter()
         for transfer in run.trace.transfers:
             traced[dtflab.short_device(transfer.src_device)] += transfer.nbytes
-        at_trace = costs.expert_parallel_bytes(problem, routed[1])
+        at_trace = split_bytes.expert_parallel_bytes(problem, routed[1])
         results["experts_all_to_all_bytes_over_formula"] = {
             worker: {"transport": round(wire.per_step.sent_by()[worker]
                                         / np.mean([sum(s[w].values()) for s in window]), 4),

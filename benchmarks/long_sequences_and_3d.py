@@ -6,11 +6,11 @@ each for the first two, so each worker's ops run in one order).
   transport, WireBytes) with sequence_parallel=True over without, 2 ways; and the formulas'
   ratio (the same sums, a ring all-reduce's bytes each; the ends add A / t twice).
 - sequence_parallel_bytes_over_formula: each worker's sent bytes over
-  costs.transformer_sequence_parallel_bytes.
+  split_bytes.transformer_sequence_parallel_bytes.
 - sequence_parallel_activation_ratio: each worker's activations (a traced step, by the memory
   accounting) with sequence parallelism over without; and formulas.memory's ratio.
 - context_parallel_bytes_over_formula: for the naive and the zig-zag cut over 2 workers, each
-  worker's sent bytes at the transport over costs.context_parallel_bytes.
+  worker's sent bytes at the transport over split_bytes.context_parallel_bytes.
 - context_parallel_busy_max_over_min: from a traced step, each worker's time in ring
   attention's ops (forward and backward): max over min, by cut; and the scores' arithmetic's
   max over min (layouts.ring.work: c for the naive cut, 1 for zig-zag).
@@ -20,7 +20,7 @@ each for the first two, so each worker's ops run in one order).
   run above against train.single, same seed.
 - three_d_bytes_over_formula: train.combined on data 2 x tensor 2 and data 2 x tensor 2 x
   pipeline 2 (8 worker tasks): each axis's bytes per step (Layout.axis_bytes of what
-  WireBytes counted at the transport, and of the traced step) over costs.combined_bytes.
+  WireBytes counted at the transport, and of the traced step) over split_bytes.combined_bytes.
 - three_d_bytes_per_step: the same runs' formula bytes per axis (which axis costs what).
 - combined_vs_single_max_abs_loss_diff: the worst |loss difference| per step of those runs
   against train.single.

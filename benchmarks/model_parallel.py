@@ -68,7 +68,7 @@ import numpy as np  # noqa: E402
 import dtflab  # noqa: E402
 from dtflab import train  # noqa: E402
 from dtflab._quiet import import_tf  # noqa: E402
-from dtflab.train.formulas import costs  # noqa: E402
+from dtflab.train.formulas import costs, schedules  # noqa: E402
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 MODEL_FROM = 4  # the m the cost model's stage time is scaled to
@@ -256,7 +256,7 @@ def main() -> None:
     result.update({
         "pipeline_idle_share": {m: round(statistics.median(b.mean_idle_share for b in bubbles[m]), 3)
                                 for m in MICRO_BATCHES},
-        "pipeline_idle_share_formula": {m: round(costs.bubble_share(2, m), 3) for m in MICRO_BATCHES},
+        "pipeline_idle_share_formula": {m: round(schedules.bubble_share(2, m), 3) for m in MICRO_BATCHES},
         "pipeline_step_ms": {m: round(v, 1) for m, v in step_ms.items()},
         "pipeline_stage_arithmetic_ms": {m: round(v * 1e3, 1) for m, v in arithmetic.items()},
         "pipeline_step_model_ms": {m: round(v, 1) for m, v in predicted.items()},

@@ -13,7 +13,7 @@ task), the heavy classifier (width 1024, two hidden layers), global batch 4096 (
 - allreduce_over_sync_ps_2_workers: all-reduce steps/s over sync data parallel through one
   ps, 2 workers, strong scaling.
 - cores: the machine's.
-- ps_model: the bottleneck model of a synchronous ps step (``train.scaling_model``), its parts
+- ps_model: the bottleneck model of a synchronous ps step (``experiments.scaling_model``), its parts
   measured from one- and two-worker runs; ``ps_model_steps_per_s`` its prediction and
   ``ps_model_measured_steps_per_s`` the sync loop measured at N = 1, 2, 3, 4 (past this
   machine's cores too: where the model says the cores set the step), and

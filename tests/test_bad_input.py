@@ -27,6 +27,7 @@ import dtflab
 from dtflab import train
 from dtflab.cluster import base, running
 from dtflab.placement import PlacementPlan
+from dtflab.train.formulas import costs
 from notebook_runs import beside_the_notebooks, in_a_notebook
 
 from test_cli import DTFLAB
@@ -265,7 +266,7 @@ CASES = [
     Case("api-slices-picture-strategy", api(lambda: dtflab.slices_picture(PROBLEM, "pipeline")),
          "'pipeline'", r"choose one of 'tensor_parallel', 'sharded'"),
     Case("train-layout-bytes-unknown", api(
-        lambda: train.costs.layout_bytes("rows", {"batch": 2, "model": 2}, 8, (4, 8, 1))),
+        lambda: costs.layout_bytes("rows", {"batch": 2, "model": 2}, 8, (4, 8, 1))),
          "'rows'", r"choose one of 'data', 'model', 'both'"),
     # the watchdog's settings
     Case("watchdog-negative-floor", api(lambda: train.Watchdog(floor_s=-1)), "floor_s=-1",

@@ -5,7 +5,7 @@ are each axis's formula (the transport's count too, with gRPC's framing)."""
 import pytest
 
 from dtflab import train
-from dtflab.train.formulas import costs
+from dtflab.train.formulas import split_bytes
 from dtflab.train.strategies.combined import stage_blocks
 
 from conftest import max_loss_diff
@@ -36,7 +36,7 @@ def test_the_forms_combined_train_as_one_process_and_send_each_axis_formula(mesh
     print(f"{layout}: vs single {max_loss_diff(alone, run):.2e}")
     assert max_loss_diff(alone, run) <= TOLERANCE and run.losses[-1] < run.losses[0]
     formula = run.details["bytes_formula"]
-    assert formula == costs.combined_bytes(problem, layout)
+    assert formula == split_bytes.combined_bytes(problem, layout)
     traced = layout.axis_bytes(run.trace.bytes_between())
     sent = layout.axis_bytes(wire.per_step.sent)
     for axis in ("data", "tensor", "pipeline"):

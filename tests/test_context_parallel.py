@@ -9,7 +9,7 @@ import re
 import pytest
 
 from dtflab import names, train
-from dtflab.train.formulas import costs
+from dtflab.train.formulas import split_bytes
 from dtflab.train.layouts import ring
 
 from conftest import max_loss_diff
@@ -48,7 +48,7 @@ def test_the_bytes_each_worker_sends_are_the_formulas_at_the_transport(split_clu
                                      cut=cut, steps=7, callbacks=[wire], trace_step=1)
     formula = history.details["bytes_formula"]
     assert formula == dict(zip(("worker:0", "worker:1", "worker:2"),
-                               costs.context_parallel_bytes(problem, 3, cut)))
+                               split_bytes.context_parallel_bytes(problem, 3, cut)))
     traced = collections.Counter()
     for transfer in history.trace.transfers:
         traced[names.short(transfer.src_device)] += transfer.nbytes

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dtflab import train
-from dtflab.train.formulas import costs
+from dtflab.train.formulas import split_bytes
 
 from conftest import max_loss_diff
 
@@ -61,14 +61,14 @@ def test_expert_parallel_trains_as_one_process_and_sends_the_formulas_bytes(spli
     assert max_loss_diff(alone, run) <= TOLERANCE
     assert run.details["per_step"]["tokens_per_expert"] == alone.details["per_step"]["tokens_per_expert"]
     routed = run.details["per_step"]["routed"]  # [step][block][worker][expert]
-    traced = costs.expert_parallel_bytes(problem, routed[1])
+    traced = split_bytes.expert_parallel_bytes(problem, routed[1])
     by_worker = {}
     for transfer in run.trace.transfers:
         source = transfer.src_device.split("task:")[1][0]
         by_worker[source] = by_worker.get(source, 0) + transfer.nbytes
     for w in range(2):  # the traced step's tensors, but for the loss and Adam's scalars
         assert 0 <= by_worker[str(w)] - sum(traced[w].values()) <= 512, (by_worker, traced)
-    window = [costs.expert_parallel_bytes(problem, routed[step]) for step in range(3, 7)]
+    window = [split_bytes.expert_parallel_bytes(problem, routed[step]) for step in range(3, 7)]
     for w, worker in enumerate(("worker:0", "worker:1")):
         expected = np.mean([sum(step[w].values()) for step in window])
         sent = wire.per_step.sent_by()[worker]

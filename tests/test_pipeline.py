@@ -9,7 +9,7 @@ import pytest
 
 from dtflab import train
 from dtflab.errors import DtflabError, TaskError
-from dtflab.train.formulas import costs
+from dtflab.train.formulas import costs, schedules
 from dtflab.train.run import sessions
 from dtflab.train.layouts.layers import balanced_cut, layer_ranges
 from dtflab.viz.compare import compare
@@ -71,7 +71,7 @@ def test_each_worker_runs_its_schedule_in_order_and_the_bubble_is_read_against_t
                             chunks=chunks, steps=3, trace_step=2).bubble
     pieces = 2 * 4 * chunks * (3 if schedule == "zero_bubble" else 2)
     assert len(bubble.slots) == pieces and bubble.chunks == chunks
-    for worker, order in enumerate(costs.pipeline_order(schedule, 2, 4, chunks)):
+    for worker, order in enumerate(schedules.pipeline_order(schedule, 2, 4, chunks)):
         ran = [(s.kind, s.micro_batch, s.stage // 2) for s in bubble.slots
                if bubble.worker(s) == worker]
         assert ran == [tuple(work) for work in order]  # start order, as scheduled
@@ -130,7 +130,7 @@ def test_the_traced_step_shows_every_micro_batch_on_its_stage_in_schedule_order(
     assert len(bubble.slots) == 2 * 3 * 4
     for stage in range(3):
         ran = [(s.kind, s.micro_batch) for s in bubble.slots if s.stage == stage]
-        planned = [(work.kind, work.micro_batch) for work in costs.pipeline_order("1f1b", 3, 4)[stage]]
+        planned = [(work.kind, work.micro_batch) for work in schedules.pipeline_order("1f1b", 3, 4)[stage]]
         assert ran == planned  # start order, as scheduled
     # Data flows forward through the stages and back: a forward starts after the stage before
     # finished it; a backward after the stage behind began its own (whose input gradient
@@ -232,10 +232,10 @@ def test_the_pipeline_chart_draws_the_measured_slots_and_the_formulas_schedule(c
     assert len(renderers["backward"]["left"]) == 8 and len(renderers["formula_forward"]["left"]) == 8
     assert renderers["bubble"]["left"] and renderers["formula_bubble"]["left"]
     # The formula's chart idles (p - 1) / (m + p - 1) of each stage's time.
-    ideal = costs.pipeline_timeline("gpipe", 2, 4, forward=1.0, backward=2.0)
+    ideal = schedules.pipeline_timeline("gpipe", 2, 4, forward=1.0, backward=2.0)
     span = max(piece.end for piece in ideal)
     busy = sum(end - start for s, _, _, start, end, _ in ideal if s == 0)
-    assert 1 - busy / span == pytest.approx(costs.bubble_share(2, 4))
+    assert 1 - busy / span == pytest.approx(schedules.bubble_share(2, 4))
     assert "Formula: idle 20%" in formula.title.text
 
 
@@ -320,18 +320,18 @@ def test_a_dead_stage_ends_the_run_naming_it(start_cluster):
 @pytest.mark.parametrize("stages, micro_batches", [(2, 1), (2, 8), (4, 4), (8, 16)])
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_both_schedules_idle_as_the_bubble_formula_says(stages, micro_batches, schedule):
-    slots = costs.pipeline_timeline(schedule, stages, micro_batches, forward=1.0, backward=2.0)
+    slots = schedules.pipeline_timeline(schedule, stages, micro_batches, forward=1.0, backward=2.0)
     span = max(piece.end for piece in slots)
     assert span == 3 * (micro_batches + stages - 1)
     for stage in range(stages):
         busy = sum(piece.end - piece.start for piece in slots if piece.worker == stage)
-        assert 1 - busy / span == pytest.approx(costs.bubble_share(stages, micro_batches))
+        assert 1 - busy / span == pytest.approx(schedules.bubble_share(stages, micro_batches))
     # With no per-micro-batch cost the step model is the formula's span.
     assert costs.pipeline_step_s(stages, micro_batches, 3.0 * micro_batches, 0.0) == pytest.approx(span)
 
 
 def test_1f1b_keeps_at_most_p_micro_batches_in_flight_per_stage():
-    for stage, order in enumerate(costs.pipeline_order("1f1b", 4, 8)):
+    for stage, order in enumerate(schedules.pipeline_order("1f1b", 4, 8)):
         in_flight = peak = 0
         for kind, _, _ in order:
             in_flight += 1 if kind == "F" else -1

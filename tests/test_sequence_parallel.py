@@ -6,7 +6,7 @@ activations at 1/t, counted by the memory accounting from a traced step."""
 import pytest
 
 from dtflab import train
-from dtflab.train.formulas import costs
+from dtflab.train.formulas import split_bytes
 from dtflab.train.formulas.memory import split_activation_bytes
 from dtflab.train.measure.memory import step_memory
 
@@ -54,7 +54,7 @@ def test_bytes_and_activations_against_tensor_parallelism_and_their_formulas(clu
             steps=7, seed=0, trace_step=1, callbacks=[wires[sequence_parallel]])
     formula = runs[True].details["bytes_formula"]
     assert formula == dict(zip(("worker:0", "worker:1"),
-                               costs.transformer_sequence_parallel_bytes(2, problem)))
+                               split_bytes.transformer_sequence_parallel_bytes(2, problem)))
     a = 4 * 8 * 32 * 64
     # 4 half-blocks, each an all-gather and a reduce-scatter: 2 x A / 2 each way; the ends A / 2
     assert formula["worker:1"] == {"forward": 4 * a + a / 2, "backward": 4 * a + a / 2 + 12 * 256}

@@ -5,7 +5,7 @@ process does, and the tensor-parallel bytes are the formula's, counted at the tr
 import pytest
 
 from dtflab import train
-from dtflab.train.formulas import costs
+from dtflab.train.formulas import split_bytes
 
 from conftest import max_loss_diff
 
@@ -67,7 +67,7 @@ def test_the_bytes_each_worker_sends_are_the_formulas_counted_at_the_transport(s
     history = train.tensor_parallel(problem, split_cluster, ways=2, steps=10, callbacks=[wire])
     formula = history.details["bytes_formula"]
     assert formula == dict(zip(("worker:0", "worker:1"),
-                               costs.transformer_tensor_parallel_bytes(2, problem)))
+                               split_bytes.transformer_tensor_parallel_bytes(2, problem)))
     activations = 4 * 8 * 32 * 128
     # 2 blocks: 3 all-reduces each way, the last sum, the embedding, 11 small vectors
     assert formula["worker:1"] == {"forward": 4 * activations,

@@ -22,6 +22,8 @@ The rooms, top to bottom (each imports only the rooms below it; ``tests/test_lay
   experts over workers), ``sharded_data_parallel`` (ZeRO-3 / FSDP in worker programs), ``zero`` (ZeRO's stages 1
   and 2 in worker programs; stage 3 is ``sharded_data_parallel``).
 - ``measure/``: measurements on a traced step (the bubble, a stage's arithmetic, memory).
+- ``graphs/``: the pieces of training graphs that loops build, none of them a loop (one copy of
+  the model, a transformer's blocks cut Megatron-style, ring attention, a backward split in two).
 - ``layouts/``: where a run's parts go (layer pairs, the mesh's ranks, ring attention's cut).
 - ``run/``: the machinery every strategy shares (the one :class:`Runner`, ``RunHistory``,
   callbacks, the watchdog, checkpoints, sessions, starting worker programs).
@@ -35,7 +37,6 @@ Every name here is imported on first use.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 
 #: Each public name and the module that defines it, imported on first use: a worker program
 #: that imports ``dtflab.train.worker_programs.loop`` loads the package, and must not load every
@@ -63,26 +64,11 @@ WHERE = {
 }
 
 
-#: Modules that moved into a room, still reachable by their old names
-#: (``from dtflab.train import costs``: the notebooks and the guides use these).
-MOVED = {"costs": "formulas.costs", "bubble": "measure.bubble",
-         "stage_arithmetic": "measure.stage_arithmetic", "scaling": "experiments.scaling",
-         "scaling_model": "experiments.scaling_model", "callbacks": "run.callbacks",
-         "history": "run.history", "runner": "run.runner", "watchdog": "run.watchdog",
-         "checkpoints": "run.checkpoints", "ring": "layouts.ring",
-         "schedules": "formulas.schedules", "step_time": "planner.step_time",
-         "hardware": "planner.hardware", "published": "planner.published"}
-
-
 def __getattr__(name):
     if name in WHERE:
         value = getattr(importlib.import_module(f"dtflab.train.{WHERE[name]}"), name)
         globals()[name] = value  # looked up once
         return value
-    if name in MOVED:
-        return importlib.import_module(f"dtflab.train.{MOVED[name]}")
-    if importlib.util.find_spec(f"dtflab.train.{name}") is not None:  # train.costs
-        return importlib.import_module(f"dtflab.train.{name}")
     raise AttributeError(f"module 'dtflab.train' has no attribute {name!r}")
 
 

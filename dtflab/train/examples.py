@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from dtflab._quiet import import_tf
 from dtflab.placement import PlacementPlan
 from dtflab.train import problems
-from dtflab.train.run import graphs
+from dtflab.train.graphs import one_replica
 
 
 @dataclass
@@ -36,7 +36,7 @@ def exp_regression(weights_device="/job:ps/task:0", biases_device="/job:ps/task:
     plan = PlacementPlan(devices=[weights_device, biases_device, compute_device],
                          compute=compute_device)
     plan.assign("w*", weights_device).assign("b*", biases_device)
-    built = graphs.model_parallel_graph(problem, plan, seed)
+    built = one_replica.model_parallel_graph(problem, plan, seed)
     (x, t), (xs, ts) = built.inputs, problem.batch(0, seed)
     return Built(built.graph, built.init, built.loss, built.train, {x: xs, t: ts}, built.variables)
 

@@ -8,8 +8,9 @@ after the first ``skip`` steps (start-up and the first step's graph set-up), med
 ``rounds`` runs with the worker counts interleaved, so drift in the machine's load hits every
 N alike. ``benchmarks/scaling.py`` prints these; notebook 07 draws them.
 
-In [1]: curves = train.scaling.measure(train.classification(), counts=(1, 2), steps=8)
-In [2]: curves.speedups("all_reduce")      # {1: 1.0, 2: 1.8...}
+In [1]: from dtflab.train.experiments import scaling
+In [2]: curves = scaling.measure(train.classification(), counts=(1, 2), steps=8)
+In [3]: curves.speedups("all_reduce")      # {1: 1.0, 2: 1.8...}
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ cores on a machine that has cores left, a network slower than the loopback, or s
 The waits are an estimate (``CpuPerStep``): with two busy loops beside it on 2 cores the
 exchange read 16-24 ms where it reads 28-31 alone (without taking the waits out: 46-64).
 
-In [1]: model = train.scaling_model.fit(train.classification(width=1024, batch_size=4096))
-In [2]: model.steps_per_s(8), model.limit(8)    # (…, 'cores') on 2 cores
+In [1]: from dtflab.train.experiments import scaling_model
+In [2]: model = scaling_model.fit(train.classification(width=1024, batch_size=4096))
+In [3]: model.steps_per_s(8), model.limit(8)    # (…, 'cores') on 2 cores
 """
 
 from __future__ import annotations

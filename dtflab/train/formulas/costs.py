@@ -1,5 +1,7 @@
 """The cost formulas the tutorials teach, in one place: the number a learner predicts in a
 notebook is the number the benchmark checks and the view draws.
+The pipeline schedules and the transformer's splits have modules of their own (``schedules``,
+``split_bytes``).
 
 Each is a plain function of counts and seconds (or bytes); none measures anything. Where a
 formula leaves something out, its docstring says what.
@@ -7,7 +9,6 @@ formula leaves something out, its docstring says what.
 
 from __future__ import annotations
 
-from dtflab.train.formulas import schedules, split_bytes
 from dtflab.train.layouts.layers import tensor_parallel_pairs
 
 
@@ -36,14 +37,6 @@ def ps_step_s(workers: float, compute_s: float, exchange_s: float, *, cpu_s: flo
 
 
 # -- pipelines --------------------------------------------------------------------------------
-
-# The schedules have their own module; their names stay here too.
-SCHEDULES = schedules.SCHEDULES
-bubble_share = schedules.bubble_share
-bubble_ratio = schedules.bubble_ratio
-pipeline_order = schedules.pipeline_order
-pipeline_timeline = schedules.pipeline_timeline
-
 
 def pipeline_step_s(stages: int, micro_batches: int, stage_s: float, per_micro_batch_s: float,
                     rest_s: float = 0.0, *, overlap_s: float = 0.0) -> float:
@@ -114,14 +107,6 @@ def tensor_parallel_bytes(ways: int, batch: int, layers, dtype_bytes: int = 4) -
                 worker["forward"] += batch * h
             sent[0]["backward"] += (k - 1) * batch * h
     return [{way: values * dtype_bytes for way, values in worker.items()} for worker in sent]
-
-
-# The transformer's splits have their own module (``split_bytes``); their names stay here too.
-combined_bytes = split_bytes.combined_bytes
-context_parallel_bytes = split_bytes.context_parallel_bytes
-expert_parallel_bytes = split_bytes.expert_parallel_bytes
-transformer_sequence_parallel_bytes = split_bytes.transformer_sequence_parallel_bytes
-transformer_tensor_parallel_bytes = split_bytes.transformer_tensor_parallel_bytes
 
 
 # -- data parallelism: bytes per step and what each worker holds -------------------------------

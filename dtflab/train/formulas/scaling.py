@@ -1,9 +1,9 @@
 """The scaling model of synchronous data parallelism through one ps: a step lasts as long as the
 longer of a worker's own path (its 1/N of the compute, then its exchange with the ps) and what
 the machine's cores can do (every process's CPU time per step over the cores;
-``costs.ps_step_s``). Its parts are measured by ``train.scaling_model.fit``; here they are only
-combined. It cannot see a ps whose gRPC threads run out of cores on a machine that has cores
-left, a network slower than the loopback, or stragglers."""
+``costs.ps_step_s``). Its parts are measured by ``experiments.scaling_model.fit``; here they
+are only combined. It cannot see a ps whose gRPC threads run out of cores on a machine that has
+cores left, a network slower than the loopback, or stragglers."""
 
 from __future__ import annotations
 

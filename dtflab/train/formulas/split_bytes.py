@@ -10,7 +10,7 @@ from dtflab.train.layouts import ring
 
 def transformer_tensor_parallel_bytes(ways: int, problem) -> list[dict]:
     """Bytes each of ``ways`` workers sends the others in one tensor-parallel step of a
-    transformer (``strategies.tensor_parallel_blocks``), worker 0 first, as
+    transformer (``graphs.tensor_parallel_blocks``), worker 0 first, as
     :func:`tensor_parallel_bytes` counts an MLP's.
 
     With k ways, L blocks and A = batch x sequence x d_model activations (float32 or 16-bit):

@@ -1,7 +1,7 @@
 """Where context parallelism puts a sequence: which positions each of c workers holds under
 the naive or the zig-zag cut, which blocks of causal attention scores each computes, and how far
-round the ring each chunk of keys and values travels (:mod:`~dtflab.train.strategies.
-ring_attention` computes; :func:`dtflab.train.formulas.costs.context_parallel_bytes` counts).
+round the ring each chunk of keys and values travels (:mod:`~dtflab.train.graphs.
+ring_attention` computes; :func:`dtflab.train.formulas.split_bytes.context_parallel_bytes` counts).
 
 **naive** gives worker i the i-th of c equal pieces; under the causal mask worker i's queries see
 i + 1 pieces of keys, so the last worker computes c times what the first does. **zig-zag** cuts

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from dtflab import names
 from dtflab.tracing.step import union
-from dtflab.train.formulas import costs
+from dtflab.train.formulas import costs, schedules
 
 #: The module that draws a Bubble, named rather than imported: the data does not depend on
 #: its views (as ``tracing.step`` names ``dtflab.viz.step``); it imports this module's data only.
@@ -134,7 +134,7 @@ class Bubble:
         this step's mean forward, backward and weight-gradient times: ``(p - 1) / m``,
         ``(p - 1) / (v m)``, ZB-H1's ``(p - 1)(F + B - W) / (m (F + B + W))``."""
         weight = self.piece_us("W")
-        return costs.bubble_ratio(self.schedule, self.stages, self.micro_batches, self.chunks,
+        return schedules.bubble_ratio(self.schedule, self.stages, self.micro_batches, self.chunks,
                                   forward=self.piece_us("F"),
                                   backward=self.piece_us("B") + weight,
                                   weight=weight if self.schedule == "zero_bubble" else None)
@@ -145,14 +145,14 @@ class Bubble:
         and 1F1B, ``(p - 1) / (v m + p - 1)`` interleaved; in general ``r / (1 + r)`` of
         :attr:`formula_ratio` r."""
         if self.schedule != "zero_bubble":
-            return costs.bubble_share(self.stages, self.micro_batches, self.chunks)
+            return schedules.bubble_share(self.stages, self.micro_batches, self.chunks)
         return self.formula_ratio / (1 + self.formula_ratio)
 
     def timeline(self) -> list:
         """The schedule's timeline (:func:`dtflab.train.formulas.schedules.pipeline_timeline`)
         with this step's mean times per piece, in µs: what the chart draws as the formula's."""
         weight = self.piece_us("W")
-        return costs.pipeline_timeline(
+        return schedules.pipeline_timeline(
             self.schedule, self.stages, self.micro_batches, chunks=self.chunks,
             forward=self.piece_us("F") or 1.0, backward=(self.piece_us("B") + weight) or 2.0,
             weight=weight if self.schedule == "zero_bubble" else None)

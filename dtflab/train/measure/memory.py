@@ -251,7 +251,7 @@ def memory(problem, *, batch: int | None = None, micro_batches: int = 1,
 
     from dtflab._quiet import import_tf
     from dtflab.tracing.capture import trace
-    from dtflab.train.run import graphs
+    from dtflab.train.graphs import one_replica
 
     from dtflab import checks
 
@@ -259,7 +259,7 @@ def memory(problem, *, batch: int | None = None, micro_batches: int = 1,
         problem = dataclasses.replace(problem, batch_size=checks.whole(batch, "batch", example=8))
     checks.micro_batches(micro_batches, problem.batch_size)
     tf = import_tf()
-    built = graphs.single_graph(problem, seed, micro_batches=micro_batches)
+    built = one_replica.single_graph(problem, seed, micro_batches=micro_batches)
     x, t = built.inputs
     # A pool of its own: sessions share the process's first pool otherwise, whatever its size.
     config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1,

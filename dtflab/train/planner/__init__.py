@@ -4,7 +4,3 @@ many devices. ``device_memory`` (the bytes each device holds, by kind: ``Plan``,
 measured here by ``calibration``), ``search`` (every layout over N devices, each a ``Row``),
 ``published`` (the published runs the planner is checked against) and ``plans``, the front
 door (``dtflab.plan``). Pure Python but ``calibration``, which runs a loop on a cluster."""
-
-from dtflab.train.planner import device_memory, hardware, published, search, step_time  # noqa: F401
-
-__all__ = ["device_memory", "hardware", "published", "search", "step_time"]

@@ -203,7 +203,7 @@ def element_wise(target, device, hardware: Hardware, repeats: int) -> tuple[floa
     from dtflab.train.planner import step_time
     from dtflab.train.planner.device_memory import Plan
     from dtflab.train.problems import transformer
-    from dtflab.train.run.graphs import single_graph
+    from dtflab.train.graphs.one_replica import single_graph
 
     tf = import_tf()
     rows = []

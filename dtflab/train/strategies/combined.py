@@ -2,7 +2,7 @@
 worker task as :class:`~dtflab.train.layouts.layout.Layout` numbers them.
 
 Each data replica d trains on its slice of the global batch with its own copy of the model,
-built by :func:`~dtflab.train.strategies.tensor_parallel_blocks.blocks_loss`: its blocks cut
+built by :func:`~dtflab.train.graphs.tensor_parallel_blocks.blocks_loss`: its blocks cut
 into ``pipeline`` stages of whole blocks, each stage's blocks split over that stage's tensor
 group (Megatron's block: heads and hidden units). A stage hands the stream to the next from
 each tensor rank to the same rank of the next stage. Then the data axis: each variable's
@@ -22,13 +22,13 @@ from __future__ import annotations
 
 from dtflab import names
 from dtflab._quiet import import_tf
-from dtflab.train.formulas import costs
+from dtflab.train.formulas import split_bytes
 from dtflab.train.layouts.layout import Layout
 from dtflab.train.problems import Transformer
 from dtflab.train.run.graphs import TrainGraph
 from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.run.sessions import run_one_replica
-from dtflab.train.strategies.tensor_parallel_blocks import blocks_loss
+from dtflab.train.graphs.tensor_parallel_blocks import blocks_loss
 from dtflab.train.problems.experts import dense_only
 
 
@@ -102,7 +102,7 @@ def combined(problem, cluster, layout: Layout, *, steps: int = 200, seed: int = 
     In [4]: layout.axis_bytes(wire.per_step.sent)   # bytes per step on each axis's links
 
     The losses are ``train.single``'s on the whole batch up to float rounding.
-    ``history.details["bytes_formula"]`` holds :func:`dtflab.train.formulas.costs.
+    ``history.details["bytes_formula"]`` holds :func:`dtflab.train.formulas.split_bytes.
     combined_bytes`: each axis's bytes per step, every link both ways.
     """
     watchdog = checked_run(steps, seed, trace_step, watchdog)
@@ -122,7 +122,7 @@ def combined(problem, cluster, layout: Layout, *, steps: int = 200, seed: int = 
     runner = new_runner("combined", name or f"combined ({layout})", callbacks, watchdog,
                         cluster=cluster)
     runner.history.details["layout"] = layout
-    runner.history.details["bytes_formula"] = costs.combined_bytes(problem, layout)
+    runner.history.details["bytes_formula"] = split_bytes.combined_bytes(problem, layout)
     return run_one_replica(built, cluster.target(*names.split(devices[0])), runner, problem,
                            steps, seed, cluster, background, trace_step)
 

@@ -1,5 +1,5 @@
 """Context parallelism: a transformer's sequence cut into pieces on c worker tasks, each
-worker running every layer on its positions, attention by :mod:`~dtflab.train.strategies.
+worker running every layer on its positions, attention by :mod:`~dtflab.train.graphs.
 ring_attention` (keys and values round the ring, an online softmax).
 
 Everything but attention works position by position (the embedding, LayerNorms, the matrix
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dtflab import checks, names
 from dtflab._quiet import import_tf
-from dtflab.train.formulas import costs
+from dtflab.train.formulas import split_bytes
 from dtflab.train.layouts import ring
 from dtflab.train.layouts.layout import Layout, said_as
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
@@ -29,7 +29,7 @@ from dtflab.train.problems import transformer_ops as ops
 from dtflab.train.run.graphs import TrainGraph, straggler
 from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.run.sessions import run_one_replica
-from dtflab.train.strategies import ring_attention
+from dtflab.train.graphs import ring_attention
 from dtflab.train.problems.experts import dense_only
 
 
@@ -133,7 +133,7 @@ def context_parallel(problem, cluster, *, ways: int | None = None, layout: Layou
     work (:func:`dtflab.train.layouts.ring.work`). The sequence must cut into equal pieces.
     ``layout=train.Layout(context=c)`` says the same as ``ways=c`` (2 when left out). The losses are
     ``train.single``'s up to float rounding. ``history.details["bytes_formula"]`` holds what
-    :func:`dtflab.train.formulas.costs.context_parallel_bytes` says each worker sends per step;
+    :func:`dtflab.train.formulas.split_bytes.context_parallel_bytes` says each worker sends per step;
     ``history.details["attention_work"]`` the query-key pairs each worker computes per block.
     """
     watchdog = checked_run(steps, seed, trace_step, watchdog)
@@ -152,7 +152,7 @@ def context_parallel(problem, cluster, *, ways: int | None = None, layout: Layou
                         callbacks, watchdog, cluster=cluster)
     details = runner.history.details
     details["layout"] = layout
-    formula = costs.context_parallel_bytes(problem, ways, cut)
+    formula = split_bytes.context_parallel_bytes(problem, ways, cut)
     details["bytes_formula"] = {names.task(device): sent for device, sent in zip(devices, formula)}
     details["attention_work"] = {names.task(device): pairs for device, pairs in
                                  zip(devices, ring.work(cut, ways, problem.sequence))}

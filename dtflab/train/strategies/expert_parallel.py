@@ -13,7 +13,7 @@ an expert's gradient stays where the expert is.
 
 Capacity is counted per sequence, so the routing is the one process's (``train.single`` on the
 same problem) and so are the losses. What crosses depends on the routing: the formula
-(:func:`dtflab.train.formulas.costs.expert_parallel_bytes`) takes the step's tokens per worker
+(:func:`dtflab.train.formulas.split_bytes.expert_parallel_bytes`) takes the step's tokens per worker
 and expert, which ``history.details["per_step"]["routed"]`` holds, step by step.
 
 Ops are named ``block{b}/experts_on_worker{j}/expert{e}/...`` (an expert's work, on its worker)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dtflab import checks, names
 from dtflab.placement import PlacementPlan
 from dtflab.train.layouts.tasks import checked_device
-from dtflab.train.run import graphs
+from dtflab.train.graphs import one_replica
 from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.run.sessions import run_one_replica
 
@@ -20,6 +20,6 @@ def model_parallel(problem, cluster, plan: PlacementPlan | None = None, *, steps
     plan = plan or PlacementPlan.by_layer(cluster, job="ps")
     for device in [plan.compute, *plan.devices]:
         checked_device(cluster, device, "plan")
-    built = graphs.model_parallel_graph(problem, plan, seed)
+    built = one_replica.model_parallel_graph(problem, plan, seed)
     return run_one_replica(built, cluster.target(*names.split(plan.compute)), runner,
                             problem, steps, seed, cluster, background, trace_step)

@@ -31,7 +31,7 @@ from dtflab.train.measure.bubble import Bubble
 from dtflab.train.run.graphs import TrainGraph, in_order, one_multiply_at_a_time, straggler
 from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.run.sessions import run_one_replica
-from dtflab.train.strategies import backward_split
+from dtflab.train.graphs import backward_split
 
 
 @dataclass(frozen=True)

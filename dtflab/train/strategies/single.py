@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dtflab import checks, names
 from dtflab.train.layouts.tasks import checked_device
-from dtflab.train.run import graphs
+from dtflab.train.graphs import one_replica
 from dtflab.train.run.runner import checked_run, new_runner
 from dtflab.train.run.sessions import run_one_replica
 
@@ -26,7 +26,7 @@ def single(problem, *, steps: int = 200, seed: int = 0, cluster=None, device: st
         checks.cluster(cluster)
         device = checked_device(cluster, device, "device")
     runner = new_runner("single", name or "single", callbacks, watchdog)
-    built = graphs.single_graph(problem, seed, device, micro_batches)
+    built = one_replica.single_graph(problem, seed, device, micro_batches)
     target = cluster.target(*names.split(device)) if cluster is not None and device else ""
     return run_one_replica(built, target, runner, problem, steps, seed, cluster, background,
                             trace_step)

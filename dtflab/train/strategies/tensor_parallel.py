@@ -1,9 +1,9 @@
 """Tensor parallelism as Megatron-LM splits an MLP (a transformer's blocks:
-:mod:`~dtflab.train.strategies.tensor_parallel_blocks`): every pair of layers cut across k worker
+:mod:`~dtflab.train.graphs.tensor_parallel_blocks`): every pair of layers cut across k worker
 tasks, the first matrix by columns and the second by rows, one sum of activations forward and
 one of gradients backward per pair.
 
-Pairs are layers ``(1, 2), (3, 4), ...`` from the input (:func:`dtflab.train.formulas.costs.
+Pairs are layers ``(1, 2), (3, 4), ...`` from the input (:func:`dtflab.train.layouts.layers.
 tensor_parallel_pairs`); an odd depth leaves the last layer, the output layer, whole on worker 0.
 Worker j holds columns j of the pair's first weights and bias (``w1[:, j]``, ``b1[j]``), computes
 its slice of the hidden activation and its activation function locally, multiplies that slice
@@ -32,14 +32,14 @@ from dataclasses import dataclass
 
 from dtflab import names
 from dtflab._quiet import import_tf
-from dtflab.train.formulas import costs
+from dtflab.train.formulas import costs, split_bytes
 from dtflab.train.layouts.layers import split_layers
 from dtflab.train.layouts.layout import Layout, said_as
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.problems import Transformer
 from dtflab.train.run.graphs import TrainGraph, straggler
 from dtflab.train.run.runner import checked_run, new_runner
-from dtflab.train.strategies.tensor_parallel_blocks import (blocks_graph, heads_per_worker,
+from dtflab.train.graphs.tensor_parallel_blocks import (blocks_graph, heads_per_worker,
                                                               sequence_pieces)
 from dtflab.train.run.sessions import run_one_replica
 from dtflab.train.problems.experts import dense_only
@@ -136,7 +136,7 @@ def tensor_parallel(problem, cluster, *, ways: int | None = None,
     Layers 1 and 2, 3 and 4, ... are pairs (an odd depth leaves the output layer whole on
     worker:0); each pair's hidden width must split into ``ways`` equal slices. A transformer's
     heads split into ``ways`` equal groups, its MLP's hidden units too
-    (:mod:`~dtflab.train.strategies.tensor_parallel_blocks`). The losses are
+    (:mod:`~dtflab.train.graphs.tensor_parallel_blocks`). The losses are
     ``train.single``'s up to float rounding (the partial outputs are summed in another order).
     ``history.details["bytes_formula"]`` holds what :func:`dtflab.train.formulas.costs.
     tensor_parallel_bytes` (a transformer: ``transformer_tensor_parallel_bytes``) says each
@@ -144,7 +144,7 @@ def tensor_parallel(problem, cluster, *, ways: int | None = None,
     ``sequence_parallel=True`` (a transformer's) also cuts what tensor parallelism leaves whole,
     the residual stream and the LayerNorms, along the sequence (Korthikanti et al. 2022): each
     sum becomes a reduce-scatter and each half-block's input an all-gather
-    (``costs.transformer_sequence_parallel_bytes``).
+    (``split_bytes.transformer_sequence_parallel_bytes``).
     ``layout=train.Layout(tensor=k, sequence_parallel=True)`` says the same as ``ways=k,
     sequence_parallel=True``, which build one (2 ways when left out).
     ``slow={"worker:1": 0.05}`` makes that worker sleep that long a step: every sum waits for
@@ -169,8 +169,8 @@ def tensor_parallel(problem, cluster, *, ways: int | None = None,
         heads_per_worker(problem, ways, available)
         built = blocks_graph(problem, tuple(devices), seed, slow_devices, sequence_parallel)
         split = Split(tuple(devices), (), ())
-        formula = (costs.transformer_sequence_parallel_bytes if sequence_parallel else
-                   costs.transformer_tensor_parallel_bytes)(ways, problem)
+        formula = (split_bytes.transformer_sequence_parallel_bytes if sequence_parallel else
+                   split_bytes.transformer_tensor_parallel_bytes)(ways, problem)
     else:
         pairs, whole = split_layers(problem, ways, available)
         split = Split(tuple(devices), pairs, whole)

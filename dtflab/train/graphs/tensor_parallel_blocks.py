@@ -15,7 +15,7 @@ computes the LayerNorms on its own copy of the residual stream (a copy per worke
 Megatron's). Every sum is an ``add_n`` on every worker (all-to-all, as the MLP's sums: in one
 graph a tensor is sent once to each task that reads it), except the last block's MLP, which
 sums on worker 0 only, where the loss is; backward, each worker's copy of a sum sends its
-gradient to the k - 1 others (:func:`dtflab.train.formulas.costs.
+gradient to the k - 1 others (:func:`dtflab.train.formulas.split_bytes.
 transformer_tensor_parallel_bytes` counts them).
 
 Under ``recompute="full"`` each worker recomputes its own half-blocks (its LayerNorm, its heads
