@@ -82,3 +82,16 @@ def tasks_in(given: dict | None, name: str, tasks: list[str], *, example) -> dic
                              f"is not a task of this run; use one of: {', '.join(tasks)}")
         seconds(value, f"{name}[{task!r}]", example=example[next(iter(example))], zero=True)
     return {task: float(value) for task, value in given.items()}
+
+
+def at_defaults(settings, loop: str, **reasons: str):
+    """``settings`` (a dataclass: a layout, a run's options), if each field named in
+    ``reasons`` is at its default: what ``loop`` does not run is refused, not ignored
+    (``at_defaults(layout, "combined", micro_batches="runs one micro-batch a step")``)."""
+    import dataclasses
+
+    for field in dataclasses.fields(settings):
+        if field.name in reasons and getattr(settings, field.name) != field.default:
+            raise ValueError(f"{field.name}={getattr(settings, field.name)!r}: {loop} "
+                             f"{reasons[field.name]}; use {field.name}={field.default!r}")
+    return settings

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 from dtflab import checks
 
+#: The module that draws a layout, reached by name (the layout never imports its views).
+VIEWS = "dtflab.viz.layout"
 #: The axes, slowest-varying first: ``rank = ((p x D + d) x C + c) x T + t``.
 AXES = ("pipeline", "data", "context", "tensor")
 #: How each axis's group talks: a pipeline hands on to the next stage; context parallelism
@@ -318,14 +320,9 @@ class Layout:
         return getattr(self, axis)
 
     def without(self, loop: str, **reasons: str) -> "Layout":
-        """This layout, if each field named in ``reasons`` is at its default: what ``loop``
-        does not run is refused, not ignored (``without("combined", micro_batches="runs one
-        micro-batch")``)."""
-        for field in dataclasses.fields(self):
-            if field.name in reasons and getattr(self, field.name) != field.default:
-                raise ValueError(f"{field.name}={getattr(self, field.name)!r}: {loop} "
-                                 f"{reasons[field.name]}; use {field.name}={field.default!r}")
-        return self
+        """This layout, if each field named in ``reasons`` is at its default
+        (:func:`dtflab.checks.at_defaults`)."""
+        return checks.at_defaults(self, loop, **reasons)
 
     def _arguments(self) -> str:
         """The fields that differ from the defaults, as ``train.Layout(...)`` takes them."""
@@ -338,7 +335,7 @@ class Layout:
         """The mesh as a Bokeh figure (:func:`dtflab.viz.layout.picture`: a box per task, a line
         per pair that talks, coloured by axis; with ``sent``, each link's bytes). A view, reached
         by name so the layout never imports its views."""
-        return importlib.import_module("dtflab.viz.layout").picture(self, width=width, sent=sent)
+        return importlib.import_module(VIEWS).picture(self, width=width, sent=sent)
 
 
 @contextlib.contextmanager

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import inspect
 import json
 import os
 import shutil
@@ -31,7 +29,8 @@ from dtflab.train.layouts import tasks as layout
 from dtflab.train.layouts.layout import Layout, said_as
 from dtflab.train.run.checkpoints import Recovery
 from dtflab.train.run.reports import EVERY_INTERFACE, LOOPBACK, Reports, WorkerDied
-from dtflab.train.run.runner import Update, checked_run, new_runner
+from dtflab.train.run.options import RunOptions
+from dtflab.train.run.runner import Update, new_runner
 from dtflab.train.run.watchdog import Stalled
 from dtflab.train.worker_programs.contract import GO, Flags
 
@@ -49,22 +48,15 @@ class Loop:
 
 
 @dataclasses.dataclass(frozen=True)
-class ProgramOptions:
-    """The arguments every strategy that trains in worker programs takes, beside its own
-    (``train.all_reduce``'s docstring says what each does). A strategy takes them as
-    ``**options`` and shows them in its signature with :func:`takes_program_options`."""
+class ProgramOptions(RunOptions):
+    """What every loop that trains in worker programs takes beside its own: a run's options
+    and theirs (``train.all_reduce``'s docstring says what each does). A loop takes them as
+    ``**options`` and shows them in its signature with ``takes_options(ProgramOptions)``."""
 
     workers: int | None = None
     layout: object = None
-    steps: int = 200
-    seed: int = 0
-    slow: dict | None = None
     checkpoint_every: int | None = None
     checkpoint_dir: str | None = None
-    trace_step: int | None = None
-    background: bool = False
-    callbacks: tuple = ()
-    name: str | None = None
     timeout: float = 60.0
     start_method: str | None = None
     collective_timeout_s: float | None = None
@@ -90,7 +82,7 @@ class ProgramOptions:
         from dtflab.cluster import MAX_THREADS
         from dtflab.spec import parse_count
 
-        watchdog = checked_run(self.steps, self.seed, self.trace_step, self.watchdog)
+        watchdog = RunOptions.checked(self).watchdog
         workers = None if self.workers is None else parse_count(self.workers, "workers")
         with said_as(self.layout is not None, data="workers"):
             run_layout = Layout.given(self.layout, loop, {"data": 2}, data=workers, **shorthand)
@@ -117,30 +109,6 @@ class ProgramOptions:
                              f"checkpoint_dir='/shared/dtflab-run'")
         return dataclasses.replace(self, workers=workers, layout=run_layout, slow=slow,
                                    watchdog=watchdog)
-
-
-def takes_program_options(strategy):
-    """Give ``strategy(problem, *, own..., **options)`` :class:`ProgramOptions`' fields as
-    keyword arguments in its signature, after its own (what ``help()``, completion and the API
-    reference read), and refuse any other name before anything starts."""
-    signature = inspect.signature(strategy)
-    own = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
-    shared = [inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=field.default,
-                                annotation=field.type)
-              for field in dataclasses.fields(ProgramOptions)]
-    full = signature.replace(parameters=own + shared)
-
-    @functools.wraps(strategy)
-    def call(*args, **kwargs):
-        try:
-            full.bind(*args, **kwargs)
-        except TypeError as error:
-            raise TypeError(f"train.{strategy.__name__}: {error}; its arguments are listed by "
-                            f"help(train.{strategy.__name__})") from None
-        return strategy(*args, **kwargs)
-
-    call.__signature__ = full
-    return call
 
 
 def train_in_programs(loop: Loop, problem, options: ProgramOptions, *, flags=None, details=None):

@@ -18,10 +18,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from dtflab import checks
 from dtflab.train.run.history import RunHistory, StepRecord
 from dtflab.train.run.watchdog import Watch, Watchdog
-from dtflab.train.run.watchdog import settings as watchdog_settings
 
 
 @dataclass(frozen=True)
@@ -155,17 +153,10 @@ class Runner:
         return self.history
 
 
-def checked_run(steps, seed, trace_step=None, watchdog=True) -> Watchdog | None:
-    """What every strategy checks first, before it builds anything: ``steps``, ``seed``,
-    ``trace_step`` and ``watchdog=`` as users pass it; the watchdog's settings."""
-    checks.run_arguments(steps, seed, trace_step)
-    return watchdog_settings(watchdog)
-
-
 def new_runner(kind: str, name: str, callbacks, watchdog: Watchdog | None, *, cluster=None,
                workers: list[str] | None = None, on_stop=None) -> Runner:
     """The Runner of a new run of ``kind`` (``RunHistory.loop``), its history named ``name``;
-    ``watchdog`` is :func:`checked_run`'s."""
+    ``watchdog`` is a checked ``RunOptions``' (its settings)."""
     history = RunHistory(name, kind, cluster=cluster,
                          **({} if workers is None else {"workers": list(workers)}))
     return Runner(history, callbacks, on_stop=on_stop, watchdog=watchdog)

@@ -17,7 +17,7 @@ from dtflab import names
 from dtflab._quiet import import_tf
 from dtflab.errors import DtflabError, StallError, TaskError
 from dtflab.placement import PlacementPlan
-from dtflab.train.run.runner import Update
+from dtflab.train.run.runner import Update, new_runner
 from dtflab.train.run.watchdog import Stalled, Watchdog
 
 #: A step that needs a dead task gives up after this long (the sync loop's "within seconds").
@@ -247,6 +247,22 @@ def close_session(session, failed: bool = False) -> None:
         threading.Thread(target=close, name="dtflab-session-close", daemon=True).start()
     else:
         close()
+
+
+def train_graph(kind: str, title: str, built, master: str | None, problem, cluster, options, *,
+                details: dict | None = None, reads: dict | None = None):
+    """The skeleton every one-session loop ends in: ``built`` (its training step, one graph)
+    trained as ``options`` (a checked ``RunOptions``) say, the master on device ``master`` of
+    ``cluster`` (None: in this process); the history of ``kind``, named ``options.name`` or
+    ``title``, holding the loop's own ``details`` and ``reads``. Returns the RunHistory, or a
+    BackgroundRun."""
+    runner = new_runner(kind, options.name or title, options.callbacks, options.watchdog,
+                        cluster=cluster)
+    runner.history.details.update(details or {})
+    runner.history.reads.update(reads or {})
+    target = cluster.target(*names.split(master)) if master is not None else ""
+    return run_one_replica(built, target, runner, problem, options.steps, options.seed, cluster,
+                           options.background, options.trace_step)
 
 
 def run_one_replica(built, target, runner, problem, steps, seed, cluster, background,

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dtflab.train.run.programs import (Loop, ProgramOptions, takes_program_options,
-                                       train_in_programs)
+from dtflab.train.run.options import takes_options
+from dtflab.train.run.programs import Loop, ProgramOptions, train_in_programs
 
 LOOP = Loop(Path(__file__).parents[1] / "worker_programs" / "all_reduce.py", "all_reduce",
             "all-reduce", "all-reduce",
@@ -23,7 +23,7 @@ LOOP = Loop(Path(__file__).parents[1] / "worker_programs" / "all_reduce.py", "al
             "all-reduce")
 
 
-@takes_program_options
+@takes_options(ProgramOptions)
 def all_reduce(problem, *, bucket_bytes: int = 0, **options):
     """Train ``problem`` with MultiWorkerMirroredStrategy in ``workers`` worker programs.
 

@@ -14,17 +14,17 @@ from dtflab._quiet import import_tf
 from dtflab.errors import DtflabError, TaskError
 from dtflab.train.layouts.tasks import worker_devices
 from dtflab.train.run.graphs import TrainGraph, Tower, straggler
-from dtflab.train.run.runner import Update, checked_run, new_runner
+from dtflab.train.run.options import RunOptions, takes_options
+from dtflab.train.run.runner import Update, new_runner
 from dtflab.train.run.sessions import (close_session, dead_task, describe, failed_task,
                                        first_run_options, new_session, ps_plan, run_step,
                                        stall_behind)
 
 
-def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
-                           workers: int | None = None, slow: dict | None = None,
+@takes_options(RunOptions)
+def async_parameter_server(problem, cluster, *, workers: int | None = None,
                            checkpoint_every: int | None = None, checkpoint_dir: str | None = None,
-                           background: bool = False, callbacks=(), name: str | None = None,
-                           watchdog=True):
+                           **options):
     """Downpour SGD: each worker runs its own loop (``steps`` each) and applies its gradients
     on the ps without waiting. A worker that dies is reported in ``history.failures`` and the
     others carry on.
@@ -38,15 +38,17 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
     Each worker's session sees only the non-worker tasks and its own worker
     (``device_filters``): no worker's step can wait on another worker.
     """
-    watchdog = checked_run(steps, seed, watchdog=watchdog)
+    options = RunOptions(**options).checked().without(
+        "async_parameter_server", trace_step="traces no step (each worker runs its own loop)")
+    steps, seed = options.steps, options.seed
     if checkpoint_every is not None:
         checks.whole(checkpoint_every, "checkpoint_every", example=20)
-    devices, slow_devices = worker_devices(cluster, workers, slow)
+    devices, slow_devices = worker_devices(cluster, workers, options.slow)
     plan = ps_plan(cluster)
     built = [async_graph(problem, plan, devices, seed, slow_devices, worker=i)
              for i in range(len(devices))]
-    runner = new_runner("async", name or f"async parameter server ({len(devices)} workers)",
-                        callbacks, watchdog, cluster=cluster,
+    runner = new_runner("async", options.name or f"async parameter server ({len(devices)} "
+                        f"workers)", options.callbacks, options.watchdog, cluster=cluster,
                         workers=[names.task(d) for d in devices])
     history = runner.history
     downpour = _Downpour(built, problem, seed, cluster, devices, history, checkpoint_every,
@@ -66,7 +68,7 @@ def async_parameter_server(problem, cluster, *, steps: int = 200, seed: int = 0,
                 raise TaskError(*dead, "left no worker running")
             raise DtflabError("no worker is left running: " + "; ".join(history.failures))
 
-    return runner.run(body, background=background)
+    return runner.run(body, background=options.background)
 
 
 class _Downpour:

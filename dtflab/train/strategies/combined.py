@@ -20,14 +20,13 @@ Ops and variables are named ``replica{d}/...``, so a traced step shows whose the
 
 from __future__ import annotations
 
-from dtflab import names
 from dtflab._quiet import import_tf
 from dtflab.train.formulas import split_bytes
 from dtflab.train.layouts.layout import Layout
 from dtflab.train.problems import Transformer
 from dtflab.train.run.graphs import TrainGraph
-from dtflab.train.run.runner import checked_run, new_runner
-from dtflab.train.run.sessions import run_one_replica
+from dtflab.train.run.options import RunOptions, takes_options
+from dtflab.train.run.sessions import train_graph
 from dtflab.train.graphs.tensor_parallel_blocks import blocks_loss
 from dtflab.train.problems.experts import dense_only
 
@@ -90,9 +89,8 @@ def combined_graph(problem, layout: Layout, devices, seed: int) -> TrainGraph:
     return TrainGraph(graph, init, train, loss, (x, t), variables=every)
 
 
-def combined(problem, cluster, layout: Layout, *, steps: int = 200, seed: int = 0,
-             background: bool = False, callbacks=(), name: str | None = None,
-             trace_step: int | None = None, watchdog=True):
+@takes_options(RunOptions)
+def combined(problem, cluster, layout: Layout, **options):
     """Train ``problem`` (a ``Transformer``) on ``layout``'s data, tensor and pipeline ways at
     once, rank r on ``worker:r`` (see the module's docstring).
 
@@ -105,7 +103,7 @@ def combined(problem, cluster, layout: Layout, *, steps: int = 200, seed: int = 
     ``history.details["bytes_formula"]`` holds :func:`dtflab.train.formulas.split_bytes.
     combined_bytes`: each axis's bytes per step, every link both ways.
     """
-    watchdog = checked_run(steps, seed, trace_step, watchdog)
+    options = RunOptions(**options).checked().without("combined", slow="has no straggler yet")
     dense_only(problem, "combined")
     layout = Layout.given(layout, "combined", {"data": 2, "tensor": 2})
     if not isinstance(problem, Transformer):
@@ -118,11 +116,9 @@ def combined(problem, cluster, layout: Layout, *, steps: int = 200, seed: int = 
                    "replica (train.zero shards them)", sequence_parallel="does not cut the "
                    "sequence yet").fits(problem)
     devices = layout.tasks(cluster)
-    built = combined_graph(problem, layout, devices, seed)
-    runner = new_runner("combined", name or f"combined ({layout})", callbacks, watchdog,
-                        cluster=cluster)
-    runner.history.details["layout"] = layout
-    runner.history.details["bytes_formula"] = split_bytes.combined_bytes(problem, layout)
-    return run_one_replica(built, cluster.target(*names.split(devices[0])), runner, problem,
-                           steps, seed, cluster, background, trace_step)
+    built = combined_graph(problem, layout, devices, options.seed)
+    return train_graph("combined", f"combined ({layout})", built, devices[0], problem, cluster,
+                       options, details={
+                           "layout": layout,
+                           "bytes_formula": split_bytes.combined_bytes(problem, layout)})
 

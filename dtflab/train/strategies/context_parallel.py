@@ -27,8 +27,8 @@ from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.problems import Transformer
 from dtflab.train.problems import transformer_ops as ops
 from dtflab.train.run.graphs import TrainGraph, straggler
-from dtflab.train.run.runner import checked_run, new_runner
-from dtflab.train.run.sessions import run_one_replica
+from dtflab.train.run.options import RunOptions, takes_options
+from dtflab.train.run.sessions import train_graph
 from dtflab.train.graphs import ring_attention
 from dtflab.train.problems.experts import dense_only
 
@@ -117,10 +117,9 @@ def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = Non
     return TrainGraph(graph, init, train, loss, (x, t), variables=list(variables.values()))
 
 
+@takes_options(RunOptions)
 def context_parallel(problem, cluster, *, ways: int | None = None, layout: Layout | None = None,
-                     cut: str = "zigzag", steps: int = 200, seed: int = 0,
-                     slow: dict | None = None, background: bool = False, callbacks=(),
-                     name: str | None = None, trace_step: int | None = None, watchdog=True):
+                     cut: str = "zigzag", **options):
     """Train ``problem`` (a ``Transformer``) with its sequence cut ``ways`` ways over the first
     worker tasks, attention by ring attention (context parallelism).
 
@@ -136,7 +135,7 @@ def context_parallel(problem, cluster, *, ways: int | None = None, layout: Layou
     :func:`dtflab.train.formulas.split_bytes.context_parallel_bytes` says each worker sends per step;
     ``history.details["attention_work"]`` the query-key pairs each worker computes per block.
     """
-    watchdog = checked_run(steps, seed, trace_step, watchdog)
+    options = RunOptions(**options).checked()
     dense_only(problem, "context_parallel")
     with said_as(layout is not None, context="ways"):
         layout = Layout.given(layout, "context_parallel", {"context": 2}, context=ways)
@@ -146,18 +145,16 @@ def context_parallel(problem, cluster, *, ways: int | None = None, layout: Layou
     checks.one_of(cut, "cut", ring.CUTS)
     _check_problem(problem, ways, cut)
     enough_workers(cluster, ways, "ways", "each piece of the sequence runs on a worker task")
-    devices, slow_devices = worker_devices(cluster, ways, slow)
-    built = context_graph(problem, tuple(devices), cut, seed, slow_devices)
-    runner = new_runner("context_parallel", name or f"context parallel ({ways} ways, {cut})",
-                        callbacks, watchdog, cluster=cluster)
-    details = runner.history.details
-    details["layout"] = layout
+    devices, slow_devices = worker_devices(cluster, ways, options.slow)
+    built = context_graph(problem, tuple(devices), cut, options.seed, slow_devices)
     formula = split_bytes.context_parallel_bytes(problem, ways, cut)
-    details["bytes_formula"] = {names.task(device): sent for device, sent in zip(devices, formula)}
-    details["attention_work"] = {names.task(device): pairs for device, pairs in
-                                 zip(devices, ring.work(cut, ways, problem.sequence))}
-    return run_one_replica(built, cluster.target(*names.split(devices[0])), runner, problem,
-                           steps, seed, cluster, background, trace_step)
+    return train_graph("context_parallel", f"context parallel ({ways} ways, {cut})", built,
+                       devices[0], problem, cluster, options, details={
+                           "layout": layout,
+                           "bytes_formula": {names.task(device): sent
+                                             for device, sent in zip(devices, formula)},
+                           "attention_work": {names.task(device): pairs for device, pairs in
+                                              zip(devices, ring.work(cut, ways, problem.sequence))}})
 
 
 def _check_problem(problem, ways: int, cut: str) -> None:

@@ -28,8 +28,8 @@ from dtflab.train.layouts.layout import Layout, said_as
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.problems import Transformer, experts as moe
 from dtflab.train.run.graphs import TrainGraph, straggler
-from dtflab.train.run.runner import checked_run, new_runner
-from dtflab.train.run.sessions import run_one_replica
+from dtflab.train.run.options import RunOptions, takes_options
+from dtflab.train.run.sessions import train_graph
 
 #: The variables each expert's worker holds alone; every other variable is copied.
 EXPERT_PARTS = ("experts_fc_w", "experts_fc_b", "experts_out_w", "experts_out_b")
@@ -151,10 +151,9 @@ def _applied(tf, problem, loss, copies, held):
     return problem.optimizer().apply_gradients(pairs)
 
 
+@takes_options(RunOptions)
 def expert_parallel(problem, cluster, *, workers: int | None = None,
-                    layout: Layout | None = None, steps: int = 200, seed: int = 0,
-                    slow: dict | None = None, background: bool = False, callbacks=(),
-                    name: str | None = None, trace_step: int | None = None, watchdog=True):
+                    layout: Layout | None = None, **options):
     """Train ``problem`` (a ``Transformer`` with ``experts=E``) with its experts spread over
     ``workers`` worker tasks, each with its slice of the batch (see the module's docstring).
 
@@ -166,7 +165,7 @@ def expert_parallel(problem, cluster, *, workers: int | None = None,
     each worker a data replica holding its share of the experts. The losses are
     ``train.single``'s up to float rounding.
     """
-    watchdog = checked_run(steps, seed, trace_step, watchdog)
+    options = RunOptions(**options).checked()
     if not isinstance(problem, Transformer) or not problem.experts:
         raise ValueError(f"expert_parallel: {problem.name} has no experts; use "
                          f"train.transformer(experts=4, ...)")
@@ -181,11 +180,9 @@ def expert_parallel(problem, cluster, *, workers: int | None = None,
         layout.without("expert_parallel", micro_batches="runs the whole batch at once",
                        schedule="has no pipeline", zero="keeps whole copies").fits(problem)
     enough_workers(cluster, workers, "workers", "each expert group runs on a worker task")
-    devices, slow_devices = worker_devices(cluster, workers, slow)
-    built = expert_graph(problem, tuple(devices), seed, slow_devices)
-    runner = new_runner("expert_parallel", name or f"expert parallel ({workers} workers)",
-                        callbacks, watchdog, cluster=cluster)
-    runner.history.details["workers"] = [names.task(device) for device in devices]
-    runner.history.details["layout"] = layout
-    return run_one_replica(built, cluster.target(*names.split(devices[0])), runner, problem,
-                           steps, seed, cluster, background, trace_step)
+    devices, slow_devices = worker_devices(cluster, workers, options.slow)
+    built = expert_graph(problem, tuple(devices), options.seed, slow_devices)
+    return train_graph("expert_parallel", f"expert parallel ({workers} workers)", built,
+                       devices[0], problem, cluster, options, details={
+                           "workers": [names.task(device) for device in devices],
+                           "layout": layout})

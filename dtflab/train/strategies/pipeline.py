@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dtflab import names, tf_private
+from dtflab import tf_private
 from dtflab._quiet import import_tf
 from dtflab.train.formulas import schedules
 from dtflab.train.layouts.layout import Layout, said_as
@@ -29,8 +29,8 @@ from dtflab.train.layouts.layers import layer_ranges
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.measure.bubble import Bubble
 from dtflab.train.run.graphs import TrainGraph, in_order, one_multiply_at_a_time, straggler
-from dtflab.train.run.runner import checked_run, new_runner
-from dtflab.train.run.sessions import run_one_replica
+from dtflab.train.run.options import RunOptions, takes_options
+from dtflab.train.run.sessions import train_graph
 from dtflab.train.graphs import backward_split
 
 
@@ -214,11 +214,10 @@ def _multiply(op, side: str) -> bool:
 SHORTHAND = {"pipeline": 2, "micro_batches": 4}
 
 
+@takes_options(RunOptions)
 def pipeline(problem, cluster, *, stages: int | None = None, micro_batches: int | None = None,
              schedule: str | None = None, chunks: int | None = None, layout: Layout | None = None,
-             cut=None, steps: int = 200, seed: int = 0, slow: dict | None = None,
-             background: bool = False, callbacks=(), name: str | None = None,
-             trace_step: int | None = None, watchdog=True):
+             cut=None, **options):
     """Train ``problem`` with its layers cut into stages on the first ``stages`` worker tasks,
     each batch in ``micro_batches`` micro-batches.
 
@@ -243,7 +242,7 @@ def pipeline(problem, cluster, *, stages: int | None = None, micro_batches: int 
     ``history.bubble`` then measures each worker's busy and idle time. A dead task ends the
     run with a TaskError naming it.
     """
-    watchdog = checked_run(steps, seed, trace_step, watchdog)
+    options = RunOptions(**options).checked()
     with said_as(layout is not None, pipeline="stages"):
         layout = Layout.given(layout, "pipeline", SHORTHAND, pipeline=stages,
                               micro_batches=micro_batches, schedule=schedule, chunks=chunks)
@@ -252,21 +251,17 @@ def pipeline(problem, cluster, *, stages: int | None = None, micro_batches: int 
                        sequence_parallel="does not cut the sequence").fits(problem)
     ranges = layer_ranges(problem, p * layout.chunks, cut)
     enough_workers(cluster, p, "stages", "a stage runs on a worker task")
-    devices, slow_devices = worker_devices(cluster, p, slow)
+    devices, slow_devices = worker_devices(cluster, p, options.slow)
     plan = Stages(tuple(devices), ranges, layout)
-    built, weight_ops = pipeline_graph(problem, plan, seed, slow_devices)
+    built, weight_ops = pipeline_graph(problem, plan, options.seed, slow_devices)
     m, schedule, chunks = layout.micro_batches, layout.schedule, layout.chunks
-    runner = new_runner("pipeline", name or f"pipeline ({p} stages, {m} micro-batches, "
-                        f"{schedule}" + (f", {chunks} chunks" if chunks > 1 else "") + ")",
-                        callbacks, watchdog, cluster=cluster)
-    history = runner.history
-    history.details["stages"] = plan
-    history.details["layout"] = layout
-    history.reads["bubble"] = lambda trace: Bubble.from_trace(
-        trace, plan.devices, m, schedule, chunks=chunks, weight_ops=weight_ops)
+    title = (f"pipeline ({p} stages, {m} micro-batches, {schedule}"
+             + (f", {chunks} chunks" if chunks > 1 else "") + ")")
     # The master runs on the last stage's task: idle while the pipeline fills, it sends every
     # other stage its part of the step at once (on stage 0, whose one thread is busy with the
     # first forwards, the other stages got theirs only after those: measured, 34 of 193 ms).
-    return run_one_replica(built, cluster.target(*names.split(devices[-1])),
-                           runner,
-                           problem, steps, seed, cluster, background, trace_step)
+    return train_graph("pipeline", title, built, devices[-1], problem, cluster, options,
+                       details={"stages": plan, "layout": layout},
+                       reads={"bubble": lambda trace: Bubble.from_trace(
+                           trace, plan.devices, m, schedule, chunks=chunks,
+                           weight_ops=weight_ops)})

@@ -12,7 +12,8 @@ import os
 
 from dtflab._quiet import import_tf, quiet_fds
 from dtflab.cluster.ports import free_ports
-from dtflab.train.run.runner import Update, checked_run, new_runner
+from dtflab.train.run.options import RunOptions, takes_options
+from dtflab.train.run.runner import Update, new_runner
 
 #: Distinct batches shipped to the workers (a tf.data pipeline of them, repeated).
 DATA_BATCHES = 8
@@ -63,8 +64,8 @@ def check_keras() -> None:
                       "using tf.keras.", stacklevel=3)
 
 
-def ps_strategy(problem, cluster, *, steps: int = 200, seed: int = 0, background: bool = False,
-                callbacks=(), name: str | None = None, strategy=None, watchdog=True):
+@takes_options(RunOptions)
+def ps_strategy(problem, cluster, *, strategy=None, **options):
     """Train with ``ClusterCoordinator.schedule``: each step goes to whichever worker is free.
 
     The loss of each step comes back as a RemoteValue, read as steps complete. Staleness is
@@ -73,7 +74,10 @@ def ps_strategy(problem, cluster, *, steps: int = 200, seed: int = 0, background
     """
     from dtflab import checks
 
-    watchdog = checked_run(steps, seed, watchdog=watchdog)
+    options = RunOptions(**options).checked().without(
+        "ps_strategy", slow="has no straggler (the coordinator sends each step to a free "
+        "worker)", trace_step="traces no step (its steps are TF2 functions: dtflab.profile)")
+    seed = options.seed
     checks.cluster(cluster)
     tf = import_tf()
     strategy = strategy or strategy_for(cluster)
@@ -102,9 +106,9 @@ def ps_strategy(problem, cluster, *, steps: int = 200, seed: int = 0, background
         x, t = next(iterator)
         return strategy.run(replica, args=(x, t))
 
-    runner = new_runner("ps_strategy", name or f"ParameterServerStrategy "
-                        f"({len(cluster.addresses['worker'])} workers)", callbacks, watchdog,
-                        cluster=cluster, workers=["any worker"])
+    runner = new_runner("ps_strategy", options.name or f"ParameterServerStrategy "
+                        f"({len(cluster.addresses['worker'])} workers)", options.callbacks,
+                        options.watchdog, cluster=cluster, workers=["any worker"])
     pending = []  # (step, RemoteValue): up to 5 steps in flight
 
     def finished(keep: int):
@@ -120,12 +124,12 @@ def ps_strategy(problem, cluster, *, steps: int = 200, seed: int = 0, background
         return finished(keep=4)
 
     def body():
-        runner.loop(steps, step)
+        runner.loop(options.steps, step)
         for update in finished(keep=0):  # the steps still in flight at the end or at Stop
             runner.add(update, update.step)
         coordinator.join()
 
-    return runner.run(body, background=background)
+    return runner.run(body, background=options.background)
 
 
 def _variables(problem, seed):

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from dtflab.train.formulas import costs
 from dtflab.train.problems.experts import dense_only
-from dtflab.train.run.programs import (Loop, ProgramOptions, takes_program_options,
-                                       train_in_programs)
+from dtflab.train.run.options import takes_options
+from dtflab.train.run.programs import Loop, ProgramOptions, train_in_programs
 
 LOOP = Loop(Path(__file__).parents[1] / "worker_programs" / "sharded_data_parallel.py",
             "sharded", "sharded", "all-gather",
@@ -47,7 +47,7 @@ def exchanged_bytes(problem) -> int:
                    for name in problem.stage_parameters(b, b))
 
 
-@takes_program_options
+@takes_options(ProgramOptions)
 def sharded_data_parallel(problem, **options):
     """Train ``problem`` with ZeRO-3 / FSDP in ``workers`` worker programs.
 

@@ -3,30 +3,35 @@ checked against."""
 
 from __future__ import annotations
 
-from dtflab import checks, names
-from dtflab.train.layouts.tasks import checked_device
+from dtflab import checks
 from dtflab.train.graphs import one_replica
-from dtflab.train.run.runner import checked_run, new_runner
-from dtflab.train.run.sessions import run_one_replica
+from dtflab.train.layouts.layout import Layout
+from dtflab.train.layouts.tasks import checked_device
+from dtflab.train.run.options import RunOptions, takes_options
+from dtflab.train.run.sessions import train_graph
 
 
-def single(problem, *, steps: int = 200, seed: int = 0, cluster=None, device: str | None = None,
-           background: bool = False, callbacks=(), name: str | None = None,
-           trace_step: int | None = None, watchdog=True, micro_batches: int = 1):
+@takes_options(RunOptions)
+def single(problem, *, cluster=None, device: str | None = None, micro_batches: int | None = None,
+           layout: Layout | None = None, **options):
     """One process does everything (no cluster), or one task does (``cluster`` + ``device``,
     e.g. ``"/job:worker/task:0"``). ``micro_batches``: each batch's gradients accumulated over
     that many equal slices, one at a time, before one update (the same update, with one
-    slice's activations alive at once)."""
-    watchdog = checked_run(steps, seed, trace_step, watchdog)
-    checks.micro_batches(micro_batches, problem.batch_size)
+    slice's activations alive at once); ``layout=train.Layout(micro_batches=m)`` says the
+    same."""
+    options = RunOptions(**options).checked().without("single", slow="has no other task to "
+                                                      "be slower than")
+    layout = Layout.given(layout, "single", {}, micro_batches=micro_batches)
+    if layout.size > 1:
+        raise ValueError(f"layout={layout!r}: single trains one copy on one task; use the "
+                         f"loop of the form you cut, e.g. train.combined")
+    layout.without("single", zero="keeps one whole copy", schedule="has no pipeline").fits(problem)
     if device is not None:
         if cluster is None:
             raise ValueError(f"device={device!r} needs the cluster it is on: pass cluster= too, "
                              f"or leave device out to train in this process")
         checks.cluster(cluster)
         device = checked_device(cluster, device, "device")
-    runner = new_runner("single", name or "single", callbacks, watchdog)
-    built = one_replica.single_graph(problem, seed, device, micro_batches)
-    target = cluster.target(*names.split(device)) if cluster is not None and device else ""
-    return run_one_replica(built, target, runner, problem, steps, seed, cluster, background,
-                            trace_step)
+    built = one_replica.single_graph(problem, options.seed, device, layout.micro_batches)
+    return train_graph("single", "single", built, device if cluster is not None else None,
+                       problem, cluster, options, details={"layout": layout})

@@ -6,29 +6,39 @@ from __future__ import annotations
 
 from dtflab import checks, names
 from dtflab._quiet import import_tf
+from dtflab.train.layouts.layout import Layout, said_as
 from dtflab.train.layouts.tasks import worker_devices
 from dtflab.train.run.graphs import TrainGraph, Tower, straggler
-from dtflab.train.run.runner import checked_run, new_runner
+from dtflab.train.run.options import RunOptions, takes_options
+from dtflab.train.run.runner import new_runner
 from dtflab.train.run.sessions import first_run_options, new_session, ps_plan, synchronous
 
 
-def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
-                       workers: int | None = None, slow: dict | None = None,
-                       background: bool = False, callbacks=(), name: str | None = None,
-                       trace_step: int | None = None, gradient_bits: int = 32, watchdog=True):
+@takes_options(RunOptions)
+def sync_data_parallel(problem, cluster, *, workers: int | None = None,
+                       layout: Layout | None = None, gradient_bits: int = 32, **options):
     """A tower per worker on its slice of each global batch; gradients combined on the ps,
     applied once. A dead worker ends the run with a TaskError naming it. ``gradient_bits``
-    16 or 8 sends gradients compressed (see sync_graph)."""
-    watchdog = checked_run(steps, seed, trace_step, watchdog)
+    16 or 8 sends gradients compressed (see sync_graph). ``workers`` (every worker task when
+    left out), or ``layout=train.Layout(data=n)``: how many towers."""
+    options = RunOptions(**options).checked()
     checks.one_of(gradient_bits, "gradient_bits", (32, 16, 8))
-    devices, slow_devices = worker_devices(cluster, workers, slow)
+    with said_as(layout is not None, data="workers"):
+        if layout is not None:  # else every worker task, or ``workers`` of them
+            workers = Layout.given(layout, "sync_data_parallel", {}, data=workers).without(
+                "sync_data_parallel", micro_batches="runs each tower's slice at once",
+                zero="keeps the variables whole on the ps").alone("data", "sync_data_parallel")
+        devices, slow_devices = worker_devices(cluster, workers, options.slow)
+        layout = (layout or Layout(data=len(devices))).fits(problem)
     plan = ps_plan(cluster)
+    seed, steps = options.seed, options.steps
     built = sync_graph(problem, plan, devices, seed, slow_devices, gradient_bits)
     session = new_session(cluster.target(*names.split(plan.compute)), built.graph)
     session.run(built.init, options=first_run_options())
     share = problem.batch_size // len(devices)
-    runner = new_runner("sync", name or f"sync data parallel ({len(devices)} workers)",
-                        callbacks, watchdog, cluster=cluster)
+    runner = new_runner("sync", options.name or f"sync data parallel ({len(devices)} workers)",
+                        options.callbacks, options.watchdog, cluster=cluster)
+    runner.history.details["layout"] = layout
 
     def feeds(step):
         xs, ts = problem.batch(step, seed)
@@ -37,8 +47,8 @@ def sync_data_parallel(problem, cluster, *, steps: int = 200, seed: int = 0,
             feed[tower.x], feed[tower.t] = xs[i * share:(i + 1) * share], ts[i * share:(i + 1) * share]
         return feed
 
-    return synchronous(runner, steps, session, built, feeds, problem, cluster, trace_step,
-                       background)
+    return synchronous(runner, steps, session, built, feeds, problem, cluster,
+                       options.trace_step, options.background)
 
 
 def _encode(tf, gradient, bits: int, device: str):

@@ -38,10 +38,10 @@ from dtflab.train.layouts.layout import Layout, said_as
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.problems import Transformer
 from dtflab.train.run.graphs import TrainGraph, straggler
-from dtflab.train.run.runner import checked_run, new_runner
+from dtflab.train.run.options import RunOptions, takes_options
 from dtflab.train.graphs.tensor_parallel_blocks import (blocks_graph, heads_per_worker,
                                                               sequence_pieces)
-from dtflab.train.run.sessions import run_one_replica
+from dtflab.train.run.sessions import train_graph
 from dtflab.train.problems.experts import dense_only
 
 
@@ -121,11 +121,10 @@ def tensor_parallel_graph(problem, split: Split, seed: int, slow: dict | None = 
     return TrainGraph(graph, init, train, loss, (x, t), variables=variables)
 
 
+@takes_options(RunOptions)
 def tensor_parallel(problem, cluster, *, ways: int | None = None,
                     sequence_parallel: bool | None = None, layout: Layout | None = None,
-                    steps: int = 200, seed: int = 0, slow: dict | None = None,
-                    background: bool = False, callbacks=(), name: str | None = None,
-                    trace_step: int | None = None, watchdog=True):
+                    **options):
     """Train ``problem`` with every layer pair of an MLP, or every block of a transformer,
     split ``ways`` ways over the first worker tasks (Megatron-style tensor parallelism).
 
@@ -150,7 +149,7 @@ def tensor_parallel(problem, cluster, *, ways: int | None = None,
     ``slow={"worker:1": 0.05}`` makes that worker sleep that long a step: every sum waits for
     it. A dead task ends the run with a TaskError naming it.
     """
-    watchdog = checked_run(steps, seed, trace_step, watchdog)
+    options = RunOptions(**options).checked()
     dense_only(problem, "tensor_parallel")
     with said_as(layout is not None, tensor="ways"):
         layout = Layout.given(layout, "tensor_parallel", {"tensor": 2}, tensor=ways,
@@ -162,28 +161,23 @@ def tensor_parallel(problem, cluster, *, ways: int | None = None,
         layout.fits(problem)
     sequence_parallel = layout.sequence_parallel
     available = len(cluster.addresses["worker"])
-    devices, slow_devices = worker_devices(cluster, ways, slow)
+    devices, slow_devices = worker_devices(cluster, ways, options.slow)
     if sequence_parallel:
         sequence_pieces(problem, ways)
     if isinstance(problem, Transformer):
         heads_per_worker(problem, ways, available)
-        built = blocks_graph(problem, tuple(devices), seed, slow_devices, sequence_parallel)
+        built = blocks_graph(problem, tuple(devices), options.seed, slow_devices, sequence_parallel)
         split = Split(tuple(devices), (), ())
         formula = (split_bytes.transformer_sequence_parallel_bytes if sequence_parallel else
                    split_bytes.transformer_tensor_parallel_bytes)(ways, problem)
     else:
         pairs, whole = split_layers(problem, ways, available)
         split = Split(tuple(devices), pairs, whole)
-        built = tensor_parallel_graph(problem, split, seed, slow_devices)
+        built = tensor_parallel_graph(problem, split, options.seed, slow_devices)
         formula = costs.tensor_parallel_bytes(ways, problem.batch_size, problem.layers)
     label = "tensor and sequence parallel" if sequence_parallel else "tensor parallel"
-    runner = new_runner("tensor_parallel", name or f"{label} ({ways} ways)", callbacks,
-                        watchdog, cluster=cluster)
-    history = runner.history
-    history.details["split"] = split
-    history.details["layout"] = layout
-    history.details["bytes_formula"] = {names.task(device): sent
-                                        for device, sent in zip(devices, formula)}
-    return run_one_replica(built, cluster.target(*names.split(devices[0])),
-                           runner,
-                           problem, steps, seed, cluster, background, trace_step)
+    return train_graph("tensor_parallel", f"{label} ({ways} ways)", built, devices[0], problem,
+                       cluster, options, details={
+                           "split": split, "layout": layout,
+                           "bytes_formula": {names.task(device): sent
+                                             for device, sent in zip(devices, formula)}})

@@ -30,8 +30,8 @@ from pathlib import Path
 from dtflab import checks
 from dtflab.train.formulas import costs
 from dtflab.train.problems.experts import dense_only
-from dtflab.train.run.programs import (Loop, ProgramOptions, takes_program_options,
-                                       train_in_programs)
+from dtflab.train.run.options import takes_options
+from dtflab.train.run.programs import Loop, ProgramOptions, train_in_programs
 
 LOOP = Loop(Path(__file__).parents[1] / "worker_programs" / "zero.py", "zero", "ZeRO",
             "reduce-scatter",
@@ -40,7 +40,7 @@ LOOP = Loop(Path(__file__).parents[1] / "worker_programs" / "zero.py", "zero", "
 STAGES = (1, 2, 3)
 
 
-@takes_program_options
+@takes_options(ProgramOptions)
 def zero(problem, *, stage: int | None = None, **options):
     """Train ``problem`` with ZeRO stage ``stage`` (1, 2 or 3) in ``workers`` worker programs.
 
