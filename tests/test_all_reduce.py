@@ -1,5 +1,6 @@
 """The all-reduce loop (MultiWorkerMirroredStrategy in worker programs) beside the parameter-
-server loops: correctness, live records, Stop, faults, stragglers, bytes on the wire, traces."""
+server loops: correctness, faults, stragglers, bytes on the wire, traces (live records, Stop and a
+killed worker: ``test_every_loop.py``)."""
 
 import os
 import signal
@@ -13,7 +14,6 @@ from dtflab import train
 from dtflab.errors import TaskError
 from dtflab.train.run.reports import Reports, WorkerDied
 from dtflab.tracing.step import short_device
-from dtflab.viz.dashboard import Dashboard
 
 from conftest import wait_for_records, wait_until
 
@@ -59,34 +59,6 @@ def test_softmax_all_reduce_with_three_workers_matches_one_process():
     assert set(history.steps_per_worker.values()) == {15}
     worker = [r.loss for r in history.records if r.worker == "worker:2"]
     assert np.max(np.abs(np.array(worker) - single.losses)) <= TOLERANCE
-
-
-def test_records_stream_into_a_dashboard_and_stop_ends_every_worker_at_the_same_step():
-    run = train.all_reduce(PROBLEM, workers=2, steps=100_000, background=True)
-    dashboard = Dashboard(run, interval_s=0.1)
-    assert wait_until(lambda: run.history.steps >= 10, timeout=60)
-    assert not run.done  # records arrive while the programs run
-    dashboard.stop()
-    history = run.wait(timeout=60)
-    dashboard.wait()
-    assert history.stopped_early and not history.failures
-    counts = history.steps_per_worker
-    assert counts["worker:0"] == counts["worker:1"] < 100_000
-    assert counts["worker:0"] % 10 == 0  # the workers agree on Stop every check_every=10 steps
-    drawn = {key[1]: line.records for key, line in dashboard.loss_lines.items()}
-    assert drawn == counts  # every step plotted, per worker
-    assert history.cluster.stopped
-
-
-def test_a_killed_worker_stops_the_whole_job_with_its_name():
-    run = train.all_reduce(PROBLEM, workers=2, steps=100_000, slow={"worker:0": 0.01},
-                           background=True)
-    assert wait_until(lambda: run.history.steps >= 10, timeout=60)
-    run.history.cluster.kill("worker", 1)
-    with pytest.raises(TaskError, match=r"worker:1 was killed during step \d+; every other worker"):
-        run.wait(timeout=60)
-    assert run.history.failures and "worker:1 was killed" in run.history.failures[0]
-    assert run.history.cluster.stopped  # worker:0, stuck in its all-reduce, was stopped too
 
 
 def test_with_checkpoints_every_worker_restarts_from_the_newest_and_the_curve_goes_on():
@@ -260,4 +232,3 @@ def test_single_runs_on_a_task_given_as_a_device_string():
 def test_bad_input_is_refused_before_anything_starts(kwargs, message):
     with pytest.raises(ValueError, match=message):
         train.all_reduce(PROBLEM, steps=5, **{"workers": 2, **kwargs})
-

@@ -1,9 +1,8 @@
 """Pipeline parallelism on real task servers: the same losses as one process, the bubble read
-from a traced step, the step model against measured steps, GPipe against 1F1B, stragglers,
-Stop, a dead stage."""
+from a traced step, the step model against measured steps, GPipe against 1F1B, stragglers
+(Stop and a dead stage: ``test_every_loop.py``)."""
 
 import statistics
-import threading
 
 import pytest
 
@@ -13,10 +12,8 @@ from dtflab.train.formulas import costs, schedules
 from dtflab.train.run import sessions
 from dtflab.train.layouts.layers import balanced_cut, layer_ranges
 from dtflab.viz.compare import compare
-from dtflab.viz.dashboard import Dashboard
-from dtflab.viz.decimate import LIMIT
 
-from conftest import max_loss_diff as max_diff, wait_until
+from conftest import max_loss_diff as max_diff
 
 pytestmark = pytest.mark.slow
 
@@ -285,36 +282,6 @@ def test_a_first_step_slower_than_the_operation_timeout_is_not_a_failed_task(clu
         train.pipeline(DEEP, cluster, stages=2, micro_batches=2, steps=2, slow={"worker:1": 1.5},
                        watchdog=False, schedule="gpipe")
     assert not isinstance(raised.value, TaskError)
-
-
-def test_a_background_pipeline_streams_to_the_dashboard_and_stops(cluster):
-    run = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, steps=100_000,
-                         background=True, schedule="gpipe")
-    dashboard = Dashboard(run, interval_s=0.1)
-    points = lambda: sum(line.points for line in dashboard.loss_lines.values())
-    assert wait_until(lambda: points() > 0, timeout=60)
-    assert not run.done
-    dashboard.stop_button.click()
-    history = run.wait(timeout=60)
-    dashboard.wait()
-    assert history.stopped_early and 0 < history.steps < 100_000
-    assert sum(line.records for line in dashboard.loss_lines.values()) == history.steps
-    assert all(line.points <= LIMIT for line in dashboard.loss_lines.values())
-
-
-def test_a_dead_stage_ends_the_run_naming_it(start_cluster):
-    cluster = start_cluster(workers=2)
-    run = train.pipeline(DEEP, cluster, stages=2, micro_batches=2, steps=100_000,
-                         background=True, watchdog=False, schedule="gpipe")
-    assert wait_until(lambda: run.history.steps >= 2, timeout=60)
-    cluster.kill("worker", 1)
-    with pytest.raises(TaskError, match="worker:1"):
-        run.wait(timeout=60)
-    assert run.done
-    # The session that touched the dead task closes in the background, waiting out TF's
-    # operation timeout; the run reported its error without waiting. That thread ends:
-    closers = lambda: [t for t in threading.enumerate() if t.name == "dtflab-session-close"]
-    assert wait_until(lambda: not closers(), timeout=sessions.OPERATION_TIMEOUT_MS / 1000 + 5)
 
 
 @pytest.mark.parametrize("stages, micro_batches", [(2, 1), (2, 8), (4, 4), (8, 16)])

@@ -1,23 +1,18 @@
 """Tensor parallelism on real task servers: the same losses as one process, the bytes each worker
-sends counted at the transport against the formula, the sums in a traced step, stragglers, Stop,
-a dead worker."""
+sends counted at the transport against the formula, the sums in a traced step, stragglers (Stop
+and a dead worker: ``test_every_loop.py``)."""
 
-import threading
 
 import numpy as np
 import pytest
 
 from dtflab import train
-from dtflab.errors import TaskError
 from dtflab.names import task
 from dtflab.train.formulas import costs
-from dtflab.train.run import sessions
 from dtflab.train.layouts.layers import split_layers, tensor_parallel_pairs
 from dtflab.viz.compare import compare
-from dtflab.viz.dashboard import Dashboard
-from dtflab.viz.decimate import LIMIT
 
-from conftest import max_loss_diff as max_diff, wait_until
+from conftest import max_loss_diff as max_diff
 
 pytestmark = pytest.mark.slow
 
@@ -117,30 +112,3 @@ def test_a_slow_worker_holds_up_every_step(cluster):
     history = train.tensor_parallel(DEEP, cluster, ways=2, steps=5, slow={"worker:1": 0.3})
     times = [r.time_s for r in history.records]
     assert min(np.diff(times)) >= 0.25  # worker:0's sums wait for worker:1
-
-
-def test_a_background_run_streams_to_the_dashboard_and_stops(cluster):
-    run = train.tensor_parallel(DEEP, cluster, ways=2, steps=100_000, background=True)
-    dashboard = Dashboard(run, interval_s=0.1)
-    points = lambda: sum(line.points for line in dashboard.loss_lines.values())
-    assert wait_until(lambda: points() > 0, timeout=60)
-    assert not run.done
-    dashboard.stop_button.click()
-    history = run.wait(timeout=60)
-    dashboard.wait()
-    assert history.stopped_early and 0 < history.steps < 100_000
-    assert sum(line.records for line in dashboard.loss_lines.values()) == history.steps
-    assert all(line.points <= LIMIT for line in dashboard.loss_lines.values())
-
-
-def test_a_dead_worker_ends_the_run_naming_it(start_cluster):
-    cluster = start_cluster(workers=2)
-    run = train.tensor_parallel(DEEP, cluster, ways=2, steps=100_000, background=True,
-                                watchdog=False)
-    assert wait_until(lambda: run.history.steps >= 2, timeout=60)
-    cluster.kill("worker", 1)
-    with pytest.raises(TaskError, match="worker:1"):
-        run.wait(timeout=60)
-    assert run.done
-    closers = lambda: [t for t in threading.enumerate() if t.name == "dtflab-session-close"]
-    assert wait_until(lambda: not closers(), timeout=sessions.OPERATION_TIMEOUT_MS / 1000 + 5)
