@@ -67,7 +67,7 @@ def test_each_worker_runs_its_schedule_in_order_and_the_bubble_is_read_against_t
     bubble = train.pipeline(DEEP, cluster, stages=2, micro_batches=4, schedule=schedule,
                             chunks=chunks, steps=3, trace_step=2).bubble
     pieces = 2 * 4 * chunks * (3 if schedule == "zero_bubble" else 2)
-    assert len(bubble.slots) == pieces and bubble.chunks == chunks
+    assert len(bubble.slots) == pieces and bubble.layout.chunks == chunks
     for worker, order in enumerate(schedules.pipeline_order(schedule, 2, 4, chunks)):
         ran = [(s.kind, s.micro_batch, s.stage // 2) for s in bubble.slots
                if bubble.worker(s) == worker]

@@ -74,7 +74,7 @@ def test_run_draws_the_measured_timeline_under_the_formulas(split_cluster):
                                             micro_batches=4)
     assert not playground.measured_chart.figure.visible
     bubble = playground.run()
-    assert bubble.schedule == "zero_bubble" and len(bubble.slots) == 2 * 4 * 3
+    assert bubble.layout.schedule == "zero_bubble" and len(bubble.slots) == 2 * 4 * 3
     assert playground.measured_chart.figure.visible
     assert sorted(drawn(playground.measured_chart, "W")) == sorted(f"W{j}" for j in range(4)
                                                                    for _ in range(2))

@@ -142,7 +142,7 @@ def pipeline_chart(bubble, *, width: int = 720):
     mean (``formula_forward``, ...)."""
     from bokeh.layouts import column
 
-    p, m, v = bubble.stages, bubble.micro_batches, bubble.chunks
+    p, m, v = bubble.stages, bubble.layout.micro_batches, bubble.layout.chunks
     origin = min(s.start_us for s in bubble.slots)
     measured = [(bubble.worker(s), s.kind, s.micro_batch, (s.start_us - origin) / 1e3,
                  (s.end_us - origin) / 1e3, s.stage // p) for s in bubble.slots]
@@ -150,7 +150,7 @@ def pipeline_chart(bubble, *, width: int = 720):
     end = max(bubble.span_us / 1e3, max(slot[4] for slot in ideal))
     row = "worker" if v > 1 else "stage"
     labels = [f"{row} {s} ({names.task(d)})" for s, d in enumerate(bubble.devices)]
-    setting = f"{bubble.schedule}, m = {m}" + (f", v = {v}" if v > 1 else "")
+    setting = f"{bubble.layout.schedule}, m = {m}" + (f", v = {v}" if v > 1 else "")
     top = Timeline(width=width, x_label="ms from the first micro-batch")
     top.draw(measured, [f"{label}: idle {share:.0%}" for label, share
                         in zip(labels, bubble.idle_share)], end=bubble.span_us / 1e3,
@@ -161,7 +161,7 @@ def pipeline_chart(bubble, *, width: int = 720):
     bottom = Timeline(width=width, prefix="formula_", x_range=top.figure.x_range,
                       x_label="ms, each piece the measured mean")
     bottom.draw(ideal, labels, what="formula", chunks=v, span=end * FIT,
-                title=f"Formula: idle {bubble.formula:.0%} = {FORMULAS[bubble.schedule]}, "
+                title=f"Formula: idle {bubble.formula:.0%} = {FORMULAS[bubble.layout.schedule]}, "
                       f"no overhead")
     return column(top.figure, bottom.figure)
 

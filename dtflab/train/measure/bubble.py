@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from dtflab import names
 from dtflab.tracing.step import union
 from dtflab.train.formulas import costs, schedules
+from dtflab.train.layouts.layout import Layout
 
 #: The module that draws a Bubble, named rather than imported: the data does not depend on
 #: its views (as ``tracing.step`` names ``dtflab.viz.step``); it imports this module's data only.
@@ -61,20 +62,17 @@ class Bubble:
     """
 
     devices: list[str]
-    micro_batches: int
-    schedule: str
+    layout: Layout  # the run's: its pipeline ways, micro-batches, schedule and chunks
     slots: list[Slot]
     span_us: float
     step_us: float
     peak_activation_bytes: list[int] = field(default_factory=list)
-    chunks: int = 1
 
     @classmethod
-    def from_trace(cls, trace, devices, micro_batches: int, schedule: str, *, chunks: int = 1,
-                   weight_ops=frozenset()) -> "Bubble":
-        """Read a StepTrace of ``dtflab.train.strategies.pipeline``'s step; ``devices[d]`` is
-        worker d, which runs stages d, d + p, ...; ``weight_ops`` names the ops that ran as
-        ``W`` (the zero-bubble schedule's weight gradients)."""
+    def from_trace(cls, trace, devices, layout: Layout, *, weight_ops=frozenset()) -> "Bubble":
+        """Read a StepTrace of ``dtflab.train.strategies.pipeline``'s step on ``layout``;
+        ``devices[d]`` is worker d, which runs stages d, d + p, ...; ``weight_ops`` names the
+        ops that ran as ``W`` (the zero-bubble schedule's weight gradients)."""
         found: dict[tuple[int, str, int], list] = {}
         for device_timings in trace.timings.values():
             for timing in device_timings:
@@ -89,13 +87,12 @@ class Bubble:
         slots = sorted((_slot(key, ops) for key, ops in found.items()), key=lambda x: x.start_us)
         start, end = min(s.start_us for s in slots), max(s.end_us for s in slots)
         peaks = activation_peaks(trace.metadata, devices) if trace.metadata is not None else []
-        return cls(list(devices), micro_batches, schedule, slots, end - start, trace.step_us,
-                   peaks, chunks)
+        return cls(list(devices), layout, slots, end - start, trace.step_us, peaks)
 
     @property
     def stages(self) -> int:
-        """The workers, p (each holds ``chunks`` stages of the model)."""
-        return len(self.devices)
+        """The workers, p (each holds ``chunks`` stages of the model): the layout's."""
+        return self.layout.pipeline
 
     def worker(self, slot: Slot) -> int:
         return slot.stage % self.stages
@@ -126,7 +123,7 @@ class Bubble:
         """A worker's mean time for ``kind`` (``"F"``, ``"B"``, ``"W"``) of one micro-batch,
         all its chunks together: first op to last op of each piece, in µs."""
         took = [s.end_us - s.start_us for s in self.slots if s.kind == kind]
-        return sum(took) / len(took) * self.chunks if took else 0.0
+        return sum(took) / len(took) * self.layout.chunks if took else 0.0
 
     @property
     def formula_ratio(self) -> float:
@@ -134,18 +131,18 @@ class Bubble:
         this step's mean forward, backward and weight-gradient times: ``(p - 1) / m``,
         ``(p - 1) / (v m)``, ZB-H1's ``(p - 1)(F + B - W) / (m (F + B + W))``."""
         weight = self.piece_us("W")
-        return schedules.bubble_ratio(self.schedule, self.stages, self.micro_batches, self.chunks,
+        return schedules.bubble_ratio(self.layout.schedule, self.stages, self.layout.micro_batches, self.layout.chunks,
                                   forward=self.piece_us("F"),
                                   backward=self.piece_us("B") + weight,
-                                  weight=weight if self.schedule == "zero_bubble" else None)
+                                  weight=weight if self.layout.schedule == "zero_bubble" else None)
 
     @property
     def formula(self) -> float:
         """The idle share the schedule's formula predicts: ``(p - 1) / (m + p - 1)`` for GPipe
         and 1F1B, ``(p - 1) / (v m + p - 1)`` interleaved; in general ``r / (1 + r)`` of
         :attr:`formula_ratio` r."""
-        if self.schedule != "zero_bubble":
-            return schedules.bubble_share(self.stages, self.micro_batches, self.chunks)
+        if self.layout.schedule != "zero_bubble":
+            return schedules.bubble_share(self.stages, self.layout.micro_batches, self.layout.chunks)
         return self.formula_ratio / (1 + self.formula_ratio)
 
     def timeline(self) -> list:
@@ -153,13 +150,13 @@ class Bubble:
         with this step's mean times per piece, in µs: what the chart draws as the formula's."""
         weight = self.piece_us("W")
         return schedules.pipeline_timeline(
-            self.schedule, self.stages, self.micro_batches, chunks=self.chunks,
+            self.layout.schedule, self.stages, self.layout.micro_batches, chunks=self.layout.chunks,
             forward=self.piece_us("F") or 1.0, backward=(self.piece_us("B") + weight) or 2.0,
-            weight=weight if self.schedule == "zero_bubble" else None)
+            weight=weight if self.layout.schedule == "zero_bubble" else None)
 
     def _model_covers(self) -> None:
-        if self.schedule not in ("gpipe", "1f1b"):
-            raise ValueError(f"schedule={self.schedule!r}: the step-time model covers the gpipe "
+        if self.layout.schedule not in ("gpipe", "1f1b"):
+            raise ValueError(f"schedule={self.layout.schedule!r}: the step-time model covers the gpipe "
                              f"and 1f1b schedules; for this one read bubble.timeline() or "
                              f"trace a step at each setting")
 
@@ -184,7 +181,7 @@ class Bubble:
                     gaps[slot.kind].append(slot.end_us - before.end_us - slot.arithmetic_us)
         if not gaps["F"] or not gaps["B"]:  # m = 1: no slot waits on nothing but its stage
             return sum(s.busy_us - s.arithmetic_us for s in self.slots) / (
-                self.stages * self.micro_batches) / 1e6
+                self.stages * self.layout.micro_batches) / 1e6
         return (sum(gaps["F"]) / len(gaps["F"]) + sum(gaps["B"]) / len(gaps["B"])) / 1e6
 
     @property
@@ -223,10 +220,10 @@ class Bubble:
         return 0.0
 
     def summary(self) -> str:
-        stages = "; ".join(f"{'worker' if self.chunks > 1 else 'stage'} {s}: busy {self.busy_us(s) / 1e3:.1f} ms, idle "
+        stages = "; ".join(f"{'worker' if self.layout.chunks > 1 else 'stage'} {s}: busy {self.busy_us(s) / 1e3:.1f} ms, idle "
                            f"{share:.0%}" for s, share in enumerate(self.idle_share))
-        chunks = f", {self.chunks} chunks a worker" if self.chunks > 1 else ""
-        text = (f"{self.stages} stages x {self.micro_batches} micro-batches ({self.schedule}"
+        chunks = f", {self.layout.chunks} chunks a worker" if self.layout.chunks > 1 else ""
+        text = (f"{self.stages} stages x {self.layout.micro_batches} micro-batches ({self.layout.schedule}"
                 f"{chunks}): {stages} of a {self.span_us / 1e3:.1f} ms pipeline; formula: idle "
                 f"{self.formula:.0%}")
         if self.peak_activation_bytes:
@@ -341,11 +338,11 @@ class StepModel:
         first = bubbles[0]
         for bubble in bubbles:
             bubble._model_covers()
-            if bubble.stages != first.stages or bubble.chunks != 1:
-                raise ValueError(f"bubbles: a step of {bubble.stages} workers x {bubble.chunks} "
-                                 f"chunks beside one of {first.stages} x 1; read one pipeline's "
-                                 f"steps, one chunk a worker")
-        ms = sorted({b.micro_batches for b in bubbles})
+            if bubble.stages != first.stages or bubble.layout.chunks != 1:
+                raise ValueError(f"bubbles: a step of {bubble.stages} workers x "
+                                 f"{bubble.layout.chunks} chunks beside one of {first.stages} x 1;"
+                                 f" read one pipeline's steps, one chunk a worker")
+        ms = sorted({b.layout.micro_batches for b in bubbles})
         if len(ms) > 1 and arithmetic is None:
             raise ValueError(f"bubbles: steps traced at m = {ms} need arithmetic= to scale their "
                              f"stage times to one m: train.stage_arithmetic_s(..., "
@@ -354,12 +351,13 @@ class StepModel:
             _covers(arithmetic, ms)
 
         def stage(bubble):
-            if bubble.micro_batches == first.micro_batches:
+            if bubble.layout.micro_batches == first.layout.micro_batches:
                 return bubble.stage_s
-            return bubble.stage_s * arithmetic[first.micro_batches] / arithmetic[bubble.micro_batches]
+            return (bubble.stage_s * arithmetic[first.layout.micro_batches]
+                    / arithmetic[bubble.layout.micro_batches])
 
-        several = [b for b in bubbles if b.micro_batches > 1] or bubbles
-        return cls(first.stages, first.micro_batches,
+        several = [b for b in bubbles if b.layout.micro_batches > 1] or bubbles
+        return cls(first.stages, first.layout.micro_batches,
                    statistics.median(stage(b) for b in bubbles),
                    statistics.median(b.per_micro_batch_s for b in several),
                    statistics.median(b.overlap_s for b in bubbles),

@@ -263,5 +263,4 @@ def pipeline(problem, cluster, *, stages: int | None = None, micro_batches: int 
     return train_graph("pipeline", title, built, devices[-1], problem, cluster, options,
                        details={"stages": plan, "layout": layout},
                        reads={"bubble": lambda trace: Bubble.from_trace(
-                           trace, plan.devices, m, schedule, chunks=chunks,
-                           weight_ops=weight_ops)})
+                           trace, plan.devices, layout, weight_ops=weight_ops)})
