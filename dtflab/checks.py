@@ -42,16 +42,6 @@ def one_of(value, name: str, choices) -> object:
     raise ValueError(f"{name}={value!r}: {name} must be one of {listed}")
 
 
-def micro_batches(value, batch: int) -> int:
-    """``value`` if it splits ``batch`` rows into equal micro-batches."""
-    whole(value, "micro_batches", example=2)
-    if batch % value:
-        fits = ", ".join(str(k) for k in range(1, batch + 1) if batch % k == 0)
-        raise ValueError(f"micro_batches={value}: a batch of {batch} does not split into "
-                         f"{value} equal micro-batches; use one of {fits}")
-    return value
-
-
 def run_arguments(steps, seed, trace_step=None) -> None:
     """What every training loop takes: ``steps`` >= 1, ``seed`` >= 0, ``trace_step`` inside the run."""
     whole(steps, "steps", example=200)

@@ -107,7 +107,8 @@ def test_bytes_between_tasks_add_up_by_rank_pair_and_by_axis():
                                                      r"blocks, so at most 2 stages"),
     (dict(tensor=3), train.classification(width=64), r"tensor=3: classification_64's hidden "
                                                       r"widths 64, 64 do not split"),
-    (dict(context=2), train.exp_regression(), r"context=2: an MLP has no sequence to cut"),
+    (dict(context=2), train.exp_regression(), r"context=2: exp_regression has no sequence; it "
+                                              r"cuts a transformer's"),
 ])
 def test_ways_the_model_does_not_divide_are_refused_with_the_fix(kwargs, problem, message):
     with pytest.raises(ValueError, match=message):
@@ -165,7 +166,8 @@ def test_each_rule_of_a_layout_is_one_line_naming_the_value_and_the_fix(fields, 
     (train.transformer(), dict(data=2, expert=2), r"^expert=2: .* has no experts"),
     (train.transformer(), dict(precision="bfloat16"),
      r"^precision='bfloat16': .* computes with precision='float32'"),
-    (train.classification(), dict(context=2), r"^context=2: an MLP has no sequence to cut"),
+    (train.classification(), dict(context=2),
+     r"^context=2: classification\w* has no sequence; it cuts a transformer's"),
 ])
 def test_a_model_that_does_not_divide_the_way_a_layout_cuts_is_refused(problem, fields, message):
     with pytest.raises(ValueError, match=message):

@@ -46,33 +46,7 @@ import numpy as np
 
 from dtflab import names
 from dtflab._quiet import import_tf
-from dtflab.train.problems import Transformer
 from dtflab.train.run.graphs import TrainGraph, straggler
-
-
-def heads_per_worker(problem, ways: int, available: int) -> int:
-    """How many of each block's heads a worker holds, if ``ways`` splits them evenly;
-    ``available`` worker tasks only shape the suggestion."""
-    if problem.heads % ways:
-        fits = max(d for d in range(1, max(available, 1) + 1) if problem.heads % d == 0)
-        raise ValueError(f"ways={ways}: {problem.name}'s {problem.heads} heads do not split into "
-                         f"{ways} equal groups; use ways={fits}, or heads divisible by {ways}, "
-                         f"e.g. train.transformer(heads={ways * max(1, problem.heads // ways)}, "
-                         f"...)")
-    return problem.heads // ways
-
-
-def sequence_pieces(problem, ways: int) -> int:
-    """How many positions of each sequence a worker holds under sequence parallelism."""
-    if not isinstance(problem, Transformer):
-        raise ValueError(f"sequence_parallel=True: {problem.name} has no sequence; it cuts a "
-                         f"transformer's, e.g. train.transformer()")
-    if problem.sequence % ways:
-        raise ValueError(f"ways={ways}: {problem.name}'s sequence of {problem.sequence} does not "
-                         f"cut into {ways} equal pieces; use a sequence divisible by {ways}, "
-                         f"e.g. train.transformer(sequence={ways * -(-problem.sequence // ways)}"
-                         f", ...)")
-    return problem.sequence // ways
 
 
 def blocks_graph(problem, devices, seed: int, slow: dict | None = None,

@@ -276,6 +276,13 @@ class Layout:
                 raise ValueError(f"context={self.context}: the sequence of {problem.sequence} "
                                  f"does not split into {self.context} equal pieces; use "
                                  f"context={_divisor(problem.sequence, self.context)}")
+            piece = problem.sequence // self.context
+            if self.sequence_parallel and piece % self.tensor:
+                fits = self.tensor * -(-problem.sequence // self.tensor)
+                raise ValueError(f"tensor={self.tensor}: {problem.name}'s sequence of "
+                                 f"{problem.sequence} does not cut into {self.tensor} equal "
+                                 f"pieces; use a sequence divisible by {self.tensor}, e.g. "
+                                 f"train.transformer(sequence={fits}, ...)")
         else:
             widths = problem.layers[1:-1] or (1,)
             width = math.gcd(*widths)
@@ -284,9 +291,10 @@ class Layout:
                                  f"{', '.join(map(str, widths))} do not split into "
                                  f"{self.tensor} equal slices; use "
                                  f"tensor={_divisor(width, self.tensor)}")
-            if self.context > 1:
-                raise ValueError(f"context={self.context}: an MLP has no sequence to cut; use "
-                                 f"context=1, or a train.transformer()")
+            if self.context > 1 or self.sequence_parallel:
+                name = f"context={self.context}" if self.context > 1 else "sequence_parallel=True"
+                raise ValueError(f"{name}: {problem.name} has no sequence; it cuts a "
+                                 f"transformer's, e.g. train.transformer()")
         for choice, default in (("precision", "float32"), ("recompute", "none")):
             mine, model = getattr(self, choice), getattr(problem, choice, default)
             if mine != default and mine != model:  # the default: as the model computes

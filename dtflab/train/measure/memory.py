@@ -254,10 +254,11 @@ def memory(problem, *, batch: int | None = None, micro_batches: int = 1,
     from dtflab.train.graphs import one_replica
 
     from dtflab import checks
+    from dtflab.train.layouts.layout import Layout
 
     if batch is not None:
         problem = dataclasses.replace(problem, batch_size=checks.whole(batch, "batch", example=8))
-    checks.micro_batches(micro_batches, problem.batch_size)
+    Layout(micro_batches=checks.whole(micro_batches, "micro_batches", example=2)).fits(problem)
     tf = import_tf()
     built = one_replica.single_graph(problem, seed, micro_batches=micro_batches)
     x, t = built.inputs

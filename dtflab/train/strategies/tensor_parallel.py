@@ -39,8 +39,7 @@ from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.problems import Transformer
 from dtflab.train.run.graphs import TrainGraph, straggler
 from dtflab.train.run.options import RunOptions, takes_options
-from dtflab.train.graphs.tensor_parallel_blocks import (blocks_graph, heads_per_worker,
-                                                              sequence_pieces)
+from dtflab.train.graphs.tensor_parallel_blocks import blocks_graph
 from dtflab.train.run.sessions import train_graph
 from dtflab.train.problems.experts import dense_only
 
@@ -162,10 +161,7 @@ def tensor_parallel(problem, cluster, *, ways: int | None = None,
     sequence_parallel = layout.sequence_parallel
     available = len(cluster.addresses["worker"])
     devices, slow_devices = worker_devices(cluster, ways, options.slow)
-    if sequence_parallel:
-        sequence_pieces(problem, ways)
     if isinstance(problem, Transformer):
-        heads_per_worker(problem, ways, available)
         built = blocks_graph(problem, tuple(devices), options.seed, slow_devices, sequence_parallel)
         split = Split(tuple(devices), (), ())
         formula = (split_bytes.transformer_sequence_parallel_bytes if sequence_parallel else
