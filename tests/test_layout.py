@@ -208,3 +208,8 @@ def test_a_plans_layout_is_the_layout_a_loop_takes():
     assert plan.layout == train.Layout(data=2, pipeline=2, micro_batches=4, schedule="gpipe")
     with pytest.raises(ValueError, match=r"^zero=4: ZeRO's stage must be one of"):
         Plan(zero=4)
+    import dtflab
+
+    best = dtflab.plan("GPT-2 small (124 M)", devices=8, hardware="h100").best
+    assert type(best.layout) is train.Layout and best.layout == best.plan.layout
+    assert best.layout.size == 8 and best.name.startswith(f"d{best.layout.data} ")

@@ -31,7 +31,7 @@ def cells(plans) -> dict:
         columns["label_colour"].append(label_colour(columns["colour"][-1]))
         columns["label"].append(f"{row.mfu:.0%}" if row.fits else
                                 f"{row.memory['total'] / 1e9:.0f} GB")
-        columns["layout"].append(row.layout)
+        columns["layout"].append(row.name)
         columns["step"].append(f"{row.seconds['total']:.3g} s")
         columns["memory"].append(f"{row.memory['total'] / 1e9:.3g} GB"
                                  + ("" if row.fits else " (does not fit)"))

@@ -54,7 +54,7 @@ class RunPlans:
         for row in (self.fitting or self.rows)[:count]:
             parts = sorted(((v, k) for k, v in row.seconds.items() if k != "total"),
                            reverse=True)[:3]
-            rows.append((row.layout, f"{row.memory['total'] / 1e9:.2f}",
+            rows.append((row.name, f"{row.memory['total'] / 1e9:.2f}",
                          f"{row.seconds['total']:.3f}", f"{row.mfu:.1%}",
                          f"{row.tokens_per_s:,.0f}",
                          "-" if row.critical_batch is None else f"{row.critical_batch:,}",
@@ -64,7 +64,7 @@ class RunPlans:
 
     def __repr__(self) -> str:
         return (f"<RunPlans {len(self.rows)} layouts, {len(self.fitting)} fit; "
-                f"best: {self.best.layout if self.fitting else 'none fits'}>")
+                f"best: {self.best.name if self.fitting else 'none fits'}>")
 
     def heatmap(self, **options):
         """The configuration map (``dtflab.viz.plan_map``)."""

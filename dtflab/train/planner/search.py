@@ -15,6 +15,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from dtflab.train.layouts.layout import Layout
 from dtflab.train.planner import step_time
 from dtflab.train.planner.hardware import Hardware
 from dtflab.train.planner.device_memory import Plan, per_device
@@ -40,8 +41,14 @@ class Row:
     critical_batch: int | None
 
     @property
-    def layout(self) -> str:
+    def name(self) -> str:
+        """The layout in a few words: ``"d8 t4 p2 c1 | mb 2, zero 1, selective"``."""
         return describe(self.plan)
+
+    @property
+    def layout(self) -> Layout:
+        """The layout alone, as a loop takes it: ``train.pipeline(..., layout=row.layout)``."""
+        return self.plan.layout
 
 
 def describe(plan: Plan) -> str:
@@ -148,5 +155,5 @@ def cannot_fit(rows: list[Row], hardware: Hardware) -> str:
              "gradients": "ZeRO stage 2 or more, over more data ways",
              "parameters": "more tensor or pipeline ways, or ZeRO stage 3"}[heaviest]
     return (f"no layout fits in {hardware.memory_bytes / 1e9:.4g} GB a device: the smallest "
-            f"reaches {smallest.memory['total'] / 1e9:.4g} GB ({smallest.layout}), most of it "
+            f"reaches {smallest.memory['total'] / 1e9:.4g} GB ({smallest.name}), most of it "
             f"{heaviest} ({biggest / 1e9:.4g} GB); try more devices, or {lever}")
