@@ -6,17 +6,15 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
 
 from dtflab.cluster.task import TaskState
 from dtflab.errors import TaskError
 
-from conftest import all_gone, kernel_services, not_here, owner_of, run_constant, wait_until
+from conftest import wait_until
 from test_cli import DTFLAB
 
 pytestmark = pytest.mark.slow
@@ -128,82 +126,6 @@ def test_kill_and_restart_a_program_task(run_programs, tmp_path):
     cluster.kill("worker:1")
     with pytest.raises(TaskError, match=r"^worker:0 was killed"):
         cluster.wait()
-
-
-def test_warm_starts_fork_restarts_fork_and_spawn_still_works(start_cluster):
-    warm = start_cluster(3)
-    assert warm.start_method == "fork" and "tasks forked" in repr(warm)
-    assert {t.started_by for t in warm.tasks} == {"fork"}
-    warm.restart("worker:0")
-    assert warm.tasks[1].started_by == "fork"
-    assert run_constant(warm.target("ps"), "/job:worker/task:0", "again") == b"again"
-    cold = start_cluster(2, start_method="spawn")
-    assert cold.start_method == "spawn" and cold.why_not_fork == "asked for start_method='spawn'"
-    assert run_constant(cold.target("worker"), "/job:ps/task:0", "spawned") == b"spawned"
-    assert "tasks spawned" in cold._repr_html_() and "tasks forked" in warm._repr_html_()
-
-
-def test_a_task_forked_with_an_ended_tasks_pid_runs_and_the_ended_one_stays_ended(tmp_path):
-    # Linux hands out pids again (32,768 by default, shared with every thread): a long run of
-    # tests did, and the fork server's owner took the new task for the old one's exit
-    # (pid None, '/proc/None/task' in the scaling model's callback). The program forces the
-    # reuse in a PID namespace of its own, where no other process on the machine takes the pid
-    # first; when it ends, the kernel ends everything in that namespace.
-    if os.geteuid() != 0:
-        not_here("PID-REUSE TEST NOT RUN: choosing the next pid (/proc/sys/kernel/ns_last_pid) needs root")
-    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable,
-                           str(PROGRAMS / "pid_reused.py"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen["exits"] == {"worker:0": 0}
-    assert seen["tries"][-1] == seen["pid"], f"no task got pid {seen['pid']} again: {seen['tries']}"
-    assert seen["reborn"] == [["RUNNING", seen["pid"]]]
-    assert seen["ended"] == [["EXITED", 0, None]]
-    assert "worker:0 still running after 2 s" in seen["after_stop"]
-
-
-def test_the_fork_server_lives_in_the_private_network_and_its_tasks_too(start_cluster):
-    cluster = start_cluster(2)
-    services = kernel_services()
-    (fork_server,) = [pid for pid in services["dtflab.processes.forkserver"]
-                      if psutil.Process(pid).children()]
-    gate = min(services["dtflab.network.gate"])  # the gate; its helper stays on the host
-    private = os.readlink(f"/proc/{gate}/ns/net")
-    assert private != os.readlink("/proc/self/ns/net")
-    assert os.readlink(f"/proc/{fork_server}/ns/net") == private
-    for task in cluster.tasks:
-        assert os.readlink(f"/proc/{task.pid}/ns/net") == private
-        assert psutil.Process(task.pid).ppid() == fork_server
-
-
-def test_owner_sigkill_leaves_no_fork_server_gate_program_or_task(tmp_path):
-    script = tmp_path / "forever.py"
-    script.write_text("import time\ntime.sleep(600)\n")
-    with owner_of("import json, sys, time, dtflab\n"
-                  "c = dtflab.start_cluster(2)\n"
-                  f"r = dtflab.run({str(script)!r}, workers=2, ps=1)\n"
-                  "print(json.dumps([t.pid for t in c.tasks + r.tasks]), flush=True)\n"
-                  "time.sleep(600)\n") as (tasks, pids):
-        assert len(tasks) == 5 and set(tasks) < set(pids)
-        assert len(pids) == 8  # and the gate, its helper and the fork server
-
-    assert wait_until(lambda: all_gone(pids), timeout=5.0), "processes outlived their owner"
-
-
-def test_a_program_stuck_in_c_holding_the_gil_still_ends_with_its_owner(tmp_path):
-    # As a MultiWorkerMirroredStrategy worker waiting for a dead peer in its start-up does:
-    # the thread that watches standard input can never run again.
-    script = tmp_path / "stuck.py"
-    script.write_text("import ctypes\nctypes.PyDLL(None).sleep(600)\n")
-    with owner_of("import json, sys, time, dtflab\n"
-                  f"r = dtflab.run({str(script)!r}, workers=1)\n"
-                  "time.sleep(2)\n"
-                  "print(json.dumps([t.pid for t in r.tasks]), flush=True)\n"
-                  "time.sleep(600)\n") as (tasks, pids):
-        assert len(tasks) == 1 and psutil.Process(tasks[0]).status() != psutil.STATUS_ZOMBIE
-
-    assert wait_until(lambda: all_gone(pids), timeout=5.0), "processes outlived their owner"
 
 
 def test_dtflab_run_prefixes_lines_and_exits_1_when_a_program_fails(tmp_path):
@@ -405,117 +327,6 @@ def test_dtflab_run_still_ends_a_trainer_with_device_filters_with_exit_0(tmp_pat
     assert out.returncode == 0, out.stderr
     assert "dtflab: 2 of 2 programs exited with code 0" in out.stdout
     assert re.search(r"^\[worker:1\] +worker 1 done at global step \d+$", out.stdout, re.M)
-
-
-DTENSOR_PROBE = """import json, os, socket
-names = ["DTENSOR_CLIENT_ID", "DTENSOR_NUM_CLIENTS", "DTENSOR_JOB_NAME", "DTENSOR_JOBS"]
-seen = {name: os.environ.get(name) for name in names}
-if seen["DTENSOR_JOBS"]:  # DTensor's gRPC server binds this port on every interface
-    mine = seen["DTENSOR_JOBS"].split(",")[int(seen["DTENSOR_CLIENT_ID"])]
-    with socket.create_server(("", int(mine.rsplit(":", 1)[1]))):
-        seen["bound"] = mine
-print(json.dumps(seen), flush=True)
-"""
-
-
-def test_the_chief_and_worker_programs_are_dtensor_clients_on_their_own_free_ports(run_programs, tmp_path):
-    script = tmp_path / "dtensor_env.py"
-    script.write_text(DTENSOR_PROBE)
-    cluster = run_programs(script, workers=2, ps=1, chief=True)
-    assert cluster.wait(timeout=60) == {"chief:0": 0, "worker:0": 0, "worker:1": 0}
-    clients = [*cluster.addresses["chief"], *cluster.addresses["worker"]]  # TF's order
-    for client_id, task in enumerate(["chief:0", "worker:0", "worker:1"]):
-        seen = json.loads(cluster.logs(task).strip().splitlines()[-1])
-        assert seen == {"DTENSOR_CLIENT_ID": str(client_id), "DTENSOR_NUM_CLIENTS": "3",
-                        "DTENSOR_JOB_NAME": "worker", "DTENSOR_JOBS": ",".join(clients),
-                        "bound": clients[client_id]}, task
-
-
-@pytest.mark.parametrize("program_jobs, task, expected", [
-    (("worker",), ("worker", 1), {"DTENSOR_CLIENT_ID": "1", "DTENSOR_NUM_CLIENTS": "2",
-                                  "DTENSOR_JOB_NAME": "worker", "DTENSOR_JOBS": "w0:1,w1:2"}),
-    (("chief",), ("chief", 0), {"DTENSOR_CLIENT_ID": "0", "DTENSOR_NUM_CLIENTS": "1",
-                                "DTENSOR_JOB_NAME": "worker", "DTENSOR_JOBS": "c0:3"}),
-    (("chief", "worker", "ps"), ("ps", 0), {}),  # a ps is never a DTensor client
-    (("ps",), ("ps", 0), {}),
-])
-def test_dtensor_clients_are_the_chief_then_the_workers_that_run_the_program(program_jobs, task,
-                                                                              expected):
-    from dtflab.cluster.programs import dtensor_env
-
-    addresses = {"ps": ["p0:0"], "worker": ["w0:1", "w1:2"], "chief": ["c0:3"]}
-    assert dtensor_env(addresses, program_jobs, *task) == expected
-
-
-def numpy_mlp_losses(steps: int, learning_rate: float) -> list[float]:
-    """The losses ``dtensor_mlp.py`` should print, from the same math in one process in numpy."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("dtensor_mlp", PROGRAMS / "dtensor_mlp.py")
-    program = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(program)  # numpy alone: TensorFlow is imported in its main()
-    x, y, w1, w2 = (a.astype("float64") for a in program.synthetic())
-    losses = []
-    for _ in range(steps):
-        hidden = np.tanh(x @ w1)
-        error = hidden @ w2 - y
-        losses.append(float(np.mean(error ** 2)))
-        d_out = 2 * error / error.size
-        d_w1 = x.T @ ((d_out @ w2.T) * (1 - hidden ** 2))
-        w1, w2 = w1 - learning_rate * d_w1, w2 - learning_rate * (hidden.T @ d_out)
-    return losses
-
-
-def test_a_dtensor_program_runs_on_two_clients_that_agree_on_the_loss(run_programs):
-    cluster = run_programs(PROGRAMS / "dtensor_mlp.py", "--num_local_devices=2", "--steps=5",
-                           workers=2, timeout=120)
-    pids = [task.pid for task in cluster.tasks]  # while they run: seconds to import TensorFlow
-    assert cluster.wait(timeout=240) == {"worker:0": 0, "worker:1": 0}
-    logs = [cluster.logs(f"worker:{index}") for index in (0, 1)]
-    ends = [re.findall(r"^client (\d+) mesh \[2, 2\] loss (\S+)$", log, re.M) for log in logs]
-    assert [len(end) for end in ends] == [1, 1], logs
-    assert [end[0][0] for end in ends] == ["0", "1"]  # each worker is its own DTensor client
-    steps = [[float(loss) for loss in re.findall(r"^step \d+ loss (\S+)$", log, re.M)]
-             for log in logs]
-    assert steps[0] == steps[1] and ends[0][0][1] == ends[1][0][1]  # one loss on both clients
-    expected = numpy_mlp_losses(steps=5, learning_rate=0.1)  # the program's default rate
-    assert steps[0] == pytest.approx(expected, abs=1e-4), (steps[0], expected)
-    assert float(ends[0][0][1]) == steps[0][-1] < steps[0][0]  # and it learns
-    cluster.stop()
-    assert None not in pids and all_gone(pids)  # nothing outlives the run
-
-
-@pytest.mark.parametrize("meshes, shapes", [
-    (["data"], ["[8]"]),
-    (["model"], ["[4, 2]"]),
-    ([], ["[8]", "[4, 2]", "[2, 2, 2]"]),  # the program's default: all three, as the tutorial
-], ids=["data-parallel", "model-parallel", "the-tutorials-three-sections"])
-def test_tensorflows_dtensor_tutorial_trains_on_two_clients_that_agree_on_every_loss(
-        run_programs, tmp_path, meshes, shapes):
-    # A copy of TensorFlow's "Distributed training with DTensors" (changes marked), synthetic
-    # reviews; its 8-device meshes over two clients of 4 CPU devices each. A section trains 2
-    # epochs of 4 batches; each after the first restores the checkpoint of the one before.
-    mesh_flag = ["--mesh", *meshes] if meshes else []
-    cluster = run_programs(PROGRAMS / "tf_tutorials" / "dtensor_ml_tutorial.py", *mesh_flag,
-                           f"--checkpoint_dir={tmp_path}", workers=2, timeout=120)
-    pids = [task.pid for task in cluster.tasks]  # while they run: seconds to import TensorFlow
-    assert cluster.wait(timeout=240) == {"worker:0": 0, "worker:1": 0}
-    logs = [cluster.logs(f"worker:{index}") for index in (0, 1)]
-    ends = [re.findall(r"^client (\d+) mesh (\[[\d, ]+\]) loss (\S+)$", log, re.M) for log in logs]
-    # each worker is its own DTensor client, and each section ran on its mesh
-    assert [[end[:2] for end in client] for client in ends] == [
-        [(str(index), shape) for shape in shapes] for index in (0, 1)], logs
-    steps = [re.findall(r"^epoch (\d) step (\d) loss (\S+)$", log, re.M) for log in logs]
-    assert len(steps[0]) == 8 * len(shapes) and steps[0] == steps[1]  # one loss on both clients
-    for section, end in enumerate(ends[0]):
-        losses = [float(loss) for _, _, loss in steps[0][8 * section:8 * section + 8]]
-        assert end[2] == steps[0][8 * section + 7][2]
-        assert losses[-1] < losses[0] and sum(losses[4:]) < sum(losses[:4]), losses  # it learns
-    for log in logs:
-        assert log.count("New training") == 1
-        assert log.count("Restoring a checkpoint") == len(shapes) - 1
-    cluster.stop()
-    assert None not in pids and all_gone(pids)  # nothing outlives the run
 
 
 def test_client_host_stands_for_where_the_task_reaches_this_machine(tmp_path):
