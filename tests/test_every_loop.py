@@ -72,7 +72,10 @@ def test_a_background_run_streams_to_the_dashboard_until_stop_ends_it(cluster, l
 
 
 @pytest.mark.parametrize("loop", ONE_SESSION)
-def test_a_dead_worker_ends_a_one_session_run_naming_it(start_cluster, loop):
+def test_a_dead_worker_ends_a_one_session_run_naming_it(start_cluster, monkeypatch, loop):
+    # A step waiting on the dead task, and the session closed after it, wait out TensorFlow's
+    # operation timeout: 3 s here, not 10 (a step of these models takes under 0.1 s).
+    monkeypatch.setattr(sessions, "OPERATION_TIMEOUT_MS", 3_000)
     cluster = start_cluster(jobs="ps=1,worker=2")  # its own: a task gets killed
     run = ONE_SESSION[loop](cluster, steps=100_000, background=True, watchdog=False)
     assert wait_until(lambda: run.history.steps >= 2, timeout=60)
