@@ -123,10 +123,6 @@ class Layout:
                              f"in the layout or as keywords alone")
         return layout
 
-    def replaced(self, **changes) -> "Layout":
-        """This layout with ``changes``, checked again."""
-        return dataclasses.replace(self, **changes)
-
     @property
     def ways(self) -> dict[str, int]:
         """Each axis's ways, slowest-varying first."""
