@@ -96,10 +96,10 @@ def test_a_loop_trains_the_levers_as_one_process_does():
     (lambda: train.transformer(precision="fp8"),
      r"precision='fp8': precision must be one of 'float32', 'bfloat16', 'float16'"),
     (lambda: train.single(train.transformer(batch_size=16), micro_batches=3),
-     r"micro_batches=3: a batch of 16 does not split into 3 equal micro-batches; use one of "
-     r"1, 2, 4, 8, 16"),
+     r"micro_batches=3: the batch of 16 does not split into 3 equal micro-batches; use "
+     r"micro_batches=2, or a batch_size divisible by 3"),
     (lambda: train.memory(train.transformer(), batch=6, micro_batches=4),
-     r"micro_batches=4: a batch of 6 does not split into 4 equal micro-batches"),
+     r"micro_batches=4: the batch of 6 does not split into 4 equal micro-batches"),
     (lambda: train.single(train.transformer(), micro_batches=0),
      r"micro_batches=0: micro_batches must be a whole number of at least 1"),
 ])
