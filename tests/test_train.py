@@ -1,4 +1,5 @@
-"""Training loops on a real local cluster: correctness, stragglers, dead workers, the dashboard."""
+"""Training loops on a real local cluster: correctness, stragglers, dead workers (the dashboard
+and Stop for every loop: ``test_every_loop.py``)."""
 
 import subprocess
 import sys
@@ -12,8 +13,6 @@ import dtflab
 from dtflab import train
 from dtflab.errors import TaskError
 from dtflab.train.run import sessions
-from dtflab.viz.dashboard import Dashboard
-from dtflab.viz.decimate import LIMIT
 
 from conftest import wait_until
 
@@ -145,24 +144,6 @@ def test_a_ps_killed_during_async_training_is_restored_and_costs_at_most_k_updat
     assert history.steps_per_worker == {"worker:0": 150, "worker:1": 150}
     assert history.final_loss() < ASYNC_BELOW
     assert str(cluster.tasks[0].state) == "running"
-
-
-def test_dashboard_streams_while_training_and_stop_keeps_the_history(cluster):
-    run = train.async_parameter_server(PROBLEM, cluster, steps=100_000, background=True)
-    dashboard = Dashboard(run, interval_s=0.1)
-    points = lambda: sum(line.points for line in dashboard.loss_lines.values())
-    assert wait_until(lambda: points() > 0, timeout=30)
-    first = points()
-    assert wait_until(lambda: points() > first, timeout=30), "no new points while running"
-    assert not run.done
-    dashboard.stop_button.click()
-    history = run.wait(timeout=30)
-    dashboard.wait()
-    assert history.stopped_early and 0 < history.steps < 200_000
-    assert sum(line.records for line in dashboard.loss_lines.values()) == history.steps
-    assert all(line.points <= LIMIT for line in dashboard.loss_lines.values())
-    assert sum(dashboard.stale_source.data["count"]) == history.steps
-    assert "steps in" in dashboard.status.value and dashboard.stop_button.disabled
 
 
 def test_compare_gives_ratios_against_the_first_run(cluster, single_run):
