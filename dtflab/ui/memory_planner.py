@@ -66,8 +66,8 @@ def preset_of(plan: device_memory.Plan) -> str:
 
 class MemoryPlanner:
     """See the module's docstring. ``plan`` holds the current
-    :class:`~dtflab.train.planner.device_memory.Plan`; ``predicted`` and ``measured`` the bytes by kind (``measured`` empty until Measure);
-    ``status`` the line under the bars."""
+    :class:`~dtflab.train.planner.device_memory.Plan`; ``predicted`` and ``measured`` the bytes
+    by kind (``measured`` empty until Measure); ``status`` the line under the bars."""
 
     def __init__(self, plan: device_memory.Plan | None = None, *, budget_gb: float = 80.0):
         import ipywidgets as w

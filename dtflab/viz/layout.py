@@ -25,7 +25,8 @@ def positions(layout) -> dict[int, tuple[float, float]]:
 def picture(layout, *, width: int = 640, sent: dict | None = None):
     """The mesh as a Bokeh figure: a box per task with its coordinates, a line per pair
     that talks, coloured by axis (hover a box for its groups); with ``sent`` (see
-    :meth:`~dtflab.train.layouts.layout.Layout.link_bytes`), each link labelled with the bytes that crossed it."""
+    :meth:`~dtflab.train.layouts.layout.Layout.link_bytes`), each link labelled with the bytes
+    that crossed it."""
     from bokeh.models import ColumnDataSource, HoverTool
     from bokeh.plotting import figure
 

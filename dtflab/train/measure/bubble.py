@@ -130,11 +130,11 @@ class Bubble:
         """The schedule's formula (:func:`dtflab.train.formulas.schedules.bubble_ratio`) with
         this step's mean forward, backward and weight-gradient times: ``(p - 1) / m``,
         ``(p - 1) / (v m)``, ZB-H1's ``(p - 1)(F + B - W) / (m (F + B + W))``."""
-        weight = self.piece_us("W")
-        return schedules.bubble_ratio(self.layout.schedule, self.stages, self.layout.micro_batches, self.layout.chunks,
-                                  forward=self.piece_us("F"),
-                                  backward=self.piece_us("B") + weight,
-                                  weight=weight if self.layout.schedule == "zero_bubble" else None)
+        weight, layout = self.piece_us("W"), self.layout
+        return schedules.bubble_ratio(layout.schedule, self.stages, layout.micro_batches,
+                                      layout.chunks, forward=self.piece_us("F"),
+                                      backward=self.piece_us("B") + weight,
+                                      weight=weight if layout.schedule == "zero_bubble" else None)
 
     @property
     def formula(self) -> float:
@@ -142,23 +142,24 @@ class Bubble:
         and 1F1B, ``(p - 1) / (v m + p - 1)`` interleaved; in general ``r / (1 + r)`` of
         :attr:`formula_ratio` r."""
         if self.layout.schedule != "zero_bubble":
-            return schedules.bubble_share(self.stages, self.layout.micro_batches, self.layout.chunks)
+            return schedules.bubble_share(self.stages, self.layout.micro_batches,
+                                          self.layout.chunks)
         return self.formula_ratio / (1 + self.formula_ratio)
 
     def timeline(self) -> list:
         """The schedule's timeline (:func:`dtflab.train.formulas.schedules.pipeline_timeline`)
         with this step's mean times per piece, in µs: what the chart draws as the formula's."""
-        weight = self.piece_us("W")
+        weight, layout = self.piece_us("W"), self.layout
         return schedules.pipeline_timeline(
-            self.layout.schedule, self.stages, self.layout.micro_batches, chunks=self.layout.chunks,
+            layout.schedule, self.stages, layout.micro_batches, chunks=layout.chunks,
             forward=self.piece_us("F") or 1.0, backward=(self.piece_us("B") + weight) or 2.0,
-            weight=weight if self.layout.schedule == "zero_bubble" else None)
+            weight=weight if layout.schedule == "zero_bubble" else None)
 
     def _model_covers(self) -> None:
         if self.layout.schedule not in ("gpipe", "1f1b"):
-            raise ValueError(f"schedule={self.layout.schedule!r}: the step-time model covers the gpipe "
-                             f"and 1f1b schedules; for this one read bubble.timeline() or "
-                             f"trace a step at each setting")
+            raise ValueError(f"schedule={self.layout.schedule!r}: the step-time model covers "
+                             f"the gpipe and 1f1b schedules; for this one read "
+                             f"bubble.timeline() or trace a step at each setting")
 
     @property
     def stage_s(self) -> float:
@@ -220,10 +221,12 @@ class Bubble:
         return 0.0
 
     def summary(self) -> str:
-        stages = "; ".join(f"{'worker' if self.layout.chunks > 1 else 'stage'} {s}: busy {self.busy_us(s) / 1e3:.1f} ms, idle "
-                           f"{share:.0%}" for s, share in enumerate(self.idle_share))
-        chunks = f", {self.layout.chunks} chunks a worker" if self.layout.chunks > 1 else ""
-        text = (f"{self.stages} stages x {self.layout.micro_batches} micro-batches ({self.layout.schedule}"
+        layout = self.layout
+        stages = "; ".join(f"{'worker' if layout.chunks > 1 else 'stage'} {s}: busy "
+                           f"{self.busy_us(s) / 1e3:.1f} ms, idle {share:.0%}"
+                           for s, share in enumerate(self.idle_share))
+        chunks = f", {layout.chunks} chunks a worker" if layout.chunks > 1 else ""
+        text = (f"{self.stages} stages x {layout.micro_batches} micro-batches ({layout.schedule}"
                 f"{chunks}): {stages} of a {self.span_us / 1e3:.1f} ms pipeline; formula: idle "
                 f"{self.formula:.0%}")
         if self.peak_activation_bytes:

@@ -1,11 +1,11 @@
 """Every layout of a transformer's training over N devices, each with its predicted memory per
-device by kind (``planner.device_memory``) and its step time by part (``planner.step_time``), sorted
-by time among those that fit (pure Python; ``dtflab.plan`` is the front door).
+device by kind (``planner.device_memory``) and its step time by part (``planner.step_time``),
+sorted by time among those that fit (pure Python; ``dtflab.plan`` is the front door).
 
-A layout is a :class:`~dtflab.train.planner.device_memory.Plan`: data x tensor x pipeline x context ways
-multiplying to N (and expert ways among the data ways, for a mixture), a micro-batch size, a
-ZeRO stage, a recomputation, sequence parallelism with tensor ways, and the interleaved
-schedule's chunks. The ones enumerated keep tensor and context groups inside a node, as
+A layout is a :class:`~dtflab.train.planner.device_memory.Plan` (a ``train.Layout`` with its
+model): data x tensor x pipeline x context ways multiplying to N (and expert ways among the data
+ways, for a mixture), a micro-batch size, a ZeRO stage, a recomputation, sequence parallelism
+with tensor ways, and the interleaved schedule's chunks. The ones enumerated keep tensor and context groups inside a node, as
 Megatron does (a group across nodes is tried only where a node is one device).
 """
 

@@ -130,9 +130,10 @@ def context_parallel(problem, cluster, *, ways: int | None = None, layout: Layou
     ``cut="naive"`` gives worker i the i-th of ``ways`` pieces; ``"zigzag"`` cuts 2 x ``ways``
     pieces and gives worker i pieces i and 2 ways - 1 - i, which balances the causal mask's
     work (:func:`dtflab.train.layouts.ring.work`). The sequence must cut into equal pieces.
-    ``layout=train.Layout(context=c)`` says the same as ``ways=c`` (2 when left out). The losses are
-    ``train.single``'s up to float rounding. ``history.details["bytes_formula"]`` holds what
-    :func:`dtflab.train.formulas.split_bytes.context_parallel_bytes` says each worker sends per step;
+    ``layout=train.Layout(context=c)`` says the same as ``ways=c`` (2 when left out). The
+    losses are ``train.single``'s up to float rounding. ``history.details["bytes_formula"]``
+    holds what :func:`dtflab.train.formulas.split_bytes.context_parallel_bytes` says each
+    worker sends per step;
     ``history.details["attention_work"]`` the query-key pairs each worker computes per block.
     """
     options = RunOptions(**options).checked()
@@ -153,8 +154,9 @@ def context_parallel(problem, cluster, *, ways: int | None = None, layout: Layou
                            "layout": layout,
                            "bytes_formula": {names.task(device): sent
                                              for device, sent in zip(devices, formula)},
-                           "attention_work": {names.task(device): pairs for device, pairs in
-                                              zip(devices, ring.work(cut, ways, problem.sequence))}})
+                           "attention_work": {
+                               names.task(device): pairs for device, pairs in
+                               zip(devices, ring.work(cut, ways, problem.sequence))}})
 
 
 def _check_problem(problem, ways: int, cut: str) -> None:

@@ -116,7 +116,8 @@ class _StepBuilder:
         self.sums = [None] * k                  # each stage's running sum of gradients
         self.deferred = {}                      # (stage, micro-batch) -> its W: (Split, grads)
         self.weight_ops = set()
-        self.last = [[] for _ in range(stages.layout.pipeline)]  # the worker's previous piece's ends
+        # each worker's previous piece's ends
+        self.last = [[] for _ in range(stages.layout.pipeline)]
         self.losses = []
 
     def _after_last(self, s, tensor, name):
