@@ -6,7 +6,7 @@ import pytest
 
 from dtflab import train
 from dtflab.train.formulas import split_bytes
-from dtflab.train.strategies.combined import stage_blocks
+from dtflab.train.layouts.layers import layer_ranges
 
 from conftest import max_loss_diff
 
@@ -35,6 +35,7 @@ def test_the_forms_combined_train_as_one_process_and_send_each_axis_formula(mesh
     run = train.combined(problem, mesh, layout, steps=6, seed=4, trace_step=1, callbacks=[wire])
     print(f"{layout}: vs single {max_loss_diff(alone, run):.2e}")
     assert max_loss_diff(alone, run) <= TOLERANCE and run.losses[-1] < run.losses[0]
+    assert run.details["stages"] == layer_ranges(problem, layout.pipeline)  # the pipeline's cut
     formula = run.details["bytes_formula"]
     assert formula == split_bytes.combined_bytes(problem, layout)
     traced = layout.axis_bytes(run.trace.bytes_between())
@@ -75,9 +76,3 @@ def test_layouts_the_combined_loop_cannot_run_are_refused_with_the_fix(mesh):
         train.combined(problem, mesh, train.Layout(data=2, tensor=4))
     with pytest.raises(ValueError, match=r"layout=\{'data': 2\}: combined takes a train.Layout"):
         train.combined(problem, mesh, {"data": 2})
-
-
-def test_blocks_are_cut_into_stages_of_whole_blocks_the_earlier_ones_larger():
-    assert stage_blocks(2, 2) == [(1, 1), (2, 2)]
-    assert stage_blocks(5, 2) == [(1, 3), (4, 5)]
-    assert stage_blocks(4, 1) == [(1, 4)]

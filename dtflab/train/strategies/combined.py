@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dtflab._quiet import import_tf
 from dtflab.train.formulas import split_bytes
+from dtflab.train.layouts.layers import layer_ranges
 from dtflab.train.layouts.layout import Layout
 from dtflab.train.problems import Transformer
 from dtflab.train.run.graphs import TrainGraph
@@ -31,24 +32,11 @@ from dtflab.train.graphs.tensor_parallel_blocks import blocks_loss
 from dtflab.train.problems.experts import dense_only
 
 
-def stage_blocks(blocks: int, stages: int) -> list[tuple[int, int]]:
-    """Each stage's ``(first, last)`` block, as even as whole blocks allow, the earlier stages
-    one block more where they cannot be equal."""
-    cut, extra = divmod(blocks, stages)
-    found, first = [], 1
-    for s in range(stages):
-        last = first + cut + (s < extra) - 1
-        found.append((first, last))
-        first = last + 1
-    return found
-
-
-def combined_graph(problem, layout: Layout, devices, seed: int) -> TrainGraph:
+def combined_graph(problem, layout: Layout, devices, seed: int, ranges) -> TrainGraph:
     """The training step over ``devices`` (rank r's at ``devices[r]``; see the module's
-    docstring)."""
+    docstring), stage p holding blocks ``ranges[p]`` (1-based, inclusive)."""
     tf = import_tf()
     D, T = layout.data, layout.tensor
-    ranges = stage_blocks(problem.blocks, layout.pipeline)
     initial = dict(problem.initial_values(seed))
     per = problem.batch_size // D
     graph = tf.Graph()
@@ -116,9 +104,10 @@ def combined(problem, cluster, layout: Layout, **options):
                    "replica (train.zero shards them)", sequence_parallel="does not cut the "
                    "sequence yet").fits(problem)
     devices = layout.tasks(cluster)
-    built = combined_graph(problem, layout, devices, options.seed)
+    ranges = layer_ranges(problem, layout.pipeline)  # the pipeline's cut, balanced by work
+    built = combined_graph(problem, layout, devices, options.seed, ranges)
     return train_graph("combined", f"combined ({layout})", built, devices[0], problem, cluster,
                        options, details={
-                           "layout": layout,
+                           "layout": layout, "stages": ranges,
                            "bytes_formula": split_bytes.combined_bytes(problem, layout)})
 
