@@ -28,6 +28,9 @@ MAX_PIECES = 400
 #: The most workers Run starts a cluster of its own with (about 140 MB of memory each here).
 OWN_WORKERS = 4
 
+#: Each whole-number control's slider: (least, most, an example a refusal suggests).
+RANGES = {"stages": (2, 8, 2), "micro_batches": (1, 32, 4), "chunks": (1, 4, 1)}
+
 
 class SchedulePlayground:
     """See the module's docstring. ``timeline`` is the formula's current timeline, ``bubble``
@@ -41,9 +44,10 @@ class SchedulePlayground:
         from dtflab.viz.pipeline import Timeline
 
         # the sliders' ranges, and the one layout's rules: refused, never clamped
-        checks.whole(stages, "stages", minimum=2, maximum=8, example=2)
-        checks.whole(micro_batches, "micro_batches", maximum=32, example=4)
-        checks.whole(chunks, "chunks", maximum=4, example=1)
+        for name, value in (("stages", stages), ("micro_batches", micro_batches),
+                            ("chunks", chunks)):
+            low, high, example = RANGES[name]
+            checks.whole(value, name, minimum=low, maximum=high, example=example)
         with said_as(False, pipeline="stages"):
             Layout(pipeline=stages, micro_batches=micro_batches, schedule=schedule, chunks=chunks)
         self.cluster = cluster
@@ -54,10 +58,13 @@ class SchedulePlayground:
         self.controls = {
             "schedule": w.ToggleButtons(options=list(schedules.SCHEDULES), value=schedule,
                                         description="schedule"),
-            "stages": w.IntSlider(value=stages, min=2, max=8, description="workers p"),
-            "micro_batches": w.IntSlider(value=micro_batches, min=1, max=32,
+            "stages": w.IntSlider(value=stages, min=RANGES["stages"][0],
+                                  max=RANGES["stages"][1], description="workers p"),
+            "micro_batches": w.IntSlider(value=micro_batches, min=RANGES["micro_batches"][0],
+                                         max=RANGES["micro_batches"][1],
                                          description="micro-batches m"),
-            "chunks": w.IntSlider(value=chunks, min=1, max=4, description="chunks v"),
+            "chunks": w.IntSlider(value=chunks, min=RANGES["chunks"][0],
+                                  max=RANGES["chunks"][1], description="chunks v"),
             "backward": w.FloatSlider(value=backward, min=0.5, max=4.0, step=0.1,
                                       description="backward / forward"),
             "weight_share": w.FloatSlider(value=weight_share, min=0.1, max=0.9, step=0.05,

@@ -258,7 +258,7 @@ def memory(problem, *, batch: int | None = None, micro_batches: int = 1,
 
     if batch is not None:
         problem = dataclasses.replace(problem, batch_size=checks.whole(batch, "batch", example=8))
-    Layout(micro_batches=checks.whole(micro_batches, "micro_batches", example=2)).fits(problem)
+    Layout(micro_batches=micro_batches).fits(problem)  # a whole number, dividing the batch
     tf = import_tf()
     built = one_replica.single_graph(problem, seed, micro_batches=micro_batches)
     x, t = built.inputs

@@ -101,8 +101,9 @@ class Plan(Layout):
 
     @property
     def devices(self) -> int:
-        """Data x tensor x pipeline x context (the expert ways are some of the data ways)."""
-        return self.data * self.tensor * self.pipeline * self.context
+        """Data x tensor x pipeline x context: the layout's size (the expert ways are some of
+        the data ways)."""
+        return self.size
 
     @property
     def micro_batch(self) -> int:
