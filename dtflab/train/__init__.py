@@ -61,6 +61,7 @@ WHERE = {
     "expert_parallel": "strategies.expert_parallel",
     "sharded_data_parallel": "strategies.sharded_data_parallel", "zero": "strategies.zero",
     "Layout": "layouts.layout", "calibrate": "planner.calibration",
+    "run_layout": "planner.predicted_run",
 }
 
 
@@ -83,4 +84,4 @@ __all__ = ["Problem", "exp_regression", "classification", "Transformer", "transf
            "expert_parallel",
            "sharded_data_parallel", "zero", "WireBytes",
            "Runner", "Update", "Watchdog", "stage_arithmetic_s", "StepModel", "memory", "step_memory",
-           "split_activation_bytes", "Layout", "calibrate"]
+           "split_activation_bytes", "Layout", "calibrate", "run_layout"]

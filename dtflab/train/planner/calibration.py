@@ -77,7 +77,9 @@ def calibrate(cluster, *, repeats: int = 5) -> Hardware:
     sharing = max(1.0, tasks / cpus())
     # an element-wise op's bytes cost what the block's did: bytes x traffic / bandwidth
     return replace(hardware, per_op_s=per_op * sharing,
-                   vector_traffic=max(seconds_per_byte * bandwidth, 1e-3) * sharing)
+                   vector_traffic=max(seconds_per_byte * bandwidth, 1e-3) * sharing,
+                   op_costs={**op_costs(target, devices[0], repeats),
+                             **hops(target, devices[:2], repeats)})
 
 
 def _session(target, graph):
@@ -235,3 +237,99 @@ def element_wise(target, device, hardware: Hardware, repeats: int) -> tuple[floa
     per_byte = max((rest_b - rest_a) / (bytes_b - bytes_a), 0.0)
     per_op = max((rest_a - bytes_a * per_byte) / MODELLED_OPS_PER_BLOCK, 0.0)
     return per_op, per_byte
+
+
+#: The op that stands for each price class (``planner.graph_ops.kind``) when its cost is
+#: timed: ``make(tf, x)`` of a float32 tensor ``x`` (rows x 128), and the bytes it reads and
+#: writes as ``graph_ops.step_ops`` counts them, in units of ``x``'s bytes.
+CLASSES = {
+    "elementwise": (lambda tf, x, y: x * y, 3.0),
+    "transcendental": (lambda tf, x, y: tf.tanh(x), 2.0),
+    "reduce": (lambda tf, x, y: tf.reduce_sum(x, axis=-1), 1.0 + 1 / 128),
+    "move": (lambda tf, x, y: tf.transpose(x), 2.0),
+    "free": (lambda tf, x, y: tf.reshape(x, [-1]), 0.0),
+    "matrix": (lambda tf, x, y: tf.matmul(x[:1, :1], y[:1, :1]), 0.0),
+}
+
+
+def op_costs(target, device, repeats: int, rows: int = 8192) -> dict[str, tuple[float, float]]:
+    """Each price class's ``(fixed seconds, seconds a byte)`` on one task: a chain of its op
+    (each after the last; 200 on a 1-row tensor, 16 on a ``rows`` x 128 one, larger than a
+    core's cache as a step's many tensors are), less a step of none, per op (``CLASSES``; the
+    update class: Adam's fused update of a variable). A multiply's fixed cost is a 1 x 1
+    multiply's; its arithmetic is priced by its rate."""
+    tf = import_tf()
+
+    def per_op(make, n: int) -> float:
+        times = {}
+        chain = 200 if n == 1 else 16
+        for count in (0, chain):
+            graph = tf.Graph()
+            with graph.as_default(), tf.device(device):
+                x = tf.Variable(tf.random.normal([n, 128], seed=1), name="x")
+                y = tf.Variable(tf.random.normal([n, 128], seed=2), name="y")
+                z = tf.Variable(tf.zeros([n, 128]), name="z")
+                xv, yv = x.read_value(), y.read_value()
+                last = tf.no_op()
+                for _ in range(count):
+                    with tf.control_dependencies([last]):
+                        last = make(tf, xv, yv, (x, y, z))
+                        last = last if hasattr(last, "type") else last.op
+                fetch = tf.group(last)
+                init = tf.compat.v1.global_variables_initializer()
+            with _session(target, graph) as session:
+                session.run(init)
+                times[count] = _median_run(session, fetch, 3 * repeats)
+        return max((times[chain] - times[0]) / chain, 0.0)
+
+    costs = {}
+    for name, (make, share) in CLASSES.items():
+        small = per_op(lambda tf, x, y, v, make=make: make(tf, x, y), 1)
+        if not share:
+            costs[name] = (small, 0.0)
+            continue
+        large = per_op(lambda tf, x, y, v, make=make: make(tf, x, y), rows)
+        nbytes = share * 4 * 128 * (rows - 1)
+        costs[name] = (small, max(large - small, 0.0) / nbytes)
+
+    def adam(tf, x, y, variables):
+        var, m, v = variables
+        return tf.raw_ops.ResourceApplyAdam(
+            var=var.handle, m=m.handle, v=v.handle, beta1_power=0.9, beta2_power=0.999,
+            lr=0.0, beta1=0.9, beta2=0.999, epsilon=1e-8, grad=x)
+
+    small, large = per_op(adam, 1), per_op(adam, rows)
+    costs["update"] = (small, max(large - small, 0.0) / (7 * 4 * 128 * (rows - 1)))
+    return costs
+
+
+def hops(target, pair, repeats: int, hops_in_chain: int = 16) -> dict[str, tuple[float, float]]:
+    """Inside a running step: ``transfer``, a tensor's trip from one task to the other
+    (``(seconds, seconds a byte)``: a chain of ``hops_in_chain`` trips between ``pair``, each
+    an addition on the other task, less the same additions on one task, at 4 B and 4 MB); and
+    ``task``, what a step pays for each task it runs on beyond the first (``(seconds, 0)``)."""
+    tf = import_tf()
+
+    def step(n: int, hop: bool, both: bool = False) -> float:
+        graph = tf.Graph()
+        with graph.as_default():
+            with tf.device(pair[0]):
+                h = tf.Variable(tf.zeros([n]), name="x") * 1.0
+            for i in range(hops_in_chain if n else 0):
+                with tf.device(pair[(i + 1) % 2] if hop else pair[0]):
+                    h = h + 1.0
+            with tf.device(pair[0]):
+                fetch = [tf.reduce_sum(h[:1])]
+            if both:
+                with tf.device(pair[1]):
+                    fetch.append(tf.constant(1.0) + 1.0)
+            init = tf.compat.v1.global_variables_initializer()
+        with _session(target, graph) as session:
+            session.run(init)
+            return _median_run(session, fetch, 3 * repeats)
+
+    seconds = {n: (step(n, True) - step(n, False)) / hops_in_chain for n in (1, 2 ** 20)}
+    per_byte = max((seconds[2 ** 20] - seconds[1]) / (4 * (2 ** 20 - 1)), 0.0)
+    one_task = step(0, False)
+    return {"transfer": (max(seconds[1], 0.0), per_byte),
+            "task": (max(step(0, False, both=True) - one_task, 0.0), 0.0)}

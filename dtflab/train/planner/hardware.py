@@ -78,6 +78,15 @@ class Hardware:
     measured: bool = False
     source: str = ""
     cpus: float = 0.0  # measured: the CPUs' worth of time the tasks shared
+    #: measured: the executor's fixed seconds an op and seconds a byte it reads and writes, by
+    #: price class (``planner.graph_ops.kind``): what ``planner.executor`` charges each op
+    op_costs: dict = field(default_factory=dict)
+
+    @property
+    def core_share(self) -> float:
+        """One core's arithmetic over what a task reached with every task multiplying at once
+        (more than 1 where the tasks outnumbered the CPUs when measured)."""
+        return max(1.0, self.per_node / self.cpus) if self.measured and self.cpus else 1.0
 
     def peak(self, precision: str, kind: str = "matrix") -> float:
         """Peak FLOP/s for ``precision``; a 16-bit type a device lacks runs at float32's."""

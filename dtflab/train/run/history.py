@@ -45,6 +45,8 @@ class RunHistory:
     trace: object = None  # the StepTrace of the step asked for with trace_step=, if any
     cluster: object = field(default=None, repr=False)  # what it trained on (None: one process)
     details: dict = field(default_factory=dict)  # loop-specific figures, named in its docstring
+    #: The step as predicted before the run (``train.run_layout``: a ``planner.predicted_run.Prediction``)
+    prediction: object = None
     step_reports: int = 1  # records one step makes: a synchronous loop's workers each report it
     #: What a strategy's traced step tells, each ``name: function(trace)``, read as
     #: ``history.name`` (a pipeline's ``bubble``, all-reduce's ``overlap_share``).

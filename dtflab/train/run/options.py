@@ -22,8 +22,9 @@ from dtflab.train.run.watchdog import settings as watchdog_settings
 class RunOptions:
     """``steps`` and ``seed`` (the batches), ``slow`` (``{"worker:1": 0.05}``: a straggler's
     extra seconds a step), ``background`` (return a ``BackgroundRun`` at once), ``callbacks``,
-    ``name`` (the history's), ``trace_step`` (the step traced into ``history.trace``) and
-    ``watchdog`` (``True``, ``None`` or a ``train.Watchdog``: when a step counts as stalled)."""
+    ``name`` (the history's), ``trace_step`` (the step traced into ``history.trace``),
+    ``watchdog`` (``True``, ``None`` or a ``train.Watchdog``: when a step counts as stalled)
+    and ``predict`` (what prices the step before it runs: ``train.run_layout`` gives it)."""
 
     steps: int = 200
     seed: int = 0
@@ -33,6 +34,9 @@ class RunOptions:
     name: str | None = None
     trace_step: int | None = None
     watchdog: object = True
+    #: ``predict(built, master, problem)``, called with the loop's graph before its first step:
+    #: what it returns is kept as ``history.prediction`` (``train.run_layout`` passes it)
+    predict: object = None
 
     def checked(self) -> "RunOptions":
         """``steps``, ``seed``, ``trace_step`` and ``watchdog`` checked (one line naming the

@@ -82,7 +82,8 @@ class ProgramOptions(RunOptions):
         from dtflab.cluster import MAX_THREADS
         from dtflab.spec import parse_count
 
-        watchdog = RunOptions.checked(self).watchdog
+        watchdog = RunOptions.checked(self).without(
+            loop, predict="runs worker programs: train.run_layout prices it with the planner").watchdog
         workers = None if self.workers is None else parse_count(self.workers, "workers")
         with said_as(self.layout is not None, data="workers"):
             run_layout = Layout.given(self.layout, loop, {"data": 2}, data=workers, **shorthand)

@@ -260,6 +260,8 @@ def train_graph(kind: str, title: str, built, master: str | None, problem, clust
                         cluster=cluster)
     runner.history.details.update(details or {})
     runner.history.reads.update(reads or {})
+    if options.predict is not None:  # priced from the graph, before it runs
+        runner.history.prediction = options.predict(built, master, problem)
     target = cluster.target(*names.split(master)) if master is not None else ""
     return run_one_replica(built, target, runner, problem, options.steps, options.seed, cluster,
                            options.background, options.trace_step)

@@ -1,0 +1,275 @@
+"""Plan, run, compare in one call: ``train.run_layout(problem, cluster, layout)`` runs any layout
+dtflab can train, choosing the loop, and its history carries the step as predicted before the
+first step (``history.prediction``) beside what was measured.
+
+In [1]: plans = dtflab.plan(problem, devices=2, hardware="here", cluster=cluster)
+In [2]: history = train.run_layout(problem, cluster, plans.best, steps=20, trace_step=15)
+In [3]: history.prediction.against(history)       # predicted and measured, by kind of op
+In [4]: history.prediction.show(history)          # the two timelines, one above the other
+
+A graph loop's step is predicted from the graph it will execute (``planner.graph_ops``),
+priced and simulated on this machine's calibration (``planner.executor``); a worker-program
+loop's (all-reduce, ZeRO) from the planner's formulas (``planner.step_time``), its memory by
+kind from ``planner.device_memory`` either way. What it cannot see: what the executor module
+says, and another program on the machine while the run runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import statistics
+import weakref
+from dataclasses import dataclass, field
+
+from dtflab import checks, names
+from dtflab.train.layouts.layout import Layout
+from dtflab.train.planner import executor, graph_ops, step_time
+from dtflab.train.planner.device_memory import Plan, per_device
+
+VIEWS = "dtflab.viz.prediction"
+#: A cluster's calibration, measured once per cluster (``hardware="here"``).
+_CALIBRATED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: The graph loops (a one-session graph the executor's simulation prices).
+GRAPH_LOOPS = ("single", "pipeline", "tensor_parallel", "context_parallel", "expert_parallel",
+               "combined")
+
+
+@dataclass
+class Prediction:
+    """A step predicted before the run: ``seconds``, ``parts`` (by kind of op for a graph
+    loop, by part of the step for the planner's), ``memory`` (bytes by kind on the fullest
+    device), ``timeline`` (a ``StepTrace`` of the simulated step, per device; None from the
+    planner) and ``source`` (which model made it)."""
+
+    loop: str
+    seconds: float
+    parts: dict
+    memory: dict
+    source: str
+    timeline: object = field(default=None, repr=False)
+
+    def against(self, history) -> dict:
+        """Predicted beside measured: the step (the median of the steps after the first two,
+        the slowest worker's) and its error, and, where the run traced a step and this
+        prediction has a timeline, each kind of op's time summed over devices, predicted and
+        traced, largest difference first (``"matrix"``: 4.1 ms predicted, 3.7 traced)."""
+        measured = measured_step_s(history)
+        found = {"predicted_ms": self.seconds * 1e3, "measured_ms": measured * 1e3,
+                 "error": self.seconds / measured - 1}
+        if self.timeline is not None and getattr(history, "trace", None) is not None:
+            found["by_kind"] = by_kind(self.timeline, history.trace)
+        return found
+
+    def differences(self, history) -> str:
+        """The largest differences by kind in words: ``"transfer 2.1 ms over, matrix 4%
+        under"``."""
+        rows = self.against(history).get("by_kind", [])
+        words = []
+        for kind, predicted, traced in rows[:3]:
+            gap = predicted - traced
+            share = f"{abs(gap) / traced:.0%}" if traced else f"{abs(gap):.1f} ms"
+            words.append(f"{kind} {abs(gap):.1f} ms ({share}) {'over' if gap > 0 else 'under'}")
+        return ", ".join(words)
+
+    def figure(self, history, **options):
+        """The predicted timeline above the traced one (``dtflab.viz.prediction``)."""
+        return importlib.import_module(VIEWS).figure(self, history, **options)
+
+    def show(self, history, **options) -> None:
+        importlib.import_module(VIEWS).show(self, history, **options)
+
+
+def measured_step_s(history) -> float:
+    """The median step after the first two, the slowest worker's (every worker's records)."""
+    by_worker = {}
+    for record in history.records:
+        by_worker.setdefault(record.worker, []).append(record.time_s)
+    medians = []
+    for times in by_worker.values():
+        gaps = [b - a for a, b in zip(times[2:], times[3:])]
+        if history.trace is not None and len(gaps) > 2:
+            gaps = gaps[:-2]  # the traced step and the one after it are slower
+        if gaps:
+            medians.append(statistics.median(gaps))
+    if not medians:
+        raise ValueError(f"{history.name}: {len(history.records)} steps recorded; a step is "
+                         f"measured from the fourth on: run steps=6 or more")
+    return max(medians)
+
+
+def by_kind(predicted, traced) -> list[tuple[str, float, float]]:
+    """Each kind of op's milliseconds, ``(kind, predicted, traced)``, largest difference
+    first: on each device the time during which at least one op of that kind ran (threads
+    and transfers overlap), summed over devices; traced ops are classed as ``graph_ops.kind``
+    classes them (oneDNN's ``_Mkl`` and ``_Fused`` names read as the op they stand for)."""
+    from dtflab.tracing.step import union
+
+    def sums(trace):
+        total = {}
+        for timings in trace.timings.values():
+            spans = {}
+            for timing in timings:
+                if timing.kind == "compute":
+                    kind = graph_ops.kind(timing.op.replace("_Mkl", "").replace("_Fused", ""))
+                elif timing.kind == "transfer":
+                    kind = "transfer"
+                else:
+                    continue
+                spans.setdefault(kind, []).append((timing.start_us, timing.end_us))
+            for kind, intervals in spans.items():
+                covered = sum(end - start for start, end in union(intervals))
+                total[kind] = total.get(kind, 0.0) + covered / 1e3
+        return total
+
+    ours, theirs = sums(predicted), sums(traced)
+    rows = [(kind, ours.get(kind, 0.0), theirs.get(kind, 0.0)) for kind in executor.KINDS
+            if kind in ours or kind in theirs]
+    return sorted(rows, key=lambda row: -abs(row[1] - row[2]))
+
+
+def timeline(predicted: executor.Predicted):
+    """The simulated step as a ``StepTrace`` (timings only), drawn by the traced step's views."""
+    from dtflab.tracing.step import OpTiming, StepTrace
+
+    timings = {}
+    for task, name, op_type, kind, start, end in predicted.spans:
+        device = names.full(task)
+        timings.setdefault(device, []).append(OpTiming(
+            device, name, op_type, start * 1e6, (end - start) * 1e6,
+            "transfer" if kind == "transfer" else "compute"))
+    return StepTrace(None, {device: [] for device in timings}, [], [], timings,
+                     predicted.seconds * 1e6, note="predicted by dtflab's executor simulation")
+
+
+def hardware_for(hardware, cluster):
+    """``hardware`` as a Hardware; ``"here"``: ``cluster`` calibrated (once per cluster)."""
+    from dtflab.train.planner.plans import resolve
+
+    if hardware == "here" and cluster is not None:
+        checks.cluster(cluster)
+        if cluster not in _CALIBRATED:
+            _CALIBRATED[cluster] = resolve(hardware, cluster)
+        return _CALIBRATED[cluster]
+    return resolve(hardware, cluster)
+
+
+def loop_for(layout: Layout) -> tuple[str, dict]:
+    """The loop that trains ``layout``, and the keywords it takes for it."""
+    if layout.expert > 1:
+        return "expert_parallel", {"layout": layout}
+    if layout.context > 1:
+        return "context_parallel", {"layout": layout}
+    if layout.zero:  # stage 3 runs train.sharded_data_parallel
+        return "zero", {"layout": layout}
+    if layout.data > 1 and layout.tensor == layout.pipeline == 1:
+        return "all_reduce", {"layout": layout}
+    if sum(ways > 1 for ways in (layout.data, layout.tensor, layout.pipeline)) > 1:
+        return "combined", {"layout": layout}
+    if layout.tensor > 1:
+        return "tensor_parallel", {"layout": layout}
+    if layout.pipeline > 1:
+        return "pipeline", {"layout": layout}
+    return "single", {"layout": layout, "device": "worker:0"}
+
+
+def as_layout(layout) -> Layout:
+    """A ``train.Layout``, a planner ``Plan`` or a plan's row (``plans.best``), as a Layout."""
+    if isinstance(layout, Layout) and not isinstance(layout, Plan):
+        return layout
+    if hasattr(layout, "layout"):
+        return layout.layout
+    raise ValueError(f"layout={layout!r}: train.run_layout takes a train.Layout(...), a Plan or a "
+                     f"row of dtflab.plan(...) (plans.best)")
+
+
+def plan_of(problem, layout: Layout) -> Plan:
+    """``problem``'s shape on ``layout``, as the planner prices it."""
+    from dtflab.train.planner.plans import base_plan
+
+    fields = {f.name: getattr(layout, f.name) for f in dataclasses.fields(Layout)}
+    return dataclasses.replace(base_plan(problem), **fields)
+
+
+def program_prediction(problem, layout: Layout, machine, memory: dict, loop: str,
+                       seed: int = 0) -> Prediction:
+    """A worker-program loop's step (all-reduce, ZeRO): each worker's slice of the batch through
+    one copy of the model's graph, every worker's copy simulated at once on the machine's
+    cores, then the gradient exchange: a ring's ``2 (d - 1)`` trips a collective (ZeRO 3:
+    ``3 (d - 1)``, its parameters gathered for the forward and the backward), one collective
+    (all-reduce: one pack) or one a parameter (ZeRO's programs), priced as the calibration's
+    transfers, and the worker's call (``per_step_s``)."""
+    from dtflab.train.graphs.one_replica import single_graph
+
+    d = layout.data
+    replica = dataclasses.replace(problem, batch_size=problem.batch_size // d)
+    built = single_graph(replica, seed, device=names.device("worker:0"))
+    x, t = built.inputs
+    xs, ts = replica.batch(0, seed)
+    one = graph_ops.step_ops(built.graph, [built.train, built.loss], {x: xs, t: ts}, "worker:0")
+    ops = [dataclasses.replace(
+        op, name=f"w{i}/{op.name}", task=f"worker:{i}",
+        inputs=tuple((f"w{i}/{name}", k) for name, k in op.inputs),
+        after=tuple(f"w{i}/{name}" for name in op.after)) for i in range(d) for op in one]
+    simulated = executor.simulate(ops, machine, threads=2)
+    tensors = len(problem.initial_values(seed))
+    parameters = sum(value.size for _, value in problem.initial_values(seed))
+    calls = 1 if layout.zero == 0 else tensors
+    trips = (3 if layout.zero == 3 else 2) * (d - 1)
+    latency, per_byte = machine.op_costs.get("transfer", (machine.node.latency,
+                                                          1 / machine.node.bandwidth))
+    exchange = calls * trips * latency + trips / d * 4 * parameters * per_byte
+    parts = {**simulated.parts(), "exchange": exchange}
+    seconds = simulated.seconds - machine.per_step_s + exchange + machine.per_step_s
+    parts["total"] = seconds
+    return Prediction(loop, seconds, parts, memory,
+                      "one copy of the graph a worker, simulated, and the ring's trips")
+
+
+def run_layout(problem, cluster, layout, *, hardware="here", **options):
+    """Train ``problem`` on ``cluster`` as ``layout`` says (a ``train.Layout``, or a plan's
+    row: ``dtflab.plan(...).best``), the loop chosen from its ways (see ``loop_for``), with
+    the step predicted before it runs on ``hardware`` (``"here"``: ``cluster`` calibrated
+    once, about 30 s; or a Hardware) into ``history.prediction``. ``options`` are the loop's
+    (``steps``, ``trace_step``, ...)."""
+    checks.cluster(cluster)
+    layout = as_layout(layout)
+    if not hasattr(problem, "d_model"):
+        raise ValueError(f"problem={problem!r}: train.run_layout plans a transformer; pass "
+                         f"train.transformer(...), or call a loop yourself for an MLP")
+    layout.fits(problem)
+    workers = len(cluster.addresses.get("worker", []))
+    loop, keywords = loop_for(layout)
+    if loop in GRAPH_LOOPS and layout.size > workers:
+        raise ValueError(f"layout={layout}: {layout.size} devices, but the cluster has "
+                         f"{workers} worker tasks; start one with "
+                         f"dtflab.start_cluster(workers={layout.size})")
+    machine = hardware_for(hardware, cluster)
+    plan = plan_of(problem, layout)
+    memory = per_device(plan)
+    strategy = getattr(importlib.import_module(f"dtflab.train.strategies.{loop}"), loop)
+    if loop in GRAPH_LOOPS:
+        threads = cluster.inter_op_threads
+
+        def predict(built, master, problem):
+            x, t = built.inputs
+            xs, ts = problem.batch(0, options.get("seed", 0))
+            fetches = [built.train, built.loss, *built.reports.values()]
+            ops = graph_ops.step_ops(built.graph, fetches, {x: xs, t: ts},
+                                     names.task(master) if master else "worker:0")
+            simulated = executor.simulate(ops, machine, threads)
+            return Prediction(loop, simulated.seconds, simulated.parts(), memory,
+                              "dtflab's graph, simulated on the calibration",
+                              timeline(simulated))
+
+        if loop == "single":
+            return strategy(problem, cluster=cluster, predict=predict, **keywords, **options)
+        return strategy(problem, cluster, predict=predict, **keywords, **options)
+    prediction = program_prediction(problem, layout, machine, memory, loop,
+                                    options.get("seed", 0))
+    history = strategy(problem, **keywords, **options)
+    if hasattr(history, "prediction"):
+        history.prediction = prediction
+    else:  # a BackgroundRun: its history
+        history.history.prediction = prediction
+    return history
