@@ -37,6 +37,9 @@ from dtflab.machine import cpus
 from dtflab.train.planner.hardware import Hardware, Link
 
 SIZES = (256, 512, 1024)
+#: The multiplies timed on one task alone, for ``Hardware.matrix_rates`` (a block's attention
+#: multiplies are as small as the smallest).
+ALONE_SIZES = (32, 64, 128, 256, 512, 1024)
 #: The op charges the step-time model makes for a block (``planner.step_time.block_ops``: 12
 #: ops forward, each again backward).
 MODELLED_OPS_PER_BLOCK = 2 * 12
@@ -58,10 +61,18 @@ def calibrate(cluster, *, repeats: int = 5) -> Hardware:
     rates = {precision: _matmul_rates(target, devices, precision, repeats)
              for precision in ("float32", "bfloat16")}
     peak = {precision: max(rate.values()) for precision, rate in rates.items()}
+    sharing = max(1.0, tasks / cpus())
     curve = tuple(sorted(((2 * n ** 3 / 1e9, rates["float32"][n] / peak["float32"])
                           for n in SIZES), reverse=True))
     curve = curve[:-1] + ((0.0, curve[-1][1]),)
+    alone = _matmul_rates_alone(target, devices[0], repeats)
     bandwidth = _memory_bandwidth(target, devices, repeats)
+    together = {}
+    if cpus() >= 2 and tasks >= 2:  # a second core: what an op keeps while the other runs one
+        busy = devices[:min(tasks, int(cpus()))]
+        together = {"matrix": min(1.0, rates["float32"][512] * sharing / alone[512]),
+                    "memory": min(1.0, _memory_bandwidth(target, busy, repeats)
+                                  / _memory_bandwidth(target, devices[:1], repeats))}
     latency, per_byte = _transfer(target, devices[:2], repeats)
     per_step = _per_step(cluster.target("worker", tasks - 1), devices[0], repeats)
     link = Link("this machine's loopback (gRPC)", 1 / per_byte, latency, 1.0)
@@ -70,16 +81,18 @@ def calibrate(cluster, *, repeats: int = 5) -> Hardware:
         memory_bytes=psutil.virtual_memory().total / tasks, memory_bandwidth=bandwidth,
         per_node=tasks, node=link, cluster=link, matrix_efficiency=curve,
         vector_efficiency=((0.0, 1.0),), per_step_s=per_step, overlap=True, measured=True,
+        matrix_rates=tuple((2 * n ** 3 / 1e9, rate) for n, rate in sorted(alone.items())),
+        together=together,
         source=f"calibrate(), {time.strftime('%Y-%m-%d %H:%M')}")
     per_op, seconds_per_byte = element_wise(target, devices[0], hardware, repeats)
     # timed on one task while the others wait: with more tasks than CPUs, each gets a share
     # (the multiplies were timed with every task at once and carry it already)
-    sharing = max(1.0, tasks / cpus())
     # an element-wise op's bytes cost what the block's did: bytes x traffic / bandwidth
     return replace(hardware, per_op_s=per_op * sharing,
                    vector_traffic=max(seconds_per_byte * bandwidth, 1e-3) * sharing,
                    op_costs={**op_costs(target, devices[0], repeats),
-                             **hops(target, devices[:2], repeats)})
+                             **hops(target, devices[:2], repeats)},
+                   transfer_cores=trip_on_cores(target, devices[:2]) if cpus() >= 2 else 1.0)
 
 
 def _session(target, graph):
@@ -136,6 +149,21 @@ def _matmul_rates(target, devices, precision: str, repeats: int) -> dict[int, fl
                            precision), lambda h: tf.matmul(h, w)
 
         rates[n] = 2 * n ** 3 / _chained(target, devices, make, repeats)
+    return rates
+
+
+def _matmul_rates_alone(target, device, repeats: int) -> dict[int, float]:
+    """FLOP/s of an n x n float32 multiply on one task alone, by n (:data:`ALONE_SIZES`): a
+    chain long enough to take about the same time at every size."""
+    rates = {}
+    for n in ALONE_SIZES:
+        def make(tf, i, n=n):
+            w = tf.Variable(tf.random.normal([n, n], stddev=n ** -0.5, seed=i), name="w")
+            return tf.Variable(tf.random.normal([n, n], seed=i + 7), name="a") * 1.0, \
+                lambda h: tf.matmul(h, w)
+
+        chain = max(8, min(256, 2 ** 24 // n ** 3 * 8))
+        rates[n] = 2 * n ** 3 / _chained(target, [device], make, repeats, chain=chain)
     return rates
 
 
@@ -247,6 +275,10 @@ CLASSES = {
     "transcendental": (lambda tf, x, y: tf.tanh(x), 2.0),
     "reduce": (lambda tf, x, y: tf.reduce_sum(x, axis=-1), 1.0 + 1 / 128),
     "move": (lambda tf, x, y: tf.transpose(x), 2.0),
+    # the gradient of taking every other row: a whole zeroed output, half of it copied in
+    "scatter": (lambda tf, x, y: tf.raw_ops.StridedSliceGrad(
+        shape=tf.shape(x) * [2, 1], begin=[0, 0], end=tf.shape(x) * [2, 1], strides=[2, 1],
+        dy=x), 3.0),
     "free": (lambda tf, x, y: tf.reshape(x, [-1]), 0.0),
     "matrix": (lambda tf, x, y: tf.matmul(x[:1, :1], y[:1, :1]), 0.0),
 }
@@ -333,3 +365,86 @@ def hops(target, pair, repeats: int, hops_in_chain: int = 16) -> dict[str, tuple
     one_task = step(0, False)
     return {"transfer": (max(seconds[1], 0.0), per_byte),
             "task": (max(step(0, False, both=True) - one_task, 0.0), 0.0)}
+
+
+def trip_on_cores(target, pair, hops_in_chain: int = 100, busy: int = 600) -> float:
+    """The share of a trip between ``pair`` that is work on a core: a chain of trips timed
+    from a traced step, alone and beside a chain of multiplies on each task (every core busy,
+    so work on a core takes twice as long there, and waiting no longer): ``busy / alone - 1``,
+    between 0 and 1."""
+    tf = import_tf()
+
+    def per_trip(with_busy: bool) -> float:
+        graph = tf.Graph()
+        with graph.as_default():
+            with tf.device(pair[0]):
+                h = tf.Variable(tf.zeros([1]), name="x") * 1.0
+            for i in range(hops_in_chain):
+                with tf.device(pair[(i + 1) % 2]):
+                    h = tf.add(h, 1.0, name=f"trip{i}")
+            fetch = [tf.reduce_sum(h)]
+            for device in pair if with_busy else ():
+                with tf.device(device):
+                    w = tf.Variable(tf.random.normal([256, 256], stddev=1 / 16, seed=1))
+                    a = w * 1.0
+                    for _ in range(busy):
+                        a = tf.matmul(a, w)
+                    fetch.append(tf.reduce_sum(a[:1, :1]))
+            init = tf.compat.v1.global_variables_initializer()
+        with _session(target, graph) as session:
+            session.run(init)
+            session.run(fetch)
+            found = []
+            for _ in range(3):
+                metadata = tf.compat.v1.RunMetadata()
+                session.run(fetch, options=tf.compat.v1.RunOptions(trace_level=3),
+                            run_metadata=metadata)
+                ends = {}
+                for device in metadata.step_stats.dev_stats:
+                    for node in device.node_stats:
+                        tail = node.node_name[4:]
+                        if node.node_name.startswith("trip") and tail.isdigit():
+                            ends[int(tail)] = (node.all_start_micros,
+                                               node.all_start_micros + node.all_end_rel_micros)
+                found.append((ends[hops_in_chain - 1][1] - ends[0][0]) / (hops_in_chain - 1))
+        return statistics.median(found)
+
+    return min(max(per_trip(True) / per_trip(False) - 1, 0.0), 1.0)
+
+
+#: The transformer the worker programs' costs are timed on (small: its arithmetic is a small
+#: share of its step, and its graph's simulation prices that share).
+PROBE = dict(blocks=1, d_model=32, heads=2, sequence=16, batch_size=8)
+
+
+def collectives_a_step(problem, zero: int, workers: int) -> int:
+    """The collective calls one step of a worker program makes: all-reduce's one pack of
+    every gradient; ZeRO 1 and 2 a reduce-scatter (``workers - 1`` paired broadcasts) and an
+    all-gather a parameter; ZeRO 3 two gathers and a reduce-scatter a parameter."""
+    tensors = len(problem.initial_values(0))
+    return {0: 1, 1: workers * tensors, 2: workers * tensors,
+            3: (workers + 1) * tensors}[zero]
+
+
+def program_costs(hardware: Hardware, replica_seconds, *, steps: int = 14) -> Hardware:
+    """``hardware`` with the worker programs' costs in ``op_costs``: ``call``, what a worker
+    program's step pays beyond its graph (the step function's call, the batch, the report),
+    and ``collective``, one collective call between two worker programs. Timed from
+    ``train.all_reduce`` and ``train.zero(stage=1)`` of :data:`PROBE` on two workers (about
+    20 s on 2 cores): each one's median step, less ``replica_seconds(problem, hardware)`` (its
+    graph's simulated step, a copy a worker), solved for the two."""
+    from dtflab.train.planner.predicted_run import measured_step_s
+    from dtflab.train.problems import transformer
+    from dtflab.train.strategies.all_reduce import all_reduce
+    from dtflab.train.strategies.zero import zero
+
+    problem = transformer(**PROBE)
+    compute = replica_seconds(problem, hardware)
+    go = dict(workers=2, steps=steps, seed=0, watchdog=False)
+    rest = {0: measured_step_s(all_reduce(problem, **go)) - compute,
+            1: measured_step_s(zero(problem, stage=1, **go)) - compute}
+    calls = {stage: collectives_a_step(problem, stage, 2) for stage in rest}
+    collective = max((rest[1] - rest[0]) / (calls[1] - calls[0]), 0.0)
+    call = max(rest[0] - calls[0] * collective, 0.0)
+    return replace(hardware, op_costs={**hardware.op_costs, "call": (call, 0.0),
+                                       "collective": (collective, 0.0)})

@@ -5,9 +5,12 @@ gRPC transfer it will be, and the tasks' executors run side by side (pure Python
 Each task runs its ops on its inter-op threads, an op starting when its inputs have arrived
 and a thread is free (the earliest-made ready op first); every op running on any task shares
 the machine's cores (``Hardware.cpus``): with more running than cores, each runs that much
-slower. A tensor another task needs is sent once per task, when its op ends, and arrives a
-transfer later (``Hardware.node``: latency plus bytes over bandwidth); its copy shares the
-cores too. The step starts after the framework's fixed cost (``per_step_s``: the client's
+slower, and while another core runs an op too, each keeps the share of its speed alone that
+the calibration measured with every core busy (``Hardware.together``: multiplies and
+memory-bound ops apart). A tensor another task needs is sent once per task, when its op ends, and arrives a
+transfer later (``op_costs["transfer"]``: a trip's latency plus bytes at its rate, as measured
+inside a running step), taking no core of the simulation's: the measured trip holds the
+copies gRPC makes. The step starts after the framework's fixed cost (``per_step_s``: the client's
 call and its feed).
 
 What it cannot see: Grappler's rewrites (an op folded away is still priced at the fixed
@@ -24,21 +27,20 @@ from dtflab.train.planner.hardware import Hardware
 
 #: The price classes a step's time is reported by, as ``planner.graph_ops.kind`` names them,
 #: and ``transfer`` (tensors between tasks).
-KINDS = ("matrix", "elementwise", "transcendental", "reduce", "move", "update", "free",
+KINDS = ("matrix", "elementwise", "transcendental", "reduce", "scatter", "move", "update", "free",
          "transfer")
 
 
 def op_seconds(op, hardware: Hardware) -> float:
-    """One op alone on a core: the executor's fixed cost for its class, and its arithmetic
-    (a multiply, at the calibrated rate for its size) or its bytes (at its class's measured
-    cost a byte)."""
+    """One op alone on a core: a multiply's arithmetic at the calibrated rate for its size (a
+    rate timed with the op's fixed cost in it), or the executor's fixed cost for its class
+    and its bytes at the class's measured cost a byte."""
     fixed, per_byte = hardware.op_costs.get(op.kind, hardware.op_costs.get("elementwise",
                                                                              (hardware.per_op_s,
                                                                               0.0)))
     if op.kind == "matrix" and op.flops:
-        peak = hardware.peak("float32") * hardware.efficiency(hardware.matrix_efficiency,
-                                                               op.flops / 1e9)
-        return fixed + op.flops / (peak * hardware.core_share)
+        unit = op.unit_flops or op.flops  # a batch of small multiplies runs at a small one's rate
+        return op.flops / hardware.matrix_rate(unit)  # the rates were timed with their cost
     return fixed + op.nbytes * per_byte
 
 
@@ -116,6 +118,9 @@ def simulate(ops, hardware: Hardware, threads: int) -> Predicted:
     spans, busy = [], {task: {} for task in tasks}
     left = [len(keys) for keys in waits]
     order = 0
+    waiting_after: dict = {}
+    together = hardware.together
+    speed_class = {i: "matrix" if op.kind == "matrix" else "memory" for i, op in enumerate(ops)}
 
     def release(key, at):
         for i in consumers.get(key, ()):
@@ -133,8 +138,18 @@ def simulate(ops, hardware: Hardware, threads: int) -> Predicted:
             free_threads[op.task] += 1
             release(job, at)
             for key in by_producer.get(job, ()):  # its tensors leave for the tasks that need them
-                remaining[key] = transfer_seconds(transfers[key], hardware)
                 started[key] = at
+                whole = transfer_seconds(transfers[key], hardware)
+                if hardware.transfer_cores > 0:  # gRPC's work first, on a core; then the wait
+                    speed_class[key] = "transfer"
+                    remaining[key] = whole * hardware.transfer_cores
+                    waiting_after[key] = whole * (1 - hardware.transfer_cores)
+                else:
+                    heapq.heappush(timed, (at + whole, order, key))
+                    order += 1
+        elif job in waiting_after:  # its copy done: the rest of the trip takes no core
+            heapq.heappush(timed, (at + waiting_after.pop(job), order, job))
+            order += 1
         else:
             producer = ops[job[0]]
             spans.append((job[2], f"{producer.name}:{max(job[1], 0)} from {producer.task}",
@@ -161,20 +176,27 @@ def simulate(ops, hardware: Hardware, threads: int) -> Predicted:
         if not remaining and not timed:
             raise RuntimeError(f"the simulated step stopped with {len(ops) - done} ops never "
                                f"ready (a cycle, or an input outside the graph)")
-        rate = min(1.0, cores / len(remaining)) if remaining else 1.0
-        step = min((left_s / rate for left_s in remaining.values()), default=float("inf"))
+        share = min(1.0, cores / len(remaining)) if remaining else 1.0
+        crowded = len(remaining) >= 2 and cores >= 2  # other cores busy: memory and caches shared
+        rates = {job: share * (together.get(speed_class[job], 1.0) if crowded else 1.0)
+                 for job in remaining}
+        step = min((left_s / rates[job] for job, left_s in remaining.items()),
+                   default=float("inf"))
         if timed and timed[0][0] - now < step:
             step = timed[0][0] - now
         now += step
         for job in list(remaining):
-            remaining[job] -= rate * step
+            remaining[job] -= rates[job] * step
             if remaining[job] <= 1e-12:
                 del remaining[job]
                 finish(job, now)
                 if isinstance(job, int):
                     done += 1
         while timed and timed[0][0] <= now + 1e-12:
-            _, _, i = heapq.heappop(timed)
-            if i in fed:  # a feed arrived: the placeholder is ready
-                heapq.heappush(ready[ops[i].task], i)
+            _, _, job = heapq.heappop(timed)
+            if isinstance(job, tuple):  # a tensor arrived
+                waiting_after.pop(job, None)
+                finish(job, now)
+            elif job in fed:  # a feed arrived: the placeholder is ready
+                heapq.heappush(ready[ops[job].task], job)
     return Predicted(start_at + now, spans, busy)

@@ -22,9 +22,8 @@ FREE = frozenset({
     "Const", "Identity", "IdentityN", "NoOp", "Shape", "ShapeN", "Size", "Rank", "Reshape",
     "Squeeze", "ExpandDims", "StopGradient", "Snapshot", "ReadVariableOp", "VarHandleOp",
     "VariableV2", "Placeholder", "PlaceholderWithDefault", "BroadcastGradientArgs",
-    "VarIsInitializedOp", "ZerosLike", "OnesLike", "Fill", "Range", "Pack", "Unpack",
-    "StridedSlice", "Slice", "Cast", "AssignVariableOp", "AssignAddVariableOp",
-    "PreventGradient", "EnsureShape", "Where", "Switch", "Merge", "Enter", "Exit"})
+    "VarIsInitializedOp", "AssignVariableOp", "PreventGradient", "EnsureShape", "Switch",
+    "Merge", "Enter", "Exit"})
 #: Ops that do a matrix multiply (their arithmetic: 2·m·k·n per batch entry).
 MATRIX = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"})
 #: Element-wise ops dear per element (a polynomial or a table each), priced apart.
@@ -34,10 +33,15 @@ TRANSCENDENTAL = frozenset({
     "SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits", "Log1p", "Softplus"})
 #: Reductions (read a tensor, write one much smaller).
 REDUCE = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "ArgMax", "ArgMin", "All", "Any"})
+#: Ops that write a whole output from part of it (the gradient of a slice, a scatter): zeros
+#: laid down, then the part copied in, element by element.
+SCATTER = frozenset({"StridedSliceGrad", "ScatterNd", "UnsortedSegmentSum", "TensorScatterAdd",
+                     "TensorScatterUpdate", "SliceGrad"})
 #: Ops that move a tensor's elements without arithmetic.
 MOVE = frozenset({"Transpose", "ConcatV2", "Split", "SplitV", "GatherV2", "ResourceGather",
-                  "Pad", "Tile", "OneHot", "UnsortedSegmentSum", "ScatterNd", "TensorScatterAdd",
-                  "TensorScatterUpdate", "MirrorPad", "Roll", "ReverseV2", "TopKV2",
+                  "StridedSlice", "Slice", "Pack", "Unpack", "Fill",
+                  "ZerosLike", "OnesLike", "Where", "Range", "Cast",
+                  "Pad", "Tile", "OneHot", "MirrorPad", "Roll", "ReverseV2", "TopKV2",
                   "GatherNd", "DynamicStitch", "DynamicPartition", "BroadcastTo"})
 #: An optimizer's fused update: reads the variable, its slots and the gradient; writes three.
 UPDATE = frozenset({"ResourceApplyAdam", "ResourceApplyGradientDescent", "ResourceApplyMomentum",
@@ -46,9 +50,10 @@ UPDATE = frozenset({"ResourceApplyAdam", "ResourceApplyGradientDescent", "Resour
 
 def kind(op_type: str) -> str:
     """The price class of an op type: ``free``, ``matrix``, ``transcendental``, ``reduce``,
-    ``move``, ``update`` or ``elementwise`` (everything else)."""
+    ``scatter``, ``move``, ``update`` or ``elementwise`` (everything else)."""
     for name, types in (("free", FREE), ("matrix", MATRIX), ("transcendental", TRANSCENDENTAL),
-                        ("reduce", REDUCE), ("move", MOVE), ("update", UPDATE)):
+                        ("reduce", REDUCE), ("scatter", SCATTER), ("move", MOVE),
+                        ("update", UPDATE)):
         if op_type in types:
             return name
     return "elementwise"
@@ -56,9 +61,10 @@ def kind(op_type: str) -> str:
 
 @dataclass(frozen=True)
 class GraphOp:
-    """One op of the step: its task (``worker:1``), its price class, its arithmetic (FLOPs),
-    the bytes it reads and writes, each output's bytes, and the ops it waits for (data and
-    control inputs, by name)."""
+    """One op of the step: its task (``worker:1``), its price class, its arithmetic (FLOPs;
+    ``unit_flops``: one multiply's of a batch of them, what its rate depends on), the bytes it
+    reads and writes, each output's bytes, and the ops it waits for (data and control inputs,
+    by name)."""
 
     name: str
     type: str
@@ -69,14 +75,21 @@ class GraphOp:
     outputs: tuple[int, ...]
     inputs: tuple[tuple[str, int], ...]  # (producer, output index), data edges
     after: tuple[str, ...]  # control inputs
+    unit_flops: float = 0.0
 
 
-def _size(tensor) -> int:
-    shape = tensor.shape
-    if shape.rank is None:
+def _shape(tensor, shapes: dict) -> list | None:
+    if tensor.name in shapes:
+        return list(shapes[tensor.name])
+    return tensor.shape.as_list() if tensor.shape.rank is not None else None
+
+
+def _size(tensor, shapes: dict) -> int:
+    shape = _shape(tensor, shapes)
+    if shape is None:
         return 0
     count = 1
-    for dim in shape.as_list():
+    for dim in shape:
         count *= dim if dim is not None and dim > 0 else 1
     try:
         return count * tensor.dtype.size
@@ -84,24 +97,28 @@ def _size(tensor) -> int:
         return 0
 
 
-def _flops(op) -> float:
+def _flops(op, shapes: dict) -> tuple[float, float]:
+    """A multiply's FLOPs, and one of its batch's (the whole, for a plain MatMul)."""
     if op.type not in MATRIX:
-        return 0.0
-    a, out = op.inputs[0].shape.as_list(), op.outputs[0].shape.as_list()
-    if None in a or None in out:
-        return 0.0
+        return 0.0, 0.0
+    a, out = _shape(op.inputs[0], shapes), _shape(op.outputs[0], shapes)
+    if a is None or out is None or None in a or None in out:
+        return 0.0, 0.0
     transposed = op.get_attr("transpose_a") if op.type == "MatMul" else op.get_attr("adj_x")
     inner = a[-2] if transposed else a[-1]
     count = 1
     for dim in out:
         count *= dim
-    return 2.0 * count * inner
+    unit = 2.0 * out[-1] * (out[-2] if len(out) > 1 else 1) * inner
+    return 2.0 * count * inner, unit
 
 
-def step_ops(graph, fetches, feeds: dict, default_task: str) -> list[GraphOp]:
+def step_ops(graph, fetches, feeds: dict, default_task: str, init=None) -> list[GraphOp]:
     """The ops ``fetches`` (ops or tensors of ``graph``) need, with ``feeds`` (each
     placeholder tensor and the array fed to it) fixing the shapes, in the graph's order; an op
-    with no device runs on ``default_task`` (``worker:0``), as the master places it."""
+    with no device runs on ``default_task`` (``worker:0``), as the master places it. Where a
+    shape depends on the data (a mixture's dispatch), the tensors are computed once in this
+    process (``init``, the graph's initializer, run first) and their shapes read."""
     tf = import_tf()
     fixed = tf.Graph()
     with fixed.as_default():
@@ -124,22 +141,74 @@ def step_ops(graph, fetches, feeds: dict, default_task: str) -> list[GraphOp]:
         needed.add(op.name)
         stack.extend(tensor.op for tensor in op.inputs)
         stack.extend(op.control_inputs)
+    shapes = _data_shapes(graph, [fixed.get_operation_by_name(n) for n in needed], feeds, init)
+    placed = _placed(fixed, needed, default_task)
     found = []
     for op in fixed.get_operations():
         if op.name not in needed:
             continue
-        task = names.task(op.device) if op.device else default_task
+        task = placed[op.name]
         price = kind(op.type)
-        outputs = tuple(_size(t) for t in op.outputs)
+        outputs = tuple(_size(t, shapes) for t in op.outputs)
         if price == "free":
             nbytes = 0.0
         elif price == "update":  # the variable and its slots read and written, the gradient read
             slots = sum(1 for t in op.inputs if t.dtype == tf.resource)
-            variable = _size(op.inputs[-1])
+            variable = _size(op.inputs[-1], shapes)
             nbytes = float(variable * (2 * slots + 1))
         else:
-            nbytes = float(sum(_size(t) for t in op.inputs) + sum(outputs))
-        found.append(GraphOp(op.name, op.type, task, price, _flops(op), nbytes, outputs,
+            nbytes = float(sum(_size(t, shapes) for t in op.inputs) + sum(outputs))
+        flops, unit = _flops(op, shapes)
+        found.append(GraphOp(op.name, op.type, task, price, flops, nbytes, outputs,
                              tuple((t.op.name, t.value_index) for t in op.inputs),
-                             tuple(c.name for c in op.control_inputs)))
+                             tuple(c.name for c in op.control_inputs), unit))
     return found
+
+
+def _placed(graph, needed: set, default_task: str) -> dict:
+    """Each op's task as TensorFlow's placer will set it: an op that reads or writes a
+    variable goes where the variable is, whatever device it asked for (a resource cannot
+    leave its task); an op with no inputs and no device (a constant) goes to its first
+    consumer's task; any other op with no device to ``default_task``."""
+    tf = import_tf()
+    task = {}
+    for op in graph.get_operations():
+        if op.name not in needed:
+            continue
+        resources = [t.op.name for t in op.inputs if t.dtype == tf.resource]
+        if resources and resources[0] in task:
+            task[op.name] = task[resources[0]]
+        elif op.device:
+            task[op.name] = names.task(op.device)
+        else:
+            task[op.name] = default_task
+    for op in graph.get_operations():
+        if op.name in needed and not op.device and not op.inputs:
+            consumers = [c for t in op.outputs for c in t.consumers() if c.name in needed]
+            if consumers:
+                task[op.name] = task[consumers[0].name]
+    return task
+
+
+def _data_shapes(graph, ops, feeds: dict, init) -> dict:
+    """``{tensor name: shape}`` of the float tensors among ``ops``' outputs whose shapes
+    TensorFlow cannot tell before the data (none for most graphs): computed once, here, on
+    a copy of ``graph`` with its devices cleared."""
+    tf = import_tf()
+    unknown = [t.name for op in ops for t in op.outputs
+               if op.type not in FREE and t.dtype.is_floating and not t.shape.is_fully_defined()]
+    if not unknown:
+        return {}
+    definition = graph.as_graph_def()
+    for node in definition.node:
+        node.device = ""
+    local = tf.Graph()
+    with local.as_default():
+        tf.compat.v1.import_graph_def(definition, name="")
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1)
+    with tf.compat.v1.Session(graph=local, config=config) as session:
+        if init is not None:
+            session.run(local.get_operation_by_name(init.name))
+        values = session.run([local.get_tensor_by_name(name) for name in unknown],
+                             {local.get_tensor_by_name(t.name): v for t, v in feeds.items()})
+    return {name: value.shape for name, value in zip(unknown, values)}

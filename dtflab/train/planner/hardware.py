@@ -81,6 +81,34 @@ class Hardware:
     #: measured: the executor's fixed seconds an op and seconds a byte it reads and writes, by
     #: price class (``planner.graph_ops.kind``): what ``planner.executor`` charges each op
     op_costs: dict = field(default_factory=dict)
+    #: measured: ``((GFLOP, FLOP/s), ...)`` of square float32 multiplies on one task alone, by
+    #: size, smallest first: what ``planner.executor`` prices a multiply at (its fixed cost in)
+    matrix_rates: tuple = ()
+    #: measured: the share of its speed alone an op keeps while every core runs one, for
+    #: ``"matrix"`` (multiplies) and ``"memory"`` (the rest: they share the memory's bandwidth)
+    together: dict = field(default_factory=dict)
+    #: measured: the share of a trip between two tasks that is work on a core (gRPC's handlers
+    #: and copies), the rest waiting
+    transfer_cores: float = 0.0
+
+    def matrix_rate(self, flops: float) -> float:
+        """FLOP/s of one multiply of ``flops`` on a core alone: ``matrix_rates`` read between
+        its sizes on log scales (the end sizes' rates beyond them), else the peak times the
+        efficiency curve."""
+        import math
+
+        if not self.matrix_rates:
+            return self.peak("float32") * self.efficiency(self.matrix_efficiency, flops / 1e9) \
+                * self.core_share
+        sizes = self.matrix_rates
+        x = math.log(max(flops / 1e9, 1e-12))
+        if x <= math.log(sizes[0][0]):
+            return sizes[0][1]
+        for (a, rate_a), (b, rate_b) in zip(sizes, sizes[1:]):
+            if x <= math.log(b):
+                share = (x - math.log(a)) / (math.log(b) - math.log(a))
+                return math.exp(math.log(rate_a) + share * (math.log(rate_b) - math.log(rate_a)))
+        return sizes[-1][1]
 
     @property
     def core_share(self) -> float:

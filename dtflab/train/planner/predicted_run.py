@@ -191,39 +191,46 @@ def plan_of(problem, layout: Layout) -> Plan:
     return dataclasses.replace(base_plan(problem), **fields)
 
 
-def program_prediction(problem, layout: Layout, machine, memory: dict, loop: str,
-                       seed: int = 0) -> Prediction:
-    """A worker-program loop's step (all-reduce, ZeRO): each worker's slice of the batch through
-    one copy of the model's graph, every worker's copy simulated at once on the machine's
-    cores, then the gradient exchange: a ring's ``2 (d - 1)`` trips a collective (ZeRO 3:
-    ``3 (d - 1)``, its parameters gathered for the forward and the backward), one collective
-    (all-reduce: one pack) or one a parameter (ZeRO's programs), priced as the calibration's
-    transfers, and the worker's call (``per_step_s``)."""
+def replica_step(problem, hardware, workers: int = 2, seed: int = 0):
+    """One copy of ``problem``'s graph a worker, each on its slice of the batch, every copy
+    simulated at once on the machine's cores (what a worker program's step function runs
+    before and between its collectives): an ``executor.Predicted``."""
     from dtflab.train.graphs.one_replica import single_graph
 
-    d = layout.data
-    replica = dataclasses.replace(problem, batch_size=problem.batch_size // d)
+    replica = dataclasses.replace(problem, batch_size=problem.batch_size // workers)
     built = single_graph(replica, seed, device=names.device("worker:0"))
     x, t = built.inputs
     xs, ts = replica.batch(0, seed)
-    one = graph_ops.step_ops(built.graph, [built.train, built.loss], {x: xs, t: ts}, "worker:0")
+    one = graph_ops.step_ops(built.graph, [built.train, built.loss], {x: xs, t: ts}, "worker:0",
+                             built.init)
     ops = [dataclasses.replace(
         op, name=f"w{i}/{op.name}", task=f"worker:{i}",
         inputs=tuple((f"w{i}/{name}", k) for name, k in op.inputs),
-        after=tuple(f"w{i}/{name}" for name in op.after)) for i in range(d) for op in one]
-    simulated = executor.simulate(ops, machine, threads=2)
-    tensors = len(problem.initial_values(seed))
+        after=tuple(f"w{i}/{name}" for name in op.after)) for i in range(workers) for op in one]
+    return executor.simulate(ops, hardware, threads=2)
+
+
+def program_prediction(problem, layout: Layout, machine, memory: dict, loop: str,
+                       seed: int = 0) -> Prediction:
+    """A worker-program loop's step (all-reduce, ZeRO): :func:`replica_step`, then its
+    collective calls (``calibration.collectives_a_step``) at the measured cost a call and the
+    ring's bytes at the transfer's rate, and the program's own cost a step (``op_costs``'s
+    ``call`` and ``collective``: ``calibration.program_costs``)."""
+    from dtflab.train.planner.calibration import collectives_a_step
+
+    d = layout.data
+    simulated = replica_step(problem, machine, d, seed)
     parameters = sum(value.size for _, value in problem.initial_values(seed))
-    calls = 1 if layout.zero == 0 else tensors
-    trips = (3 if layout.zero == 3 else 2) * (d - 1)
-    latency, per_byte = machine.op_costs.get("transfer", (machine.node.latency,
-                                                          1 / machine.node.bandwidth))
-    exchange = calls * trips * latency + trips / d * 4 * parameters * per_byte
-    parts = {**simulated.parts(), "exchange": exchange}
-    seconds = simulated.seconds - machine.per_step_s + exchange + machine.per_step_s
+    _, per_byte = machine.op_costs["transfer"]
+    ring = (3 if layout.zero == 3 else 2) * (d - 1) / d * 4 * parameters * per_byte
+    calls = collectives_a_step(problem, layout.zero, d)
+    parts = {**simulated.parts(), "collectives": calls * machine.op_costs["collective"][0] + ring,
+             "call": machine.op_costs["call"][0]}
+    seconds = simulated.seconds + parts["collectives"] + parts["call"]
     parts["total"] = seconds
     return Prediction(loop, seconds, parts, memory,
-                      "one copy of the graph a worker, simulated, and the ring's trips")
+                      "a copy of the graph a worker, simulated, and the programs' measured "
+                      "costs a call and a collective")
 
 
 def run_layout(problem, cluster, layout, *, hardware="here", **options):
@@ -245,6 +252,12 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
                          f"{workers} worker tasks; start one with "
                          f"dtflab.start_cluster(workers={layout.size})")
     machine = hardware_for(hardware, cluster)
+    if loop not in GRAPH_LOOPS and "collective" not in machine.op_costs:
+        from dtflab.train.planner.calibration import program_costs
+
+        machine = program_costs(machine, lambda p, h: replica_step(p, h).seconds)
+        if hardware == "here":
+            _CALIBRATED[cluster] = machine
     plan = plan_of(problem, layout)
     memory = per_device(plan)
     strategy = getattr(importlib.import_module(f"dtflab.train.strategies.{loop}"), loop)
@@ -256,7 +269,7 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
             xs, ts = problem.batch(0, options.get("seed", 0))
             fetches = [built.train, built.loss, *built.reports.values()]
             ops = graph_ops.step_ops(built.graph, fetches, {x: xs, t: ts},
-                                     names.task(master) if master else "worker:0")
+                                     names.task(master) if master else "worker:0", built.init)
             simulated = executor.simulate(ops, machine, threads)
             return Prediction(loop, simulated.seconds, simulated.parts(), memory,
                               "dtflab's graph, simulated on the calibration",

@@ -1,0 +1,125 @@
+"""Plan, run, compare: ``train.run_layout`` runs a layout (a plan's best row among them) with
+its step predicted from the graph it executes, the graph read before the run crosses tasks with
+the bytes the run sends, the prediction drawn above the traced step, and bad input refused.
+How close the predicted step comes is a benchmark (``benchmarks/plan.py``), not a test."""
+
+import pytest
+
+import dtflab
+from dtflab import train
+from dtflab.train.planner import graph_ops
+from dtflab.train.planner.device_memory import per_device
+from dtflab.train.planner.predicted_run import loop_for, plan_of
+
+TINY = dict(blocks=2, d_model=64, heads=4, sequence=32, batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def here():
+    """Two worker tasks and their calibration (fewer repeats than a learner's: the test reads
+    its shape, the benchmark its accuracy)."""
+    with dtflab.start_cluster(workers=2, inter_op_threads=2, intra_op_threads=1) as cluster:
+        yield cluster, train.calibrate(cluster, repeats=2)
+
+
+def test_each_layout_is_run_by_the_loop_that_trains_its_ways():
+    chosen = {str(layout): loop_for(layout)[0] for layout in (
+        train.Layout(), train.Layout(data=2), train.Layout(tensor=2),
+        train.Layout(pipeline=2, micro_batches=4), train.Layout(context=2),
+        train.Layout(data=2, expert=2), train.Layout(data=2, zero=2),
+        train.Layout(data=2, zero=3), train.Layout(data=2, tensor=2),
+        train.Layout(tensor=2, pipeline=2, micro_batches=2))}
+    assert list(chosen.values()) == ["single", "all_reduce", "tensor_parallel", "pipeline",
+                                     "context_parallel", "expert_parallel", "zero", "zero",
+                                     "combined", "combined"]
+
+
+def test_the_graph_read_before_the_run_crosses_tasks_with_the_bytes_the_run_sent(here):
+    cluster, _ = here
+    problem = train.transformer(**TINY)
+    seen = {}
+
+    def predict(built, master, problem):
+        x, t = built.inputs
+        xs, ts = problem.batch(0, 0)
+        seen["ops"] = graph_ops.step_ops(built.graph, [built.train, built.loss], {x: xs, t: ts},
+                                         dtflab.names.task(master))
+        return "priced"
+
+    history = train.tensor_parallel(problem, cluster, ways=2, steps=3, trace_step=2,
+                                    predict=predict, watchdog=False)
+    assert history.prediction == "priced"
+    ops = seen["ops"]
+    index = {op.name: op for op in ops}
+    crossing = {}
+    for op in ops:
+        for producer, output in op.inputs:
+            source = index.get(producer)
+            if source is not None and source.task != op.task:
+                crossing[producer, output, op.task] = source.outputs[output]
+    assert {op.task for op in ops} == {"worker:0", "worker:1"}
+    multiplies = [op for op in ops if op.kind == "matrix"]
+    assert multiplies and all(op.flops > 0 for op in multiplies)
+    sent = sum(t.nbytes for t in history.trace.transfers
+               if dtflab.names.task(t.src_device) != dtflab.names.task(t.dst_device))
+    counted = sum(crossing.values())
+    print(f"{len(crossing)} edges between tasks, {counted:,} B read from the graph; the traced "
+          f"step sent {sent:,} B")
+    # Grappler folds a few shape tensors before the run: within 5% of the bytes
+    assert counted == pytest.approx(sent, rel=0.05)
+
+
+def test_a_plans_best_layout_runs_with_its_prediction_beside_what_it_measured(here):
+    cluster, hardware = here
+    problem = train.transformer(**TINY)
+    best = dtflab.plan(problem, devices=2, hardware=hardware).best
+    history = train.run_layout(problem, cluster, best, hardware=hardware, steps=7)
+    prediction = history.prediction
+    assert prediction.loop == loop_for(best.layout)[0] == history.loop
+    assert prediction.memory == per_device(plan_of(problem, best.layout))
+    compared = prediction.against(history)
+    assert compared["predicted_ms"] == pytest.approx(prediction.seconds * 1e3)
+    assert compared["measured_ms"] > 0 and set(compared) >= {"error"}
+
+
+def test_a_graph_loops_predicted_timeline_is_drawn_above_its_traced_step(here):
+    from bokeh.models import Div
+
+    cluster, hardware = here
+    problem = train.transformer(**TINY)
+    history = train.run_layout(problem, cluster, train.Layout(pipeline=2, micro_batches=2),
+                               hardware=hardware, steps=7, trace_step=5)
+    prediction = history.prediction
+    assert prediction.loop == "pipeline" and "simulated" in prediction.source
+    assert set(prediction.timeline.timings) == set(history.trace.timings) >= {
+        dtflab.names.full("worker:0"), dtflab.names.full("worker:1")}
+    kinds = {kind for kind, _, _ in prediction.against(history)["by_kind"]}
+    assert {"matrix", "elementwise", "transfer"} <= kinds
+    assert prediction.parts()["total"] == prediction.seconds
+    words = prediction.differences(history)
+    assert " ms (" in words and ("over" in words or "under" in words)
+    predicted, traced, note = prediction.figure(history).children
+    assert traced.x_range is predicted.x_range
+    assert predicted.title.text.startswith("predicted: ") and isinstance(note, Div)
+    assert words in note.text
+
+
+@pytest.mark.parametrize("layout, message", [
+    (train.Layout(tensor=3), r"tensor=3"),
+    (train.Layout(pipeline=4, micro_batches=4),
+     r"layout=.*: 4 devices, but the cluster has 2 worker tasks; start one with "
+     r"dtflab.start_cluster\(workers=4\)"),
+    ("d2", r"layout='d2': train.run_layout takes a train.Layout\(...\), a Plan or a row of "
+           r"dtflab.plan\(...\) \(plans.best\)"),
+])
+def test_a_layout_no_loop_can_run_here_is_one_line_and_starts_nothing(here, layout, message):
+    cluster, hardware = here
+    with pytest.raises(ValueError, match=message):
+        train.run_layout(train.transformer(**TINY), cluster, layout, hardware=hardware)
+
+
+def test_calibrating_or_running_on_something_not_a_cluster_is_one_line():
+    with pytest.raises(ValueError, match=r"cluster='laptop': pass a running cluster"):
+        train.calibrate("laptop")
+    with pytest.raises(ValueError, match=r"cluster=None: pass a running cluster"):
+        train.run_layout(train.transformer(**TINY), None, train.Layout())
