@@ -395,7 +395,7 @@ def trip_on_cores(target, pair, hops_in_chain: int = 100, busy: int = 600) -> fl
             session.run(init)
             session.run(fetch)
             found = []
-            for _ in range(3):
+            for _ in range(5):
                 metadata = tf.compat.v1.RunMetadata()
                 session.run(fetch, options=tf.compat.v1.RunOptions(trace_level=3),
                             run_metadata=metadata)

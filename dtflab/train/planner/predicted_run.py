@@ -215,7 +215,9 @@ def program_prediction(problem, layout: Layout, machine, memory: dict, loop: str
     """A worker-program loop's step (all-reduce, ZeRO): :func:`replica_step`, then its
     collective calls (``calibration.collectives_a_step``) at the measured cost a call and the
     ring's bytes at the transfer's rate, and the program's own cost a step (``op_costs``'s
-    ``call`` and ``collective``: ``calibration.program_costs``)."""
+    ``call`` and ``collective``: ``calibration.program_costs``); ZeRO 3's forward again.
+    What it cannot see: a collective that waits for a gradient still being computed (ZeRO 2
+    sends each as it is made, one at a time)."""
     from dtflab.train.planner.calibration import collectives_a_step
 
     d = layout.data
@@ -226,7 +228,10 @@ def program_prediction(problem, layout: Layout, machine, memory: dict, loop: str
     calls = collectives_a_step(problem, layout.zero, d)
     parts = {**simulated.parts(), "collectives": calls * machine.op_costs["collective"][0] + ring,
              "call": machine.op_costs["call"][0]}
-    seconds = simulated.seconds + parts["collectives"] + parts["call"]
+    # ZeRO 3 runs each block's forward again in its backward (train.sharded_data_parallel):
+    # a forward is about a third of a forward and a backward
+    parts["recompute"] = (simulated.seconds - machine.per_step_s) / 3 if layout.zero == 3 else 0.0
+    seconds = simulated.seconds + parts["collectives"] + parts["call"] + parts["recompute"]
     parts["total"] = seconds
     return Prediction(loop, seconds, parts, memory,
                       "a copy of the graph a worker, simulated, and the programs' measured "
