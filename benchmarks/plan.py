@@ -4,9 +4,11 @@ predict each run's step time and memory per device from the calibration alone, t
 Every run is ``train.run_layout`` of the transformer (small sizes: two shapes) on the layout
 named, 10 steps, step 9 traced; each run's step is predicted before its first step (a graph
 loop: its own graph simulated on the calibration; a worker program: a copy of the graph a
-worker and the ring's trips) and measured as the median of steps 3 to 7 (the slowest worker's,
+worker and its collectives) and measured as the median of steps 3 to 7 (the slowest worker's,
 for the worker programs). Runs go in interleaved rounds (every form once a round, ``--rounds``
-of them), and a form's measured step is the median of its rounds; its memory by kind the
+of them), each round after a calibration of its own (the machine moves between rounds, and a
+calibration is a moment of it), and a form's predicted and measured steps are the medians of
+its rounds; its memory by kind the
 fullest device's in the traced step (``train.step_memory``; the worker programs report their
 variables: parameters and Adam's state).
 
@@ -18,7 +20,8 @@ variables: parameters and Adam's state).
   and plan_memory_mean_rel_error;
 - plan_published_max_rel_error (and _mean_): the nine published A100 runs
   (``planner.published``) on the A100 preset;
-- calibration_s: how long ``calibrate`` took; calibration: what it measured;
+- calibration_s: how long each round's ``calibrate`` took (with the worker programs' costs);
+  calibrations: what each measured;
 - runs: each run's predicted and measured step (ms; each round's), memory by kind (MB), and
   where the predicted and traced timelines part most (``Prediction.differences``).
 
@@ -35,6 +38,19 @@ import statistics
 import time
 
 STEPS, TRACE = 10, 9
+
+
+def described(hardware) -> dict:
+    """What one calibration measured, in the units a reader checks."""
+    return {"matmul_gflops_alone": [(round(g, 4), round(r / 1e9, 1))
+                                    for g, r in hardware.matrix_rates],
+            "memory_gb_s": round(hardware.memory_bandwidth / 1e9, 1),
+            "op_costs_us_and_ps_a_byte": {
+                kind: (round(fixed * 1e6, 2), round(per_byte * 1e12, 1))
+                for kind, (fixed, per_byte) in hardware.op_costs.items()},
+            "together": {k: round(v, 2) for k, v in hardware.together.items()},
+            "transfer_cores": round(hardware.transfer_cores, 2),
+            "per_step_ms": round(hardware.per_step_s * 1e3, 2)}
 
 
 def memory(history) -> dict:
@@ -82,7 +98,8 @@ def main(quick: bool, rounds: int) -> None:
     import dtflab
     from dtflab import train
     from dtflab.train.planner import published
-    from dtflab.train.planner.predicted_run import hardware_for, measured_step_s
+    from dtflab.train.planner.op_costs import program_costs
+    from dtflab.train.planner.predicted_run import replica_step
 
     shapes = [dict(blocks=4, d_model=128, heads=4, sequence=64, batch_size=16)]
     if not quick:
@@ -92,39 +109,40 @@ def main(quick: bool, rounds: int) -> None:
     for workers in (2, 4):
         with dtflab.start_cluster(workers=workers, inter_op_threads=2,
                                   intra_op_threads=1) as cluster:
-            start = time.perf_counter()
-            hardware = hardware_for("here", cluster)
-            if workers == 2:
-                results["calibration_s"] = round(time.perf_counter() - start, 1)
-                results["calibration"] = {
-                    "matmul_gflops": {k: round(v / 1e9, 1) for k, v in hardware.flops.items()},
-                    "memory_gb_s": round(hardware.memory_bandwidth / 1e9, 1),
-                    "op_costs_us_and_ps_a_byte": {
-                        kind: (round(fixed * 1e6, 2), round(per_byte * 1e12, 1))
-                        for kind, (fixed, per_byte) in hardware.op_costs.items()},
-                    "per_step_ms": round(hardware.per_step_s * 1e3, 2)}
             todo = [(shape, r) for shape in shapes for r in runs(shape) if r[1] == workers]
             if quick:
                 todo = todo[::2] if workers == 2 else todo
-            # interleaved rounds: every form once a round, so the machine's drift falls on all
-            for _ in range(rounds):
+            # interleaved rounds: every form once a round, so the machine's drift falls on all;
+            # the machine calibrated afresh each round, and that round's runs predicted from it
+            for round_ in range(rounds):
+                start = time.perf_counter()
+                hardware = train.calibrate(cluster)
+                if any(r[3].data > 1 and r[3].tensor == r[3].pipeline == 1 for _, r in todo):
+                    hardware = program_costs(hardware, lambda p, h: replica_step(p, h).seconds)
+                if workers == 2:
+                    results.setdefault("calibration_s", []).append(
+                        round(time.perf_counter() - start, 1))
+                    results.setdefault("calibrations", []).append(described(hardware))
                 for shape, (name, _, problem, layout) in todo:
-                    history = train.run_layout(problem, cluster, layout, **go)
+                    history = train.run_layout(problem, cluster, layout, hardware=hardware, **go)
                     key = f"{name}, d_model {shape['d_model']}"
-                    row = rows.setdefault(key, {"run": key, "measured": [], "history": None})
-                    row["measured"].append(measured_step_s(history))
+                    row = rows.setdefault(key, {"run": key, "measured": [], "predicted": []})
+                    row["measured"].append(history.median_step_s())
+                    row["predicted"].append(history.prediction.seconds)
                     row["prediction"], row["history"] = history.prediction, history
     for row in rows.values():
         prediction, history = row.pop("prediction"), row.pop("history")
         measured = statistics.median(row["measured"])
+        predicted = statistics.median(row["predicted"])
         held = memory(history)
         expected = prediction.memory
         row.update({
             "loop": prediction.loop,
-            "step_ms": {"predicted": round(prediction.seconds * 1e3, 1),
+            "step_ms": {"predicted": round(predicted * 1e3, 1),
                         "measured": round(measured * 1e3, 1),
-                        "rounds": [round(m * 1e3, 1) for m in row.pop("measured")]},
-            "step_error": round(prediction.seconds / measured - 1, 3),
+                        "rounds": [round(m * 1e3, 1) for m in row.pop("measured")],
+                        "predicted_rounds": [round(p * 1e3, 1) for p in row.pop("predicted")]},
+            "step_error": round(predicted / measured - 1, 3),
             "memory_mb": {kind: {"predicted": round(expected[kind] / 1e6, 2),
                                  "measured": round(value / 1e6, 2)}
                           for kind, value in held.items()},

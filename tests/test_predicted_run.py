@@ -110,6 +110,10 @@ def test_a_graph_loops_predicted_timeline_is_drawn_above_its_traced_step(here):
     (train.Layout(tensor=2, pipeline=2, micro_batches=2),
      r"layout=.*: 4 devices, but the cluster has 2 worker tasks; start one with "
      r"dtflab.start_cluster\(workers=4\)"),
+    (train.Layout(tensor=2, context=2),
+     r"layout=train.Layout\(context=2, tensor=2\): no dtflab loop runs context beside tensor "
+     r"ways yet "
+     r"\(train.context_parallel runs context ways alone\); use train.Layout\(context=2\)"),
     ("d2", r"layout='d2': train.run_layout takes a train.Layout\(...\), a Plan or a row of "
            r"dtflab.plan\(...\) \(plans.best\)"),
 ])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import weakref
 
 from dtflab.train.planner import device_memory as shapes
 from dtflab.train.planner import hardware as machines
@@ -22,6 +23,9 @@ from dtflab.train.planner import search
 from dtflab.train.planner.hardware import Hardware
 
 VIEWS = "dtflab.viz.plan_map"
+#: Each cluster's calibration, measured the first time ``hardware="here"`` plans on it (and
+#: ``train.run_layout`` predicts on it); ``train.calibrate(cluster)`` measures anew.
+CALIBRATED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 #: Ways ``plan()`` may be told to keep (``tensor=8``): only layouts with them are planned.
 WAYS = ("data", "tensor", "pipeline", "context", "expert")
 
@@ -101,7 +105,7 @@ def base_plan(model, **overrides) -> shapes.Plan:
 
 def resolve(hardware, cluster=None) -> Hardware:
     """``hardware`` as a Hardware: itself, a preset by name, or ``"here"`` measured on
-    ``cluster``."""
+    ``cluster`` (once: :data:`CALIBRATED`)."""
     if isinstance(hardware, Hardware):
         return hardware
     if hardware == machines.HERE:
@@ -109,9 +113,13 @@ def resolve(hardware, cluster=None) -> Hardware:
             raise ValueError("hardware='here' measures a cluster: pass cluster=... (e.g. "
                              "dtflab.start_cluster(workers=2)), or name a preset: "
                              + ", ".join(repr(name) for name in machines.PRESETS))
+        from dtflab import checks
         from dtflab.train.planner.calibration import calibrate
 
-        return calibrate(cluster)
+        checks.cluster(cluster)
+        if cluster not in CALIBRATED:
+            CALIBRATED[cluster] = calibrate(cluster)
+        return CALIBRATED[cluster]
     return machines.preset(hardware)
 
 

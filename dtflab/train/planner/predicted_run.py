@@ -9,9 +9,10 @@ In [4]: history.prediction.show(history)          # the two timelines, one above
 
 A graph loop's step is predicted from the graph it will execute (``planner.graph_ops``),
 priced and simulated on this machine's calibration (``planner.executor``); a worker-program
-loop's (all-reduce, ZeRO) from the planner's formulas (``planner.step_time``), its memory by
-kind from ``planner.device_memory`` either way. What it cannot see: what the executor module
-says, and another program on the machine while the run runs.
+loop's (all-reduce, ZeRO) from one copy of the model's graph a worker, simulated the same way,
+and its collectives at their measured cost (:func:`program_prediction`); its memory by kind
+from ``planner.device_memory`` either way. What it cannot see: what the executor module says,
+and another program on the machine while the run runs.
 """
 
 from __future__ import annotations
@@ -19,17 +20,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import statistics
-import weakref
 from dataclasses import dataclass, field
 
 from dtflab import checks, names
 from dtflab.train.layouts.layout import Layout
-from dtflab.train.planner import executor, graph_ops, step_time
+from dtflab.train.planner import executor, graph_ops
 from dtflab.train.planner.device_memory import Plan, per_device
 
 VIEWS = "dtflab.viz.prediction"
-#: A cluster's calibration, measured once per cluster (``hardware="here"``).
-_CALIBRATED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 #: The graph loops (a one-session graph the executor's simulation prices).
 GRAPH_LOOPS = ("single", "pipeline", "tensor_parallel", "context_parallel", "expert_parallel",
                "combined")
@@ -54,7 +52,7 @@ class Prediction:
         the slowest worker's) and its error, and, where the run traced a step and this
         prediction has a timeline, each kind of op's time summed over devices, predicted and
         traced, largest difference first (``"matrix"``: 4.1 ms predicted, 3.7 traced)."""
-        measured = measured_step_s(history)
+        measured = history.median_step_s()
         found = {"predicted_ms": self.seconds * 1e3, "measured_ms": measured * 1e3,
                  "error": self.seconds / measured - 1}
         if self.timeline is not None and getattr(history, "trace", None) is not None:
@@ -78,24 +76,6 @@ class Prediction:
 
     def show(self, history, **options) -> None:
         importlib.import_module(VIEWS).show(self, history, **options)
-
-
-def measured_step_s(history) -> float:
-    """The median step after the first two, the slowest worker's (every worker's records)."""
-    by_worker = {}
-    for record in history.records:
-        by_worker.setdefault(record.worker, []).append(record.time_s)
-    medians = []
-    for times in by_worker.values():
-        gaps = [b - a for a, b in zip(times[2:], times[3:])]
-        if history.trace is not None and len(gaps) > 2:
-            gaps = gaps[:-2]  # the traced step and the one after it are slower
-        if gaps:
-            medians.append(statistics.median(gaps))
-    if not medians:
-        raise ValueError(f"{history.name}: {len(history.records)} steps recorded; a step is "
-                         f"measured from the fourth on: run steps=6 or more")
-    return max(medians)
 
 
 def by_kind(predicted, traced) -> list[tuple[str, float, float]]:
@@ -143,25 +123,34 @@ def timeline(predicted: executor.Predicted):
 
 
 def hardware_for(hardware, cluster):
-    """``hardware`` as a Hardware; ``"here"``: ``cluster`` calibrated (once per cluster)."""
+    """``hardware`` as a Hardware; ``"here"``: ``cluster`` calibrated, once per cluster
+    (``dtflab.plan``'s and this module's calls share it; ``train.calibrate`` measures anew)."""
     from dtflab.train.planner.plans import resolve
 
-    if hardware == "here" and cluster is not None:
-        checks.cluster(cluster)
-        if cluster not in _CALIBRATED:
-            _CALIBRATED[cluster] = resolve(hardware, cluster)
-        return _CALIBRATED[cluster]
     return resolve(hardware, cluster)
 
 
+#: What each loop that runs one form besides the others can run beside it: ``(the lever that
+#: picks it, the loop, the ways it runs, what to use instead)``.
+ALONE = (("expert", "expert_parallel", ("data", "expert"), "train.Layout(data=2, expert=2)"),
+         ("context", "context_parallel", ("context",), "train.Layout(context=2)"),
+         ("zero", "zero", ("data",), "train.Layout(data=2, zero=1)"))
+
+
 def loop_for(layout: Layout) -> tuple[str, dict]:
-    """The loop that trains ``layout``, and the keywords it takes for it."""
-    if layout.expert > 1:
-        return "expert_parallel", {"layout": layout}
-    if layout.context > 1:
-        return "context_parallel", {"layout": layout}
-    if layout.zero:  # stage 3 runs train.sharded_data_parallel
-        return "zero", {"layout": layout}
+    """The loop that trains ``layout``, and the keywords it takes for it; a layout no loop
+    runs is one line naming what does run."""
+    cut = [axis for axis, ways in layout.ways.items() if ways > 1]
+    for lever, loop, runs, instead in ALONE:
+        if getattr(layout, lever) > (0 if lever == "zero" else 1):
+            beside = [axis for axis in cut if axis not in runs]
+            if beside:
+                raise ValueError(f"layout=train.Layout({layout._arguments()}): no dtflab loop "
+                                 f"runs {lever} beside {' and '.join(beside)} ways yet "
+                                 f"(train.{loop} runs {' and '.join(runs)} ways alone); use "
+                                 f"{instead}, or train.Layout(data=2, tensor=2) for "
+                                 f"train.combined")
+            return loop, {"layout": layout}  # ZeRO 3 runs train.sharded_data_parallel
     if layout.data > 1 and layout.tensor == layout.pipeline == 1:
         return "all_reduce", {"layout": layout}
     if sum(ways > 1 for ways in (layout.data, layout.tensor, layout.pipeline)) > 1:
@@ -193,8 +182,9 @@ def plan_of(problem, layout: Layout) -> Plan:
 
 def replica_step(problem, hardware, workers: int = 2, seed: int = 0):
     """One copy of ``problem``'s graph a worker, each on its slice of the batch, every copy
-    simulated at once on the machine's cores (what a worker program's step function runs
-    before and between its collectives): an ``executor.Predicted``."""
+    simulated at once on the machine's cores with two inter-op threads (what a worker
+    program's step function runs before and between its collectives): an
+    ``executor.Predicted``."""
     from dtflab.train.graphs.one_replica import single_graph
 
     replica = dataclasses.replace(problem, batch_size=problem.batch_size // workers)
@@ -218,7 +208,7 @@ def program_prediction(problem, layout: Layout, machine, memory: dict, loop: str
     ``call`` and ``collective``: ``calibration.program_costs``); ZeRO 3's forward again.
     What it cannot see: a collective that waits for a gradient still being computed (ZeRO 2
     sends each as it is made, one at a time)."""
-    from dtflab.train.planner.calibration import collectives_a_step
+    from dtflab.train.planner.op_costs import collectives_a_step
 
     d = layout.data
     simulated = replica_step(problem, machine, d, seed)
@@ -242,27 +232,30 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
     """Train ``problem`` on ``cluster`` as ``layout`` says (a ``train.Layout``, or a plan's
     row: ``dtflab.plan(...).best``), the loop chosen from its ways (see ``loop_for``), with
     the step predicted before it runs on ``hardware`` (``"here"``: ``cluster`` calibrated
-    once, about 30 s; or a Hardware) into ``history.prediction``. ``options`` are the loop's
+    once, about 20 s, and the worker programs' costs the first time one is predicted, about
+    25 s; or a Hardware) into ``history.prediction``. ``options`` are the loop's
     (``steps``, ``trace_step``, ...)."""
     checks.cluster(cluster)
     layout = as_layout(layout)
     if not hasattr(problem, "d_model"):
         raise ValueError(f"problem={problem!r}: train.run_layout plans a transformer; pass "
                          f"train.transformer(...), or call a loop yourself for an MLP")
+    loop, keywords = loop_for(layout)
     layout.fits(problem)
     workers = len(cluster.addresses.get("worker", []))
-    loop, keywords = loop_for(layout)
     if loop in GRAPH_LOOPS and layout.size > workers:
         raise ValueError(f"layout={layout}: {layout.size} devices, but the cluster has "
                          f"{workers} worker tasks; start one with "
                          f"dtflab.start_cluster(workers={layout.size})")
     machine = hardware_for(hardware, cluster)
     if loop not in GRAPH_LOOPS and "collective" not in machine.op_costs:
-        from dtflab.train.planner.calibration import program_costs
+        from dtflab.train.planner.op_costs import program_costs
 
         machine = program_costs(machine, lambda p, h: replica_step(p, h).seconds)
         if hardware == "here":
-            _CALIBRATED[cluster] = machine
+            from dtflab.train.planner.plans import CALIBRATED
+
+            CALIBRATED[cluster] = machine
     plan = plan_of(problem, layout)
     memory = per_device(plan)
     strategy = getattr(importlib.import_module(f"dtflab.train.strategies.{loop}"), loop)

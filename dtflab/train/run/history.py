@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import threading
 from dataclasses import dataclass, field
 
@@ -105,6 +106,25 @@ class RunHistory:
     @property
     def losses(self) -> list[float]:
         return [r.loss for r in self.step_records]
+
+    def median_step_s(self) -> float:
+        """The median step after the first two (a run's start-up), the slowest worker's where
+        every worker reports, the traced step and the one after it left out (tracing slows
+        them): what a step of this run takes."""
+        by_worker = {}
+        for record in self.records:
+            by_worker.setdefault(record.worker, []).append(record.time_s)
+        medians = []
+        for times in by_worker.values():
+            gaps = [b - a for a, b in zip(times[2:], times[3:])]
+            if self.trace is not None and len(gaps) > 2:
+                gaps = gaps[:-2]
+            if gaps:
+                medians.append(statistics.median(gaps))
+        if not medians:
+            raise ValueError(f"{self.name}: {len(self.records)} steps recorded; a step is "
+                             f"measured from the fourth on: run steps=6 or more")
+        return max(medians)
 
     @property
     def steps(self) -> int:

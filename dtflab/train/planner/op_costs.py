@@ -1,0 +1,220 @@
+"""What the executor's simulation (``planner.executor``) needs measured on this machine, beside
+``calibration``'s rates: each class of op's fixed cost and cost a byte, a trip between two
+tasks inside a running step and its share of work on a core, a step's cost a task, and the
+worker programs' costs a call and a collective. ``calibration.calibrate`` calls the first
+three; ``train.run_layout`` calls :func:`program_costs` the first time it predicts a worker
+program on a cluster.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+from dtflab._quiet import import_tf
+from dtflab.train.planner.hardware import Hardware
+
+
+def timing_session(target, graph):
+    """A session with Grappler off: a chain of the same op is timed as that many ops, not
+    folded into one."""
+    tf = import_tf()
+    config = tf.compat.v1.ConfigProto()
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    return tf.compat.v1.Session(target, graph=graph, config=config)
+
+
+def median_run(session, fetch, repeats: int) -> float:
+    """The median seconds of ``repeats`` runs of ``fetch``, after one that allocates and picks
+    its kernels."""
+    import time
+
+    session.run(fetch)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        session.run(fetch)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+#: The op that stands for each price class (``planner.graph_ops.kind``) when its cost is
+#: timed: ``make(tf, x)`` of a float32 tensor ``x`` (rows x 128), and the bytes it reads and
+#: writes as ``graph_ops.step_ops`` counts them, in units of ``x``'s bytes.
+CLASSES = {
+    "elementwise": (lambda tf, x, y: x * y, 3.0),
+    "transcendental": (lambda tf, x, y: tf.tanh(x), 2.0),
+    "reduce": (lambda tf, x, y: tf.reduce_sum(x, axis=-1), 1.0 + 1 / 128),
+    "move": (lambda tf, x, y: tf.transpose(x), 2.0),
+    # the gradient of taking every other row: a whole zeroed output, half of it copied in
+    "scatter": (lambda tf, x, y: tf.raw_ops.StridedSliceGrad(
+        shape=tf.shape(x) * [2, 1], begin=[0, 0], end=tf.shape(x) * [2, 1], strides=[2, 1],
+        dy=x), 3.0),
+    "free": (lambda tf, x, y: tf.reshape(x, [-1]), 0.0),
+    "matrix": (lambda tf, x, y: tf.matmul(x[:1, :1], y[:1, :1]), 0.0),
+}
+
+
+def op_costs(target, device, repeats: int, rows: int = 8192) -> dict[str, tuple[float, float]]:
+    """Each price class's ``(fixed seconds, seconds a byte)`` on one task: a chain of its op
+    (each after the last; 200 on a 1-row tensor, 16 on a ``rows`` x 128 one, larger than a
+    core's cache as a step's many tensors are), less a step of none, per op (``CLASSES``; the
+    update class: Adam's fused update of a variable). A multiply's fixed cost is a 1 x 1
+    multiply's; its arithmetic is priced by its rate."""
+    tf = import_tf()
+
+    def per_op(make, n: int) -> float:
+        times = {}
+        chain = 200 if n == 1 else 16
+        for count in (0, chain):
+            graph = tf.Graph()
+            with graph.as_default(), tf.device(device):
+                x = tf.Variable(tf.random.normal([n, 128], seed=1), name="x")
+                y = tf.Variable(tf.random.normal([n, 128], seed=2), name="y")
+                z = tf.Variable(tf.zeros([n, 128]), name="z")
+                xv, yv = x.read_value(), y.read_value()
+                last = tf.no_op()
+                for _ in range(count):
+                    with tf.control_dependencies([last]):
+                        last = make(tf, xv, yv, (x, y, z))
+                        last = last if hasattr(last, "type") else last.op
+                fetch = tf.group(last)
+                init = tf.compat.v1.global_variables_initializer()
+            with timing_session(target, graph) as session:
+                session.run(init)
+                times[count] = median_run(session, fetch, 3 * repeats)
+        return max((times[chain] - times[0]) / chain, 0.0)
+
+    costs = {}
+    for name, (make, share) in CLASSES.items():
+        small = per_op(lambda tf, x, y, v, make=make: make(tf, x, y), 1)
+        if not share:
+            costs[name] = (small, 0.0)
+            continue
+        large = per_op(lambda tf, x, y, v, make=make: make(tf, x, y), rows)
+        nbytes = share * 4 * 128 * (rows - 1)
+        costs[name] = (small, max(large - small, 0.0) / nbytes)
+
+    def adam(tf, x, y, variables):
+        var, m, v = variables
+        return tf.raw_ops.ResourceApplyAdam(
+            var=var.handle, m=m.handle, v=v.handle, beta1_power=0.9, beta2_power=0.999,
+            lr=0.0, beta1=0.9, beta2=0.999, epsilon=1e-8, grad=x)
+
+    small, large = per_op(adam, 1), per_op(adam, rows)
+    costs["update"] = (small, max(large - small, 0.0) / (7 * 4 * 128 * (rows - 1)))
+    return costs
+
+
+def hops(target, pair, repeats: int, hops_in_chain: int = 16) -> dict[str, tuple[float, float]]:
+    """Inside a running step: ``transfer``, a tensor's trip from one task to the other
+    (``(seconds, seconds a byte)``: a chain of ``hops_in_chain`` trips between ``pair``, each
+    an addition on the other task, less the same additions on one task, at 4 B and 4 MB); and
+    ``task``, what a step pays for each task it runs on beyond the first (``(seconds, 0)``)."""
+    tf = import_tf()
+
+    def step(n: int, hop: bool, both: bool = False) -> float:
+        graph = tf.Graph()
+        with graph.as_default():
+            with tf.device(pair[0]):
+                h = tf.Variable(tf.zeros([n]), name="x") * 1.0
+            for i in range(hops_in_chain if n else 0):
+                with tf.device(pair[(i + 1) % 2] if hop else pair[0]):
+                    h = h + 1.0
+            with tf.device(pair[0]):
+                fetch = [tf.reduce_sum(h[:1])]
+            if both:
+                with tf.device(pair[1]):
+                    fetch.append(tf.constant(1.0) + 1.0)
+            init = tf.compat.v1.global_variables_initializer()
+        with timing_session(target, graph) as session:
+            session.run(init)
+            return median_run(session, fetch, 3 * repeats)
+
+    seconds = {n: (step(n, True) - step(n, False)) / hops_in_chain for n in (1, 2 ** 20)}
+    per_byte = max((seconds[2 ** 20] - seconds[1]) / (4 * (2 ** 20 - 1)), 0.0)
+    one_task = step(0, False)
+    return {"transfer": (max(seconds[1], 0.0), per_byte),
+            "task": (max(step(0, False, both=True) - one_task, 0.0), 0.0)}
+
+
+def trip_on_cores(target, pair, hops_in_chain: int = 100, busy: int = 600) -> float:
+    """The share of a trip between ``pair`` that is work on a core: a chain of trips timed
+    from a traced step, alone and beside a chain of multiplies on each task (every core busy,
+    so work on a core takes twice as long there, and waiting no longer): ``busy / alone - 1``,
+    between 0 and 1."""
+    tf = import_tf()
+
+    def per_trip(with_busy: bool) -> float:
+        graph = tf.Graph()
+        with graph.as_default():
+            with tf.device(pair[0]):
+                h = tf.Variable(tf.zeros([1]), name="x") * 1.0
+            for i in range(hops_in_chain):
+                with tf.device(pair[(i + 1) % 2]):
+                    h = tf.add(h, 1.0, name=f"trip{i}")
+            fetch = [tf.reduce_sum(h)]
+            for device in pair if with_busy else ():
+                with tf.device(device):
+                    w = tf.Variable(tf.random.normal([256, 256], stddev=1 / 16, seed=1))
+                    a = w * 1.0
+                    for _ in range(busy):
+                        a = tf.matmul(a, w)
+                    fetch.append(tf.reduce_sum(a[:1, :1]))
+            init = tf.compat.v1.global_variables_initializer()
+        with timing_session(target, graph) as session:
+            session.run(init)
+            session.run(fetch)
+            found = []
+            for _ in range(5):
+                metadata = tf.compat.v1.RunMetadata()
+                session.run(fetch, options=tf.compat.v1.RunOptions(trace_level=3),
+                            run_metadata=metadata)
+                ends = {}
+                for device in metadata.step_stats.dev_stats:
+                    for node in device.node_stats:
+                        tail = node.node_name[4:]
+                        if node.node_name.startswith("trip") and tail.isdigit():
+                            ends[int(tail)] = (node.all_start_micros,
+                                               node.all_start_micros + node.all_end_rel_micros)
+                found.append((ends[hops_in_chain - 1][1] - ends[0][0]) / (hops_in_chain - 1))
+        return statistics.median(found)
+
+    return min(max(per_trip(True) / per_trip(False) - 1, 0.0), 1.0)
+
+
+#: The transformer the worker programs' costs are timed on (small: its arithmetic is a small
+#: share of its step, and its graph's simulation prices that share).
+PROBE = dict(blocks=1, d_model=32, heads=2, sequence=16, batch_size=8)
+
+
+def collectives_a_step(problem, zero: int, workers: int) -> int:
+    """The collective calls one step of a worker program makes: all-reduce's one pack of
+    every gradient; ZeRO 1 and 2 a reduce-scatter (``workers - 1`` paired broadcasts) and an
+    all-gather a parameter; ZeRO 3 two gathers and a reduce-scatter a parameter."""
+    tensors = len(problem.initial_values(0))
+    return {0: 1, 1: workers * tensors, 2: workers * tensors,
+            3: (workers + 1) * tensors}[zero]
+
+
+def program_costs(hardware: Hardware, replica_seconds, *, steps: int = 14) -> Hardware:
+    """``hardware`` with the worker programs' costs in ``op_costs``: ``call``, what a worker
+    program's step pays beyond its graph (the step function's call, the batch, the report),
+    and ``collective``, one collective call between two worker programs. Timed from
+    ``train.all_reduce`` and ``train.zero(stage=1)`` of :data:`PROBE` on two workers (about
+    20 s on 2 cores): each one's median step, less ``replica_seconds(problem, hardware)`` (its
+    graph's simulated step, a copy a worker), solved for the two."""
+    from dtflab.train.problems import transformer
+    from dtflab.train.strategies.all_reduce import all_reduce
+    from dtflab.train.strategies.zero import zero
+
+    problem = transformer(**PROBE)
+    compute = replica_seconds(problem, hardware)
+    go = dict(workers=2, steps=steps, seed=0, watchdog=False)
+    rest = {0: all_reduce(problem, **go).median_step_s() - compute,
+            1: zero(problem, stage=1, **go).median_step_s() - compute}
+    calls = {stage: collectives_a_step(problem, stage, 2) for stage in rest}
+    collective = max((rest[1] - rest[0]) / (calls[1] - calls[0]), 0.0)
+    call = max(rest[0] - calls[0] * collective, 0.0)
+    return replace(hardware, op_costs={**hardware.op_costs, "call": (call, 0.0),
+                                       "collective": (collective, 0.0)})
