@@ -97,10 +97,10 @@ def calibrate(cluster, *, repeats: int = 5) -> Hardware:
     # timed on one task while the others wait: with more tasks than CPUs, each gets a share
     # (the multiplies were timed with every task at once and carry it already)
     # an element-wise op's bytes cost what the block's did: bytes x traffic / bandwidth
+    costs, cached = op_costs(target, devices[0], repeats)
     return replace(hardware, per_op_s=per_op * sharing,
                    vector_traffic=max(seconds_per_byte * bandwidth, 1e-3) * sharing,
-                   op_costs={**op_costs(target, devices[0], repeats),
-                             **hops(target, devices[:2], repeats)},
+                   op_costs={**costs, **hops(target, devices[:2], repeats)}, cached=cached,
                    transfer_cores=trip_on_cores(target, devices[:2]) if cpus() >= 2 else 1.0)
 
 

@@ -21,6 +21,7 @@ or colder than in the calibration, and other programs on the machine.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 
 from dtflab.train.planner.hardware import Hardware
@@ -34,13 +35,20 @@ KINDS = ("matrix", "elementwise", "transcendental", "reduce", "scatter", "move",
 def op_seconds(op, hardware: Hardware) -> float:
     """One op alone on a core: a multiply's arithmetic at the calibrated rate for its size (a
     rate timed with the op's fixed cost in it), or the executor's fixed cost for its class
-    and its bytes at the class's measured cost a byte."""
+    and its bytes at the class's measured cost a byte (read between its cost on tensors that
+    fit a core's cache and on ones that do not, by the op's bytes on a log scale)."""
     fixed, per_byte = hardware.op_costs.get(op.kind, hardware.op_costs.get("elementwise",
                                                                              (hardware.per_op_s,
                                                                               0.0)))
     if op.kind == "matrix" and op.flops:
         unit = op.unit_flops or op.flops  # a batch of small multiplies runs at a small one's rate
         return op.flops / hardware.matrix_rate(unit)  # the rates were timed with their cost
+    if op.kind in hardware.cached and op.nbytes:  # a small op's tensors sit in the cache
+        small_bytes, small_per_byte = hardware.cached[op.kind]
+        large_bytes = small_bytes * 16  # op_costs.ROWS / CACHED_ROWS
+        share = (math.log(op.nbytes) - math.log(small_bytes)) / math.log(16)
+        share = min(max(share, 0.0), 1.0)
+        per_byte = small_per_byte + share * (per_byte - small_per_byte)
     return fixed + op.nbytes * per_byte
 
 

@@ -90,6 +90,9 @@ class Hardware:
     #: measured: the share of a trip between two tasks that is work on a core (gRPC's handlers
     #: and copies), the rest waiting
     transfer_cores: float = 0.0
+    #: measured: ``{class: (bytes, seconds a byte)}``, an element-wise class's cost a byte on
+    #: tensors that fit in a core's cache (``op_costs`` holds it on ones that do not)
+    cached: dict = field(default_factory=dict)
 
     def matrix_rate(self, flops: float) -> float:
         """FLOP/s of one multiply of ``flops`` on a core alone: ``matrix_rates`` read between

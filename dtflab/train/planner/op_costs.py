@@ -55,17 +55,24 @@ CLASSES = {
 }
 
 
-def op_costs(target, device, repeats: int, rows: int = 8192) -> dict[str, tuple[float, float]]:
+#: The rows (x 128 float32) of the tensors each class's cost a byte is timed on: one larger than
+#: a core's cache, and one (``CACHED_ROWS``) that fits in it, as a small op's tensors do.
+ROWS, CACHED_ROWS = 8192, 512
+
+
+def op_costs(target, device, repeats: int) -> tuple[dict, dict]:
     """Each price class's ``(fixed seconds, seconds a byte)`` on one task: a chain of its op
-    (each after the last; 200 on a 1-row tensor, 16 on a ``rows`` x 128 one, larger than a
-    core's cache as a step's many tensors are), less a step of none, per op (``CLASSES``; the
-    update class: Adam's fused update of a variable). A multiply's fixed cost is a 1 x 1
-    multiply's; its arithmetic is priced by its rate."""
+    (each after the last; 200 on a 1-row tensor, 16 on a :data:`ROWS` x 128 one, 64 on a
+    :data:`CACHED_ROWS` one), less a step
+    of none, per op (``CLASSES``; the update class: Adam's fused update of a variable); and
+    ``{class: (bytes, seconds a byte)}`` on a :data:`CACHED_ROWS` x 128 one, for the
+    element-wise classes (``Hardware.cached``). A multiply's fixed cost is a 1 x 1 multiply's;
+    its arithmetic is priced by its rate."""
     tf = import_tf()
 
     def per_op(make, n: int) -> float:
         times = {}
-        chain = 200 if n == 1 else 16
+        chain = 200 if n == 1 else 64 if n == CACHED_ROWS else 16
         for count in (0, chain):
             graph = tf.Graph()
             with graph.as_default(), tf.device(device):
@@ -85,15 +92,21 @@ def op_costs(target, device, repeats: int, rows: int = 8192) -> dict[str, tuple[
                 times[count] = median_run(session, fetch, 3 * repeats)
         return max((times[chain] - times[0]) / chain, 0.0)
 
-    costs = {}
+    costs, cached = {}, {}
     for name, (make, share) in CLASSES.items():
         small = per_op(lambda tf, x, y, v, make=make: make(tf, x, y), 1)
         if not share:
             costs[name] = (small, 0.0)
             continue
-        large = per_op(lambda tf, x, y, v, make=make: make(tf, x, y), rows)
-        nbytes = share * 4 * 128 * (rows - 1)
-        costs[name] = (small, max(large - small, 0.0) / nbytes)
+        for rows, into in ((ROWS, None), (CACHED_ROWS, cached)):
+            if into is not None and name == "scatter":
+                continue
+            seconds = per_op(lambda tf, x, y, v, make=make: make(tf, x, y), rows)
+            nbytes = share * 4 * 128 * (rows - 1)
+            if into is None:
+                costs[name] = (small, max(seconds - small, 0.0) / nbytes)
+            else:
+                cached[name] = (nbytes, max(seconds - small, 0.0) / nbytes)
 
     def adam(tf, x, y, variables):
         var, m, v = variables
@@ -101,9 +114,9 @@ def op_costs(target, device, repeats: int, rows: int = 8192) -> dict[str, tuple[
             var=var.handle, m=m.handle, v=v.handle, beta1_power=0.9, beta2_power=0.999,
             lr=0.0, beta1=0.9, beta2=0.999, epsilon=1e-8, grad=x)
 
-    small, large = per_op(adam, 1), per_op(adam, rows)
-    costs["update"] = (small, max(large - small, 0.0) / (7 * 4 * 128 * (rows - 1)))
-    return costs
+    small, large = per_op(adam, 1), per_op(adam, ROWS)
+    costs["update"] = (small, max(large - small, 0.0) / (7 * 4 * 128 * (ROWS - 1)))
+    return costs, cached
 
 
 def hops(target, pair, repeats: int, hops_in_chain: int = 16) -> dict[str, tuple[float, float]]:

@@ -79,16 +79,16 @@ class Prediction:
 
 
 def by_kind(predicted, traced) -> list[tuple[str, float, float]]:
-    """Each kind of op's milliseconds, ``(kind, predicted, traced)``, largest difference
-    first: on each device the time during which at least one op of that kind ran (threads
-    and transfers overlap), summed over devices; traced ops are classed as ``graph_ops.kind``
-    classes them (oneDNN's ``_Mkl`` and ``_Fused`` names read as the op they stand for)."""
-    from dtflab.tracing.step import union
-
-    def sums(trace):
+    """Each kind of op's share of the step, in milliseconds, ``(kind, predicted, traced)``,
+    largest difference first: on each device every moment something runs is split evenly
+    among the ops running then (threads and transfers overlap), each op's share counted to its
+    kind, and the devices summed, so each side adds up to its devices' busy time. Traced ops
+    are classed as ``graph_ops.kind`` classes them (oneDNN's ``_Mkl`` and ``_Fused`` names
+    read as the op they stand for)."""
+    def shares(trace):
         total = {}
         for timings in trace.timings.values():
-            spans = {}
+            events = []
             for timing in timings:
                 if timing.kind == "compute":
                     kind = graph_ops.kind(timing.op.replace("_Mkl", "").replace("_Fused", ""))
@@ -96,13 +96,18 @@ def by_kind(predicted, traced) -> list[tuple[str, float, float]]:
                     kind = "transfer"
                 else:
                     continue
-                spans.setdefault(kind, []).append((timing.start_us, timing.end_us))
-            for kind, intervals in spans.items():
-                covered = sum(end - start for start, end in union(intervals))
-                total[kind] = total.get(kind, 0.0) + covered / 1e3
+                events += [(timing.start_us, 1, kind), (timing.end_us, -1, kind)]
+            running, last = {}, None
+            for at, change, kind in sorted(events, key=lambda e: (e[0], e[1])):
+                count = sum(running.values())
+                if last is not None and count:
+                    for name, n in running.items():
+                        total[name] = total.get(name, 0.0) + (at - last) * n / count / 1e3
+                running[kind] = running.get(kind, 0) + change
+                last = at
         return total
 
-    ours, theirs = sums(predicted), sums(traced)
+    ours, theirs = shares(predicted), shares(traced)
     rows = [(kind, ours.get(kind, 0.0), theirs.get(kind, 0.0)) for kind in executor.KINDS
             if kind in ours or kind in theirs]
     return sorted(rows, key=lambda row: -abs(row[1] - row[2]))
