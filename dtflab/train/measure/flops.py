@@ -16,20 +16,24 @@ import math
 MULTIPLIES = ("MatMul", "BatchMatMulV2", "BatchMatMul")
 
 
+def needed(fetches) -> dict:
+    """``{name: op}`` of every op ``fetches`` (tensors or ops of one graph) depend on, through
+    data and control inputs, themselves included: what a session runs for them."""
+    found, todo = {}, [getattr(f, "op", f) for f in fetches]
+    while todo:
+        op = todo.pop()
+        if op.name in found:
+            continue
+        found[op.name] = op
+        todo.extend(tensor.op for tensor in op.inputs)
+        todo.extend(op.control_inputs)
+    return found
+
+
 def matmul_flops(fetches) -> int:
     """FLOPs of the matrix multiplies ``fetches`` (tensors or ops of one graph) depend on; every
     shape must be known (feed placeholders of a fixed batch)."""
-    seen, todo, total = set(), [getattr(f, "op", f) for f in fetches], 0
-    while todo:
-        op = todo.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        todo.extend(tensor.op for tensor in op.inputs)
-        todo.extend(op.control_inputs)
-        if op.type in MULTIPLIES:
-            total += _flops(op)
-    return total
+    return sum(_flops(op) for op in needed(fetches).values() if op.type in MULTIPLIES)
 
 
 def training_step(problem) -> int:

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, field
 
 from dtflab.train.planner.hardware import Hardware
+from dtflab.train.planner.op_costs import CACHE_SPAN
 
 #: The price classes a step's time is reported by, as ``planner.graph_ops.kind`` names them,
 #: and ``transfer`` (tensors between tasks).
@@ -45,8 +46,7 @@ def op_seconds(op, hardware: Hardware) -> float:
         return op.flops / hardware.matrix_rate(unit)  # the rates were timed with their cost
     if op.kind in hardware.cached and op.nbytes:  # a small op's tensors sit in the cache
         small_bytes, small_per_byte = hardware.cached[op.kind]
-        large_bytes = small_bytes * 16  # op_costs.ROWS / CACHED_ROWS
-        share = (math.log(op.nbytes) - math.log(small_bytes)) / math.log(16)
+        share = (math.log(op.nbytes) - math.log(small_bytes)) / math.log(CACHE_SPAN)
         share = min(max(share, 0.0), 1.0)
         per_byte = small_per_byte + share * (per_byte - small_per_byte)
     return fixed + op.nbytes * per_byte

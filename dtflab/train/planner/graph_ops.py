@@ -11,10 +11,12 @@ multiply; oneDNN swaps kernels), so the ops here are the graph's, a few more tha
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from dtflab import names
 from dtflab._quiet import import_tf
+from dtflab.train.measure.flops import needed as needed_by
 
 #: Ops that move no bytes of their own (a view, a handle, a shape, a constant, a marker): they
 #: cost the executor's fixed cost alone.
@@ -127,21 +129,15 @@ def step_ops(graph, fetches, feeds: dict, default_task: str, init=None) -> list[
             with tf.device(tensor.device):
                 given[tensor.name] = tf.compat.v1.placeholder(tensor.dtype, value.shape,
                                                               name=f"fed_{i}")
-        tf.compat.v1.import_graph_def(graph.as_graph_def(), input_map=given, name="")
+        definition = graph.as_graph_def()
+        tf.compat.v1.import_graph_def(definition, input_map=given, name="")
     fed_as = {tensor.op.name: given[tensor.name].op.name for tensor in feeds}
     wanted = []
     for fetch in fetches:
         name = fetch.name if hasattr(fetch, "type") else fetch.op.name
         wanted.append(fixed.get_operation_by_name(fed_as.get(name, name)))
-    needed, stack = set(), list(wanted)
-    while stack:
-        op = stack.pop()
-        if op.name in needed:
-            continue
-        needed.add(op.name)
-        stack.extend(tensor.op for tensor in op.inputs)
-        stack.extend(op.control_inputs)
-    shapes = _data_shapes(graph, [fixed.get_operation_by_name(n) for n in needed], feeds, init)
+    needed = needed_by(wanted)
+    shapes = _data_shapes(definition, needed.values(), feeds, init)
     placed = _placed(fixed, needed, default_task)
     found = []
     for op in fixed.get_operations():
@@ -165,7 +161,7 @@ def step_ops(graph, fetches, feeds: dict, default_task: str, init=None) -> list[
     return found
 
 
-def _placed(graph, needed: set, default_task: str) -> dict:
+def _placed(graph, needed, default_task: str) -> dict:
     """Each op's task as TensorFlow's placer will set it: an op that reads or writes a
     variable goes where the variable is, whatever device it asked for (a resource cannot
     leave its task); an op with no inputs and no device (a constant) goes to its first
@@ -190,16 +186,16 @@ def _placed(graph, needed: set, default_task: str) -> dict:
     return task
 
 
-def _data_shapes(graph, ops, feeds: dict, init) -> dict:
+def _data_shapes(definition, ops, feeds: dict, init) -> dict:
     """``{tensor name: shape}`` of the float tensors among ``ops``' outputs whose shapes
     TensorFlow cannot tell before the data (none for most graphs): computed once, here, on
-    a copy of ``graph`` with its devices cleared."""
+    a copy of the graph (``definition``, its GraphDef) with its devices cleared."""
     tf = import_tf()
     unknown = [t.name for op in ops for t in op.outputs
                if op.type not in FREE and t.dtype.is_floating and not t.shape.is_fully_defined()]
     if not unknown:
         return {}
-    definition = graph.as_graph_def()
+    definition = copy.deepcopy(definition)
     for node in definition.node:
         node.device = ""
     local = tf.Graph()

@@ -58,6 +58,9 @@ CLASSES = {
 #: The rows (x 128 float32) of the tensors each class's cost a byte is timed on: one larger than
 #: a core's cache, and one (``CACHED_ROWS``) that fits in it, as a small op's tensors do.
 ROWS, CACHED_ROWS = 8192, 512
+#: How many times the uncached tensors' bytes are the cached ones' (what ``planner.executor``
+#: reads a class's cost a byte between).
+CACHE_SPAN = ROWS // CACHED_ROWS
 
 
 def op_costs(target, device, repeats: int) -> tuple[dict, dict]:
