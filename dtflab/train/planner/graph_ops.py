@@ -192,7 +192,7 @@ def _data_shapes(definition, ops, feeds: dict, init) -> dict:
     a copy of the graph (``definition``, its GraphDef) with its devices cleared."""
     tf = import_tf()
     unknown = [t.name for op in ops for t in op.outputs
-               if op.type not in FREE and t.dtype.is_floating and not t.shape.is_fully_defined()]
+               if t.dtype.is_floating and not t.shape.is_fully_defined()]
     if not unknown:
         return {}
     definition = copy.deepcopy(definition)
