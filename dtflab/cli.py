@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                                           "host (other hosts can reach the tasks)")
     start.add_argument("--timeout", type=float, default=60.0,
                        help="seconds to wait for every task to listen (default 60)")
+    start.add_argument("--data-workers", dest="data_workers", default="0",
+                       help="add a tf.data service: a dispatcher and this many data workers")
     binder = commands.add_parser("binder", help="print the mybinder.org badge for this clone's "
                                  "GitHub remote (paste it into README.md)")
     binder.add_argument("--remote", default="origin", help="the git remote to use (default origin)")
@@ -128,18 +130,23 @@ def run_cluster(args) -> int:
     from dtflab.cluster import start_cluster
     from dtflab.cluster.task import TaskState
     from dtflab.errors import DtflabError
+    from dtflab.spec import parse_count
 
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         cluster = start_cluster(args.n, backend=args.backend, ps=args.ps, workers=args.workers,
                                 jobs=args.jobs, spec=args.spec, timeout=args.timeout,
-                                scheduler=args.scheduler, network=args.network)
+                                scheduler=args.scheduler, network=args.network,
+                                data_workers=parse_count(args.data_workers, "--data-workers",
+                                                         minimum=0))
     except (ValueError, DtflabError) as exc:
         print(f"dtflab: error: {exc}", file=sys.stderr)
         return 2
     with cluster:
         print(f"dtflab: {cluster.backend} cluster running; Ctrl-C stops it")
         print(f"cluster spec: {cluster.legacy_spec}")
+        if cluster.data_service:
+            print(f"data service: {cluster.data_service}")
         for task in cluster.tasks:
             pid = f" (pid {task.pid})" if task.pid else ""
             print(f"  {task.name:<12} {cluster.target(task.job, task.index)}{pid}", flush=True)

@@ -25,7 +25,7 @@ from dtflab.spec import parse_count
 
 COMMANDS = ("start", "run", "status", "stop", "kill", "restart", "spec", "logs", "wait")
 START_ONLY = ("backend", "ps", "workers", "jobs", "spec", "replace", "timeout", "scheduler", "network",
-              "start_method")
+              "start_method", "data_workers")
 
 
 @magics_class
@@ -60,6 +60,9 @@ class ClusterMagics(Magics):
                                 "this machine only) or host (other hosts can reach the tasks)")
     @argument("--start-method", dest="start_method",
               help="start: fork (the default: tasks forked from a warm TensorFlow) or spawn")
+    @argument("--data-workers", dest="data_workers",
+              help="start: add a tf.data service, a dispatcher and this many data workers "
+                   "(cluster.data_service is its address)")
     @line_magic
     def dtf_cluster(self, line: str = ""):
         """Start, inspect, break and stop a TensorFlow cluster of task servers.
@@ -68,9 +71,10 @@ class ClusterMagics(Magics):
         In [2]: %dtf_cluster start --jobs master=1,ps=2 --backend inprocess --replace
         In [3]: %dtf_cluster kill worker:1
         In [4]: %dtf_cluster restart worker:1
-        In [5]: %dtf_cluster stop
-        In [6]: %dtf_cluster run --workers 2 --ps 1 trainer.py --job_name={job_name}
-        In [7]: %dtf_cluster wait
+        In [5]: %dtf_cluster start 3 --data-workers 2 --replace
+        In [6]: %dtf_cluster stop
+        In [7]: %dtf_cluster run --workers 2 --ps 1 trainer.py --job_name={job_name}
+        In [8]: %dtf_cluster wait
         """
         tokens = _split(line)
         if tokens[:1] == ["run"]:
@@ -101,6 +105,8 @@ class ClusterMagics(Magics):
         options = dict(backend=args.backend, ps=args.ps, workers=args.workers, jobs=args.jobs,
                        spec=args.spec, scheduler=args.scheduler, network=args.network,
                        start_method=args.start_method)
+        if args.data_workers is not None:
+            options["data_workers"] = parse_count(args.data_workers, "--data-workers", minimum=0)
         if args.timeout is not None:
             try:
                 options["timeout"] = float(args.timeout)

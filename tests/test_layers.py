@@ -139,6 +139,8 @@ TRAIN_ROOMS = {
     "__init__": None,  # the names users call, each imported on first use
     "planner": {"strategies", "measure", "graphs", "run", "layouts", "formulas", "problems"},
     "experiments": {"strategies", "measure", "graphs", "run", "layouts", "formulas", "problems"},
+    # an input pipeline, its visits and its scaling (the loops read it by duck typing)
+    "inputs": {"strategies", "measure", "graphs", "run", "layouts", "formulas", "problems"},
     "examples": {"strategies", "graphs", "run", "layouts", "formulas", "problems"},  # to trace
     "strategies": {"measure", "graphs", "run", "layouts", "formulas", "problems"},
     "measure": {"graphs", "run", "layouts", "formulas", "problems"},

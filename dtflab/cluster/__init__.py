@@ -13,7 +13,7 @@ imported: see ``base.UI``). The table in ``tests/test_layers.py`` is the rule.
 
 from __future__ import annotations
 
-from dtflab.cluster.base import Cluster
+from dtflab.cluster.base import DATA_JOBS, Cluster
 from dtflab.cluster.programs import Program
 from dtflab.cluster.task import TaskInfo, TaskState
 from dtflab.errors import did_you_mean
@@ -40,8 +40,9 @@ def backend_names() -> list[str]:
 
 def check_request(n=None, *, backend=None, ps=None, workers=None, jobs=None, spec=None,
                   timeout: float = 60.0, scheduler=None, client=None, network=None,
-                  start_method=None):
-    """The backend class and layout for a start request, or a ValueError; starts nothing."""
+                  start_method=None, data_workers=0):
+    """The backend class and layout for a start request, or a ValueError; starts nothing.
+    The layout holds the data service's tasks too (``dispatcher``, ``data_worker``)."""
     backends = _backends()
     on_dask = scheduler is not None or client is not None
     name = ("dask" if on_dask else DEFAULT_BACKEND) if backend is None else backend
@@ -67,7 +68,27 @@ def check_request(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}; "
                          f"for example 120")
-    return backends[name], resolve_layout(n, ps=ps, workers=workers, jobs=jobs, spec=spec)
+    layout = resolve_layout(n, ps=ps, workers=workers, jobs=jobs, spec=spec)
+    return backends[name], with_data_service(layout, data_workers, name)
+
+
+def with_data_service(layout, data_workers, backend: str):
+    """``layout`` with a dispatcher and ``data_workers`` data workers added (none for 0)."""
+    from dtflab import checks
+
+    kept = sorted(set(layout) & set(DATA_JOBS))
+    if kept:
+        raise ValueError(f"job name {kept[0]!r} is kept for the tf.data service; ask for it with "
+                         f"data_workers=N (--data-workers N), or name your job otherwise")
+    checks.whole(data_workers, "data_workers", minimum=0, example=2)
+    if not data_workers:
+        return layout
+    if backend == "inprocess":
+        raise ValueError(f"the inprocess backend cannot hold a data service (data_workers="
+                         f"{data_workers}): its servers could never be killed or stopped; use "
+                         f"backend 'local' or 'dask'")
+    host = next(host for tasks in layout.values() for host, _ in tasks)
+    return {**layout, "dispatcher": [(host, None)], "data_worker": [(host, None)] * data_workers}
 
 
 #: More threads per task than any machine dtflab runs on has cores to give them.
@@ -78,7 +99,8 @@ def start_cluster(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
                   timeout: float = 60.0, inter_op_threads: int | None = None,
                   intra_op_threads: int | None = None, scheduler: str | None = None,
                   client=None, network: str | None = None, start_method: str | None = None,
-                  programs: dict[str, Program] | None = None) -> Cluster:
+                  programs: dict[str, Program] | None = None, data_workers: int = 0,
+                  fixed_data_workers: bool = False) -> Cluster:
     """Start a cluster of TensorFlow task servers and return it once every task listens.
 
     In [1]: cluster = dtflab.start_cluster(3)                  # ps:0, worker:0, worker:1
@@ -99,11 +121,21 @@ def start_cluster(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
     ``start_method`` (local backend): ``"fork"`` (the default on Linux: tasks are forked from
     this process's warm fork server) or ``"spawn"`` (each task imports TensorFlow anew).
     ``programs``: ``{job: Program}``, jobs whose tasks run a program (see ``dtflab.run``).
+
+    ``data_workers=N`` adds a tf.data service beside the TensorFlow tasks: a ``dispatcher`` and
+    ``N`` ``data_worker`` tasks, listed, killed and restarted like the others but not part of
+    the TensorFlow cluster (``cluster.addresses``, ``TF_CONFIG``). ``cluster.data_service`` is
+    the dispatcher's address; a program task finds it in ``$DTFLAB_DATA_SERVICE``
+    (``dtflab.train.inputs`` reads from it). The dispatcher learns its data workers as they
+    register and drops one that is silent for 2 s, so a killed data worker holds up only the
+    jobs it was serving; ``fixed_data_workers=True`` gives it the list at start instead, which
+    TensorFlow's static sharding policies (``DATA``) need, and then every job waits for a
+    killed data worker to be restarted.
     """
     cluster_class, layout = check_request(n, backend=backend, ps=ps, workers=workers, jobs=jobs,
                                           spec=spec, timeout=timeout, scheduler=scheduler,
                                           client=client, network=network,
-                                          start_method=start_method)
+                                          start_method=start_method, data_workers=data_workers)
     from dtflab import checks
 
     for name, threads in (("inter_op_threads", inter_op_threads), ("intra_op_threads", intra_op_threads)):
@@ -118,6 +150,7 @@ def start_cluster(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
         options.update(network=network, start_method=start_method)
     cluster = cluster_class(layout, timeout=timeout, inter_op_threads=inter_op_threads,
                             intra_op_threads=intra_op_threads, programs=programs, **options)
+    cluster.fixed_data_workers = bool(fixed_data_workers)
     return cluster.start()
 
 

@@ -13,6 +13,12 @@ from dtflab.network.networks import one_address
 from dtflab.spec import Layout, layout_to_legacy_spec, parse_address, parse_task
 
 PORT_ATTEMPTS = 3
+#: The tf.data service's jobs: tasks of the cluster (listed, killed, restarted like any), kept
+#: out of the TensorFlow cluster (``addresses``, ``spec``, ``TF_CONFIG``), whose servers they
+#: are not.
+DATA_JOBS = ("dispatcher", "data_worker")
+#: Where a program task finds the cluster's data service, beside ``TF_CONFIG``.
+DATA_SERVICE_ENV = "DTFLAB_DATA_SERVICE"
 
 
 class Cluster:
@@ -25,7 +31,7 @@ class Cluster:
 
     A backend subclass provides:
 
-    - ``_start_all()``: start every task in ``self.addresses`` (in parallel where it can) and
+    - ``_start_all()``: start every task in ``self.task_addresses`` (in parallel where it can) and
       return once each one listens; on failure, stop what it started and raise ``TaskError``
       (``PortInUseError`` when a port was taken);
     - ``_stop_all()``;
@@ -52,18 +58,23 @@ class Cluster:
         #: job -> ``Program`` for the jobs whose tasks run the user's program.
         self.programs = dict(programs or {})
         self.timeout = timeout
-        n_tasks = sum(len(tasks) for tasks in layout.values())
+        n_tasks = sum(len(tasks) for job, tasks in layout.items() if job not in DATA_JOBS)
         #: Threads per task for independent ops. Defaults to tasks + 1: ParameterServerStrategy
         #: hangs on small machines with fewer (see DESIGN.md).
         self.inter_op_threads = inter_op_threads if inter_op_threads is not None else n_tasks + 1
         self.intra_op_threads = intra_op_threads or 0
-        self.addresses: dict[str, list[str]] = {}
+        #: Every task's ``host:port`` by job, the data service's too (``addresses``: without).
+        self.task_addresses: dict[str, list[str]] = {}
         self._states: dict[tuple[str, int], TaskState] = {
             (job, index): TaskState.STARTING for job, tasks in layout.items()
             for index in range(len(tasks))}
         #: Why other hosts can reach the task servers (see ``exposed``).
         self.exposure_reason = (f"the {self.backend} backend's task servers listen on every "
                                 f"interface (TensorFlow binds 0.0.0.0)")
+        #: Whether the dispatcher knows its data workers from the start (static sharding,
+        #: ``DATA``, needs it; a killed data worker then holds up every job until restarted),
+        #: or learns them as they come and drops one silent for 2 s.
+        self.fixed_data_workers = False
         self._lock = threading.RLock()
         self._watchers: list = []  # callables run after every change of state (panels)
         self._panel = None
@@ -73,7 +84,7 @@ class Cluster:
     def start(self) -> "Cluster":
         """Start every task; returns once all listen. Called by ``dtflab.start_cluster``."""
         for attempt in range(1, PORT_ATTEMPTS + 1):
-            self.addresses = choose_ports(self._layout)
+            self.task_addresses = choose_ports(self._layout)
             try:
                 self._start_all()
                 break
@@ -160,6 +171,20 @@ class Cluster:
         return all(state is TaskState.STOPPED for state in self._states.values())
 
     @property
+    def addresses(self) -> dict[str, list[str]]:
+        """The TensorFlow cluster: each job's ``host:port`` list (the data service's tasks,
+        which are not TensorFlow task servers, are in ``task_addresses``)."""
+        return {job: tasks for job, tasks in self.task_addresses.items() if job not in DATA_JOBS}
+
+    @property
+    def data_service(self) -> str | None:
+        """The dispatcher's ``grpc://host:port``, what ``tf.data.experimental.service.distribute``
+        takes as ``service=`` (a program task reads it from ``$DTFLAB_DATA_SERVICE``); None
+        without one (start the cluster with ``data_workers=N``)."""
+        dispatcher = self.task_addresses.get("dispatcher")
+        return f"grpc://{dispatcher[0]}" if dispatcher else None
+
+    @property
     def spec(self):
         """The cluster as a ``tf.train.ClusterSpec`` (imports TensorFlow)."""
         from dtflab._quiet import import_tf
@@ -175,7 +200,7 @@ class Cluster:
     def endpoints(self) -> dict[tuple[str, int], tuple[str, int]]:
         """Each task's ``(host, port)``, keyed by ``(job, index)``."""
         return {(job, index): parse_address(address)
-                for job, tasks in self.addresses.items() for index, address in enumerate(tasks)}
+                for job, tasks in self.task_addresses.items() for index, address in enumerate(tasks)}
 
     @property
     def ports(self) -> list[int]:
@@ -186,14 +211,14 @@ class Cluster:
     def target(self, job: str, index: int | None = None) -> str:
         """The session target of one task, ``"grpc://host:port"``."""
         job, index = self._task(job, index)
-        return f"grpc://{self.addresses[job][index]}"
+        return f"grpc://{self.task_addresses[job][index]}"
 
     def states(self, *, programs_only: bool = False) -> dict[str, TaskState]:
         """Each task's state by name, read now (cheaper than ``tasks``: no memory figures)."""
         with self._lock:
             self._poll()
         return {f"{job}:{index}": self._task_state(job, index)[0]
-                for job, tasks in self.addresses.items() for index in range(len(tasks))
+                for job, tasks in self.task_addresses.items() for index in range(len(tasks))
                 if job in self.programs or not programs_only}
 
     @property
@@ -202,7 +227,7 @@ class Cluster:
         infos = []
         with self._lock:
             self._poll()
-        for job, addresses in self.addresses.items():
+        for job, addresses in self.task_addresses.items():
             for index, address in enumerate(addresses):
                 state, pid = self._task_state(job, index)
                 memory = self._task_memory(job, index, pid) if state is TaskState.RUNNING else None
@@ -329,17 +354,35 @@ class Cluster:
         """What task ``job:index`` runs: its program, or a bare task server."""
         from dtflab.cluster.task import Command
 
+        if job in DATA_JOBS:
+            return self._data_service_command(job, index)
         if job in self.programs:
             program = self.programs[job]
             # Only where it is used: a host this machine has no route to fails the start.
             client_host = self._client_host(job, index) if program.uses("client_host") else ""
-            return program.command(self.addresses, job, index, tuple(self.programs),
-                                   client_host=client_host)
+            command = program.command(self.addresses, job, index, tuple(self.programs),
+                                      client_host=client_host)
+            if self.data_service:
+                command.env[DATA_SERVICE_ENV] = self.data_service
+            return command
         return Command("dtflab.processes.server", [
             "--cluster_spec", self.legacy_spec, "--job_name", job, "--task_index", str(index),
             "--inter_op_threads", str(self.inter_op_threads),
             "--intra_op_threads", str(self.intra_op_threads), "--exit_with_parent",
             *self._server_args(job, index)])
+
+    def _data_service_command(self, job: str, index: int):
+        from dtflab.cluster.task import Command
+
+        host, port = parse_address(self.task_addresses[job][index])
+        if job == "dispatcher":
+            fixed = self.task_addresses.get("data_worker", []) if self.fixed_data_workers else []
+            role = ["--role", "dispatcher", "--workers", ",".join(fixed)]
+        else:
+            role = ["--role", "worker", "--address", f"{host}:{port}",
+                    "--dispatcher", self.task_addresses["dispatcher"][0]]
+        return Command("dtflab.processes.data_service",
+                       [*role, "--port", str(port), "--exit_with_parent"])
 
     def _poll(self) -> None:
         """Refresh what ``_task_state`` reads, once per ``tasks`` (remote backends batch here)."""

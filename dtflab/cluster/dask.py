@@ -51,7 +51,7 @@ class DaskCluster(Cluster):
         for (job, index), worker in self._roles.items():
             port = self._layout[job][index][1]
             reply = client.run(remote.reserve_port, port, workers=[worker])
-            self.addresses.setdefault(job, [None] * len(self._layout[job]))[index] = reply[worker]
+            self.task_addresses.setdefault(job, [None] * len(self._layout[job]))[index] = reply[worker]
         by_worker = {worker: key for key, worker in self._roles.items()}
         commands = {worker: (*key, self._task_command(*key)) for worker, key in by_worker.items()}
         replies = client.run(remote.start_task, self._id, commands, self.timeout, os.getpid(),
@@ -137,7 +137,7 @@ class DaskCluster(Cluster):
         from dtflab.network.networks import address_toward
         from dtflab.spec import parse_address
 
-        return address_toward(parse_address(self.addresses[job][index])[0])
+        return address_toward(parse_address(self.task_addresses[job][index])[0])
 
     # -- Dask --------------------------------------------------------------------------------
 

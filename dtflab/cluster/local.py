@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dtflab.cluster.base import Cluster
+from dtflab.cluster.base import DATA_JOBS, Cluster
 from dtflab.processes.launch import FORK, launcher_for
 from dtflab.network.networks import PRIVATE, network_for
 from dtflab.cluster.ports import free_ports
@@ -51,7 +51,8 @@ class LocalCluster(Cluster):
     # -- backend contract --------------------------------------------------------------------
 
     def _start_all(self) -> None:
-        servers = [key for key in self._tasks if key[0] not in self.programs]
+        servers = [key for key in self._tasks if key[0] not in self.programs
+                   and key[0] not in DATA_JOBS]
         self.profiler_ports = dict(zip(servers, free_ports(len(servers))))
         hosts = {host for host, _ in self.endpoints.values()}
         self._net, self.exposure_reason = network_for(

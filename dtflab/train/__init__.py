@@ -29,7 +29,8 @@ The rooms, top to bottom (each imports only the rooms below it; ``tests/test_lay
   callbacks, the watchdog, checkpoints, sessions, starting worker programs).
 - ``worker_programs/``: what runs inside a worker program's process.
 - ``formulas/``: the formulas predictions, benchmarks and views share (pure Python).
-- ``problems``: what is trained.
+- ``problems``: what is trained; ``inputs/``: what feeds it when its batches cost something
+  to make (tf.data, in this process or on the cluster's data service).
 
 Every name here is imported on first use.
 """
@@ -62,6 +63,8 @@ WHERE = {
     "sharded_data_parallel": "strategies.sharded_data_parallel", "zero": "strategies.zero",
     "Layout": "layouts.layout", "calibrate": "planner.calibration",
     "run_layout": "planner.predicted_run",
+    "input_pipeline": "inputs.pipeline", "InputPipeline": "inputs.pipeline",
+    "visits": "inputs.visits", "input_scaling": "inputs.scaling",
 }
 
 
@@ -84,4 +87,5 @@ __all__ = ["Problem", "exp_regression", "classification", "Transformer", "transf
            "expert_parallel",
            "sharded_data_parallel", "zero", "WireBytes",
            "Runner", "Update", "Watchdog", "stage_arithmetic_s", "StepModel", "memory", "step_memory",
-           "split_activation_bytes", "Layout", "calibrate", "run_layout"]
+           "split_activation_bytes", "Layout", "calibrate", "run_layout", "input_pipeline",
+           "InputPipeline", "visits", "input_scaling"]

@@ -179,9 +179,17 @@ class Dashboard:
                                       "count": [self._staleness[k] for k in keys]}
 
     def _show_status(self) -> None:
-        """While runs go on: "running", or what the watchdog says (a stalled worker)."""
+        """While runs go on: "running", or what the watchdog says (a stalled worker); for a run
+        that reads an input pipeline, the share of the last seconds it waited for input."""
+        from dtflab.train.run.sessions import recent_input_wait
+
         said = [f"{run.history.name}: {run.history.status}" for run in self.runs
                 if run.history.status]
+        for run in self.runs:
+            waiting = recent_input_wait(run.history, THROUGHPUT_WINDOW_S)
+            if waiting is not None:
+                said.append(f"{run.history.name}: waiting for input {waiting:.0%} of the last "
+                            f"{THROUGHPUT_WINDOW_S:g} s")
         text = "<br>".join(html.escape(line) for line in said) or "running"
         if self.widget is not None and self.status.value != text:
             self.status.value = text

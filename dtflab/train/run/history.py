@@ -19,6 +19,8 @@ class StepRecord:
     time_s: float
     examples: int
     staleness: int = 0
+    #: Seconds the step waited for its batch after the previous step ended (None: not timed)
+    input_wait_s: float | None = None
 
 
 @dataclass
@@ -107,6 +109,16 @@ class RunHistory:
     def losses(self) -> list[float]:
         return [r.loss for r in self.step_records]
 
+    def input_wait_share(self) -> float | None:
+        """The share of the run's time (after its first step) spent waiting for batches:
+        the sum of each step's wait over the time from the first step's end to the last's.
+        None where the loop does not time its input."""
+        records = [r for r in self.records if r.worker == "all"]
+        if len(records) < 2 or any(r.input_wait_s is None for r in records[1:]):
+            return None
+        span = records[-1].time_s - records[0].time_s
+        return sum(r.input_wait_s for r in records[1:]) / span if span > 0 else None
+
     def median_step_s(self) -> float:
         """The median step after the first two (a run's start-up), the slowest worker's where
         every worker reports, the traced step and the one after it left out (tracing slows
@@ -161,6 +173,9 @@ class RunHistory:
                 f"{self.examples_per_s:,.0f} examples/s, final loss {self.final_loss():.4g}")
         if any(self.staleness):
             text += f", mean staleness {sum(self.staleness) / len(self.staleness):.2f}"
+        waiting = self.input_wait_share()
+        if self.details.get("inputs") is not None and waiting is not None:
+            text += f", {waiting:.0%} of the time waiting for input"
         if self.failures:
             text += "; " + "; ".join(self.failures)
         if self.recoveries:

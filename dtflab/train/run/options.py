@@ -23,8 +23,10 @@ class RunOptions:
     """``steps`` and ``seed`` (the batches), ``slow`` (``{"worker:1": 0.05}``: a straggler's
     extra seconds a step), ``background`` (return a ``BackgroundRun`` at once), ``callbacks``,
     ``name`` (the history's), ``trace_step`` (the step traced into ``history.trace``),
-    ``watchdog`` (``True``, ``None`` or a ``train.Watchdog``: when a step counts as stalled)
-    and ``predict`` (what prices the step before it runs: ``train.run_layout`` gives it)."""
+    ``watchdog`` (``True``, ``None`` or a ``train.Watchdog``: when a step counts as stalled),
+    ``predict`` (what prices the step before it runs: ``train.run_layout`` gives it) and
+    ``inputs`` (a ``train.input_pipeline``: the batches come from it, not ``Problem.batch``,
+    and each step's wait for its batch is recorded)."""
 
     steps: int = 200
     seed: int = 0
@@ -37,11 +39,15 @@ class RunOptions:
     #: ``predict(built, master, problem)``, called with the loop's graph before its first step:
     #: what it returns is kept as ``history.prediction`` (``train.run_layout`` passes it)
     predict: object = None
+    inputs: object = None
 
     def checked(self) -> "RunOptions":
         """``steps``, ``seed``, ``trace_step`` and ``watchdog`` checked (one line naming the
         bad value and the fix), the watchdog as its settings."""
         checks.run_arguments(self.steps, self.seed, self.trace_step)
+        if self.inputs is not None and type(self.inputs).__name__ != "InputPipeline":
+            raise ValueError(f"inputs must be a train.input_pipeline(problem, ...), got "
+                             f"{type(self.inputs).__name__}; leave it out to read Problem.batch")
         return dataclasses.replace(self, watchdog=watchdog_settings(self.watchdog))
 
     def without(self, loop: str, **reasons: str) -> "RunOptions":

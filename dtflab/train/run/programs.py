@@ -83,7 +83,9 @@ class ProgramOptions(RunOptions):
         from dtflab.spec import parse_count
 
         watchdog = RunOptions.checked(self).without(
-            loop, predict="runs worker programs: train.run_layout prices it with the planner").watchdog
+            loop, predict="runs worker programs: train.run_layout prices it with the planner",
+            inputs="makes each worker's slice in its program; read a pipeline with the graph "
+                   "loops (train.single, train.sync_data_parallel, ...)").watchdog
         workers = None if self.workers is None else parse_count(self.workers, "workers")
         with said_as(self.layout is not None, data="workers"):
             run_layout = Layout.given(self.layout, loop, {"data": 2}, data=workers, **shorthand)

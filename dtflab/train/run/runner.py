@@ -32,6 +32,7 @@ class Update:
     step: int | None = None
     worker: str | None = None
     staleness: int = 0
+    input_wait_s: float | None = None
 
 
 class Runner:
@@ -78,7 +79,8 @@ class Runner:
         """Record one update and tell the callbacks."""
         record = StepRecord(update.step if update.step is not None else step,
                             update.worker or worker, float(update.loss),
-                            time.perf_counter() - self.started, update.examples, update.staleness)
+                            time.perf_counter() - self.started, update.examples, update.staleness,
+                            update.input_wait_s)
         self.history.add(record)
         for callback in self.callbacks:
             callback.on_step(self.history, record)

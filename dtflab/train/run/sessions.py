@@ -132,6 +132,7 @@ class SessionSteps:
         self.watch = runner.watch
         once.start(session, first_run_options(self.watch))
         self._applied = 0  # steps whose update ran, as the servers count them
+        self._waited = 0.0  # seconds this step waited for its batch
         self._first = True  # this session has not yet run a step: its graph is not yet placed
         self._prefetch = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dtflab-feed")
         self._upcoming = {0: self._prefetch.submit(feeds, 0)}
@@ -145,7 +146,9 @@ class SessionSteps:
 
     def __call__(self, step: int) -> Update:
         upcoming = self._upcoming.pop(step, None)
+        waited = time.perf_counter()
         feed = upcoming.result() if upcoming is not None else self.feeds(step)
+        self._waited = time.perf_counter() - waited  # made while the last step ran, if it could
         self._upcoming[step + 1] = self._prefetch.submit(self.feeds, step + 1)
         tries = 0
         while True:
@@ -211,7 +214,8 @@ class SessionSteps:
             kept = self.history.details.setdefault("per_step", {})
             for name, value in reports.items():
                 kept.setdefault(name, []).append(value.tolist())
-        return Update(float(fetched["loss"]) / self.problem.batch_size, self.problem.batch_size)
+        return Update(float(fetched["loss"]) / self.problem.batch_size, self.problem.batch_size,
+                      input_wait_s=self._waited)
 
     def close(self) -> None:
         self._prefetch.shutdown(wait=True, cancel_futures=True)
@@ -259,24 +263,52 @@ def train_graph(kind: str, title: str, built, master: str | None, problem, clust
     runner = new_runner(kind, options.name or title, options.callbacks, options.watchdog,
                         cluster=cluster)
     runner.history.details.update(details or {})
+    if options.inputs is not None:  # what the summary and the dashboard read the wait of
+        runner.history.details["inputs"] = options.inputs
     runner.history.reads.update(reads or {})
     if options.predict is not None:  # priced from the graph, before it runs
         runner.history.prediction = options.predict(built, master, problem)
     target = cluster.target(*names.split(master)) if master is not None else ""
     return run_one_replica(built, target, runner, problem, options.steps, options.seed, cluster,
-                           options.background, options.trace_step)
+                           options.background, options.trace_step, options.inputs)
+
+
+def batch_source(problem, seed: int, inputs=None):
+    """``batches(step) -> (xs, ts)``: ``problem.batch`` for that step, or the next batch of
+    the input pipeline ``inputs`` (made for this problem)."""
+    if inputs is None:
+        return lambda step: problem.batch(step, seed)
+    if inputs.problem != problem:
+        raise ValueError(f"the input pipeline makes {inputs.problem.name}'s examples and this "
+                         f"run trains {problem.name}; make it with train.input_pipeline(problem)")
+    return inputs.batches(seed)
+
+
+def recent_input_wait(history, window_s: float) -> float | None:
+    """The share of the last ``window_s`` seconds of a run that its steps waited for input
+    (None where the run does not read an input pipeline, or has too few steps yet)."""
+    if history.details.get("inputs") is None:
+        return None
+    records = history.since(max(len(history.records) - 200, 0))
+    if len(records) < 2:
+        return None
+    recent = [r for r in records if r.time_s >= records[-1].time_s - window_s]
+    span = recent[-1].time_s - recent[0].time_s
+    waits = [r.input_wait_s or 0.0 for r in recent[1:]]
+    return sum(waits) / span if span > 0 else None
 
 
 def run_one_replica(built, target, runner, problem, steps, seed, cluster, background,
-                     trace_step):
+                     trace_step, inputs=None):
     """The loop shared by single, model parallel, the pipeline and tensor parallelism: one copy
     of the model (on one task or spread over several), one session."""
+    batches = batch_source(problem, seed, inputs)
     session = new_session(target, built.graph)
     session.run(built.init, options=first_run_options(runner.watch))
     x, t = built.inputs
 
     def feeds(step):
-        xs, ts = problem.batch(step, seed)
+        xs, ts = batches(step)
         return {x: xs, t: ts}
 
     runner.history.cluster = cluster

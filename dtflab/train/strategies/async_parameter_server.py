@@ -40,7 +40,8 @@ def async_parameter_server(problem, cluster, *, workers: int | None = None,
     """
     options = RunOptions(**options).checked().without(
         "async_parameter_server", trace_step="traces no step (each worker runs its own loop)",
-        predict="has no one step to price (each worker runs its own loop)")
+        predict="has no one step to price (each worker runs its own loop)",
+        inputs="reads Problem.batch in each worker's own loop")
     steps, seed = options.steps, options.seed
     if checkpoint_every is not None:
         checks.whole(checkpoint_every, "checkpoint_every", example=20)

@@ -77,7 +77,8 @@ def ps_strategy(problem, cluster, *, strategy=None, **options):
     options = RunOptions(**options).checked().without(
         "ps_strategy", slow="has no straggler (the coordinator sends each step to a free "
         "worker)", trace_step="traces no step (its steps are TF2 functions: dtflab.profile)",
-        predict="is not priced from its graph (its steps are TF2 functions)")
+        predict="is not priced from its graph (its steps are TF2 functions)",
+        inputs="keeps its batches in a TF2 dataset of its own")
     seed = options.seed
     checks.cluster(cluster)
     tf = import_tf()

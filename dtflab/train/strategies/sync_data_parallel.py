@@ -11,7 +11,8 @@ from dtflab.train.layouts.tasks import worker_devices
 from dtflab.train.run.graphs import TrainGraph, Tower, straggler
 from dtflab.train.run.options import RunOptions, takes_options
 from dtflab.train.run.runner import new_runner
-from dtflab.train.run.sessions import first_run_options, new_session, ps_plan, synchronous
+from dtflab.train.run.sessions import (batch_source, first_run_options, new_session, ps_plan,
+                                       synchronous)
 
 
 @takes_options(RunOptions)
@@ -39,9 +40,13 @@ def sync_data_parallel(problem, cluster, *, workers: int | None = None,
     runner = new_runner("sync", options.name or f"sync data parallel ({len(devices)} workers)",
                         options.callbacks, options.watchdog, cluster=cluster)
     runner.history.details["layout"] = layout
+    if options.inputs is not None:
+        runner.history.details["inputs"] = options.inputs
+
+    batches = batch_source(problem, seed, options.inputs)
 
     def feeds(step):
-        xs, ts = problem.batch(step, seed)
+        xs, ts = batches(step)
         feed = {}
         for i, tower in enumerate(built.towers):
             feed[tower.x], feed[tower.t] = xs[i * share:(i + 1) * share], ts[i * share:(i + 1) * share]

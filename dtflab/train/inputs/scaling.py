@@ -1,0 +1,130 @@
+"""Scaling the input: examples a second as the data service's workers are added, measured with
+one loop and predicted from what an element costs to make and the cores there are to make it.
+
+In [1]: curve = train.input_scaling(problem, cluster, work_ms=1.0)
+In [2]: curve.rows      # data workers, predicted and measured examples/s, the wait's share
+
+The prediction, per data worker count k (0: made in this process, one at a time):
+
+    input rate   = min(max(k, 1) x parallel, cores) / work_s     (elements a second)
+    compute rate = batch / step_s                                (step_s: the same loop fed
+                                                                  with ready batches, measured)
+    shared cores = cores / (work_s + step_s / batch)             (the trainer's step holds one
+                                                                  core while it runs)
+    predicted    = min(input rate, compute rate, shared cores)
+
+On a machine whose cores the trainer and the data workers share, the third term binds early:
+two cores cannot make more than about two cores' worth of elements whatever the worker count.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+#: Seconds to wait after killing a data worker for the dispatcher to drop it (its timeout,
+#: ``dtflab.processes.data_service.WORKER_TIMEOUT_MS``, and some).
+DROPPED_S = 3.0
+#: Steps left out of a measured rate: the session's start, and the batches the data workers
+#: made ahead meanwhile.
+SKIP = 6
+
+
+@dataclass
+class InputScaling:
+    """One row per data worker count: ``(workers, predicted, measured, wait_share)``,
+    examples a second; ``compute_rate`` what the loop reached with ready batches, ``work_s``
+    an element's measured cost, ``cores`` the cores the prediction shares."""
+
+    work_s: float
+    compute_rate: float
+    cores: float
+    batch: int
+    rows: list[tuple[int, float, float, float | None]] = field(default_factory=list)
+
+    def errors(self) -> list[float]:
+        """Each row's (measured - predicted) / measured."""
+        return [(measured - predicted) / measured for _, predicted, measured, _ in self.rows]
+
+    def figure(self):
+        """Examples a second against data workers: predicted and measured."""
+        from bokeh.models import ColumnDataSource, Span
+        from bokeh.plotting import figure
+
+        source = ColumnDataSource({"workers": [r[0] for r in self.rows],
+                                   "predicted": [r[1] for r in self.rows],
+                                   "measured": [r[2] for r in self.rows]})
+        fig = figure(title="Examples a second against data workers (0: made in this process)",
+                     height=300, width=560, x_axis_label="data workers",
+                     y_axis_label="examples/s", tools="save")
+        fig.line("workers", "predicted", source=source, line_dash="dashed", color="#1f77b4",
+                 legend_label="predicted", line_width=2)
+        fig.scatter("workers", "measured", source=source, size=9, color="#d62728",
+                    legend_label="measured")
+        fig.add_layout(Span(location=self.compute_rate, dimension="width", line_dash="dotted",
+                            line_color="#555555"))
+        fig.legend.location = "bottom_right"
+        fig.xaxis.ticker = [r[0] for r in self.rows]
+        return fig
+
+
+def predicted_rate(workers: int, work_s: float, step_s: float, batch: int,
+                   cores: float, parallel: int = 1) -> float:
+    """Examples a second with ``workers`` data workers each making ``parallel`` elements at
+    once (0: made here, ``parallel`` at once)."""
+    makers = min(max(workers, 1) * parallel, cores)
+    return min(makers / work_s, batch / step_s, cores / (work_s + step_s / batch))
+
+
+def steady_rate(history, skip: int = SKIP) -> float:
+    """Examples a second from the end of step ``skip`` to the last step's: what the data
+    workers made ahead while the session started has been eaten by then."""
+    records = history.step_records
+    if len(records) < skip + 3:
+        raise ValueError(f"{len(records)} steps recorded; a rate is measured from step "
+                         f"{skip} on: run {skip + 3} steps or more")
+    kept = records[skip:]
+    return sum(r.examples for r in kept[1:]) / (kept[-1].time_s - kept[0].time_s)
+
+
+def input_scaling(problem, cluster, *, work_ms: float = 1.0, steps: int = 30,
+                  device: str = "/job:worker/task:0") -> InputScaling:
+    """Train ``problem`` with ``train.single`` on ``device`` for ``steps`` steps: fed ready
+    batches (the compute rate), then reading an input pipeline of ``work_ms`` an element made
+    here, then from the data service with every data worker, one fewer, ... down to one (each
+    dropped worker killed, and all restarted at the end)."""
+    from dtflab.machine import cpus
+    from dtflab.train.inputs.pipeline import input_pipeline
+    from dtflab.train.strategies.single import single
+
+    total = len(cluster.task_addresses.get("data_worker", []))
+    if not total:
+        raise ValueError(f"{cluster!r} has no data workers; start it with data_workers=N "
+                         f"(%dtf_cluster start 2 --data-workers 2 --replace)")
+
+    def run(inputs):
+        history = single(problem, cluster=cluster, device=device, steps=steps, inputs=inputs,
+                         watchdog=None)
+        return steady_rate(history), history.input_wait_share()
+
+    compute_rate, _ = run(None)
+    step_s = problem.batch_size / compute_rate
+    local = input_pipeline(problem, work_ms=work_ms)
+    curve = InputScaling(local.work_s, compute_rate, cpus(), problem.batch_size)
+    measured = {0: run(local)}
+    killed = []
+    try:
+        for workers in range(total, 0, -1):
+            if workers < total:
+                killed.append(f"data_worker:{workers}")
+                cluster.kill(killed[-1])
+                time.sleep(DROPPED_S)
+            measured[workers] = run(local.served_by(cluster))
+    finally:
+        for task in killed:
+            cluster.restart(task)
+    for workers in sorted(measured):
+        rate, wait = measured[workers]
+        curve.rows.append((workers, predicted_rate(workers, curve.work_s, step_s,
+                                                   problem.batch_size, curve.cores), rate, wait))
+    return curve
