@@ -60,9 +60,8 @@ class ClusterMagics(Magics):
                                 "this machine only) or host (other hosts can reach the tasks)")
     @argument("--start-method", dest="start_method",
               help="start: fork (the default: tasks forked from a warm TensorFlow) or spawn")
-    @argument("--data-workers", dest="data_workers",
-              help="start: add a tf.data service, a dispatcher and this many data workers "
-                   "(cluster.data_service is its address)")
+    @argument("--data-workers", dest="data_workers", help="start: add a tf.data service: a "
+              "dispatcher and this many data workers (cluster.data_service is its address)")
     @line_magic
     def dtf_cluster(self, line: str = ""):
         """Start, inspect, break and stop a TensorFlow cluster of task servers.
@@ -108,16 +107,11 @@ class ClusterMagics(Magics):
         if args.data_workers is not None:
             options["data_workers"] = parse_count(args.data_workers, "--data-workers", minimum=0)
         if args.timeout is not None:
-            try:
-                options["timeout"] = float(args.timeout)
-            except ValueError:
-                raise UsageError(f"--timeout must be a number of seconds, got {args.timeout!r}; "
-                                 f"e.g. --timeout 120") from None
+            options["timeout"] = _seconds(args.timeout)
         n = args.task
         if n is not None:
             n = parse_count(n, "the task count")
-        # Check the request in full before touching the running cluster: a refused command
-        # changes nothing.
+        # The whole request checked before the running cluster is touched: refused, it changes nothing
         check_request(n, **options)
         running = self._find(args.name, required=False)
         if running is not None and not running.stopped and not args.replace:
@@ -177,7 +171,7 @@ class ClusterMagics(Magics):
 
     def _spec(self, args):
         cluster = self._find(args.name)
-        print(cluster.addresses)
+        print(cluster.task_addresses)  # the data service's tasks too, beside TensorFlow's
         print(cluster.legacy_spec)
 
     def _logs(self, args):
@@ -229,15 +223,17 @@ def run_parser(prog: str, *, with_script: bool) -> MagicArgumentParser:
 
 
 def _run_options(args) -> dict:
-    try:
-        timeout = float(args.timeout)
-    except ValueError:
-        raise UsageError(f"--timeout must be a number of seconds, got {args.timeout!r}; "
-                         f"e.g. --timeout 120") from None
     return dict(workers=args.workers, ps=args.ps, chief=args.chief, chief_only=args.chief_only,
-                backend=args.backend,
-                network=args.network, timeout=timeout, start_method=args.start_method,
-                scheduler=args.scheduler)
+                backend=args.backend, network=args.network, timeout=_seconds(args.timeout),
+                start_method=args.start_method, scheduler=args.scheduler)
+
+
+def _seconds(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"--timeout must be a number of seconds, got {text!r}; "
+                         f"e.g. --timeout 120") from None
 
 
 @magics_class
@@ -319,11 +315,8 @@ class TraceMagics(Magics):
         from dtflab.tracing import recording
 
         args = self.dtf_trace.parser.parse_args(_split(line))
-        if args.run in ("first", "last"):
-            select = args.run
-        elif args.run.isdigit():
-            select = int(args.run)
-        else:
+        select = int(args.run) if args.run.isdigit() else args.run
+        if select not in ("first", "last") and not isinstance(select, int):
             raise UsageError(f"--run must be first, last or a call number such as 2, got {args.run!r}")
         if not args.name.isidentifier():
             raise UsageError(f"--name {args.name!r} is not a Python variable name; e.g. --name step")

@@ -13,7 +13,8 @@ imported: see ``base.UI``). The table in ``tests/test_layers.py`` is the rule.
 
 from __future__ import annotations
 
-from dtflab.cluster.base import DATA_JOBS, Cluster
+from dtflab.cluster.base import Cluster
+from dtflab.cluster.data_service import with_data_service
 from dtflab.cluster.programs import Program
 from dtflab.cluster.task import TaskInfo, TaskState
 from dtflab.errors import did_you_mean
@@ -70,25 +71,6 @@ def check_request(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
                          f"for example 120")
     layout = resolve_layout(n, ps=ps, workers=workers, jobs=jobs, spec=spec)
     return backends[name], with_data_service(layout, data_workers, name)
-
-
-def with_data_service(layout, data_workers, backend: str):
-    """``layout`` with a dispatcher and ``data_workers`` data workers added (none for 0)."""
-    from dtflab import checks
-
-    kept = sorted(set(layout) & set(DATA_JOBS))
-    if kept:
-        raise ValueError(f"job name {kept[0]!r} is kept for the tf.data service; ask for it with "
-                         f"data_workers=N (--data-workers N), or name your job otherwise")
-    checks.whole(data_workers, "data_workers", minimum=0, example=2)
-    if not data_workers:
-        return layout
-    if backend == "inprocess":
-        raise ValueError(f"the inprocess backend cannot hold a data service (data_workers="
-                         f"{data_workers}): its servers could never be killed or stopped; use "
-                         f"backend 'local' or 'dask'")
-    host = next(host for tasks in layout.values() for host, _ in tasks)
-    return {**layout, "dispatcher": [(host, None)], "data_worker": [(host, None)] * data_workers}
 
 
 #: More threads per task than any machine dtflab runs on has cores to give them.

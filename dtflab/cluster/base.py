@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from dtflab.cluster import running
+from dtflab.cluster.data_service import DATA_JOBS, DATA_SERVICE_ENV, data_service_command
 from dtflab.cluster.ports import choose_ports
 from dtflab.cluster.programs import LOOPBACK
 from dtflab.cluster.task import TaskInfo, TaskState, log_tail
@@ -13,12 +14,6 @@ from dtflab.network.networks import one_address
 from dtflab.spec import Layout, layout_to_legacy_spec, parse_address, parse_task
 
 PORT_ATTEMPTS = 3
-#: The tf.data service's jobs: tasks of the cluster (listed, killed, restarted like any), kept
-#: out of the TensorFlow cluster (``addresses``, ``spec``, ``TF_CONFIG``), whose servers they
-#: are not.
-DATA_JOBS = ("dispatcher", "data_worker")
-#: Where a program task finds the cluster's data service, beside ``TF_CONFIG``.
-DATA_SERVICE_ENV = "DTFLAB_DATA_SERVICE"
 
 
 class Cluster:
@@ -71,10 +66,7 @@ class Cluster:
         #: Why other hosts can reach the task servers (see ``exposed``).
         self.exposure_reason = (f"the {self.backend} backend's task servers listen on every "
                                 f"interface (TensorFlow binds 0.0.0.0)")
-        #: Whether the dispatcher knows its data workers from the start (static sharding,
-        #: ``DATA``, needs it; a killed data worker then holds up every job until restarted),
-        #: or learns them as they come and drops one silent for 2 s.
-        self.fixed_data_workers = False
+        self.fixed_data_workers = False  # see start_cluster's fixed_data_workers
         self._lock = threading.RLock()
         self._watchers: list = []  # callables run after every change of state (panels)
         self._panel = None
@@ -172,17 +164,16 @@ class Cluster:
 
     @property
     def addresses(self) -> dict[str, list[str]]:
-        """The TensorFlow cluster: each job's ``host:port`` list (the data service's tasks,
-        which are not TensorFlow task servers, are in ``task_addresses``)."""
+        """The TensorFlow cluster: each job's ``host:port`` list (``task_addresses`` less the
+        data service, whose tasks are not TensorFlow task servers)."""
         return {job: tasks for job, tasks in self.task_addresses.items() if job not in DATA_JOBS}
 
     @property
     def data_service(self) -> str | None:
-        """The dispatcher's ``grpc://host:port``, what ``tf.data.experimental.service.distribute``
-        takes as ``service=`` (a program task reads it from ``$DTFLAB_DATA_SERVICE``); None
-        without one (start the cluster with ``data_workers=N``)."""
-        dispatcher = self.task_addresses.get("dispatcher")
-        return f"grpc://{dispatcher[0]}" if dispatcher else None
+        """The dispatcher's ``grpc://host:port`` (``service=`` of tf.data's ``distribute``;
+        ``$DTFLAB_DATA_SERVICE`` in a program task), or None (start with ``data_workers=N``)."""
+        return f"grpc://{self.task_addresses['dispatcher'][0]}" if "dispatcher" in \
+            self.task_addresses else None
 
     @property
     def spec(self):
@@ -285,19 +276,7 @@ class Cluster:
         on a free local port. Returns the remote device names. TensorFlow keeps that connection
         for the life of the process: connect once per kernel, or restart the kernel.
         """
-        from dtflab._quiet import import_tf, quiet_fds
-        from dtflab.cluster.ports import free_ports
-
-        tf = import_tf()
-        (port,) = free_ports(1)
-        self.let_tasks_reach(port)
-        running.connected.append(repr(self))
-        here = self.callback_address(port)
-        spec = tf.train.ClusterSpec(dict(self.addresses, **{job_name: [here]}))
-        with quiet_fds():
-            tf.config.experimental_connect_to_cluster(spec, job_name=job_name)
-        return [device.name for device in tf.config.list_logical_devices()
-                if any(f"/job:{job}/" in device.name for job in self.addresses)]
+        return running.connect(self, job_name)
 
     def panel(self):
         """The status panel widget, refreshed now and on every kill, restart and stop.
@@ -355,7 +334,8 @@ class Cluster:
         from dtflab.cluster.task import Command
 
         if job in DATA_JOBS:
-            return self._data_service_command(job, index)
+            return data_service_command(self.task_addresses, job, index,
+                                        fixed_workers=self.fixed_data_workers)
         if job in self.programs:
             program = self.programs[job]
             # Only where it is used: a host this machine has no route to fails the start.
@@ -370,19 +350,6 @@ class Cluster:
             "--inter_op_threads", str(self.inter_op_threads),
             "--intra_op_threads", str(self.intra_op_threads), "--exit_with_parent",
             *self._server_args(job, index)])
-
-    def _data_service_command(self, job: str, index: int):
-        from dtflab.cluster.task import Command
-
-        host, port = parse_address(self.task_addresses[job][index])
-        if job == "dispatcher":
-            fixed = self.task_addresses.get("data_worker", []) if self.fixed_data_workers else []
-            role = ["--role", "dispatcher", "--workers", ",".join(fixed)]
-        else:
-            role = ["--role", "worker", "--address", f"{host}:{port}",
-                    "--dispatcher", self.task_addresses["dispatcher"][0]]
-        return Command("dtflab.processes.data_service",
-                       [*role, "--port", str(port), "--exit_with_parent"])
 
     def _poll(self) -> None:
         """Refresh what ``_task_state`` reads, once per ``tasks`` (remote backends batch here)."""

@@ -7,7 +7,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dtflab.cluster.base import DATA_JOBS, Cluster
+from dtflab.cluster.base import Cluster
+from dtflab.cluster.data_service import DATA_JOBS
 from dtflab.processes.launch import FORK, launcher_for
 from dtflab.network.networks import PRIVATE, network_for
 from dtflab.cluster.ports import free_ports

@@ -48,3 +48,21 @@ def track(cluster) -> None:
 def forget(cluster) -> None:
     """A cluster that was stopped: nothing left to stop at exit."""
     clusters.discard(cluster)
+
+
+def connect(cluster, job_name: str) -> list[str]:
+    """``cluster.connect(job_name)``: this process joins ``cluster`` as ``job_name`` (once per
+    process: TensorFlow keeps the connection), and is listed in ``connected``."""
+    from dtflab._quiet import import_tf, quiet_fds
+    from dtflab.cluster.ports import free_ports
+
+    tf = import_tf()
+    (port,) = free_ports(1)
+    cluster.let_tasks_reach(port)
+    connected.append(repr(cluster))
+    here = cluster.callback_address(port)
+    spec = tf.train.ClusterSpec(dict(cluster.addresses, **{job_name: [here]}))
+    with quiet_fds():
+        tf.config.experimental_connect_to_cluster(spec, job_name=job_name)
+    return [device.name for device in tf.config.list_logical_devices()
+            if any(f"/job:{job}/" in device.name for job in cluster.addresses)]
