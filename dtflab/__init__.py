@@ -45,6 +45,8 @@ WHERE = {
     "ScalingModel": ("dtflab.viz.scaling", "ScalingModel"),
     "scaling_figure": ("dtflab.viz.scaling", "scaling_figure"),
     "curves_figure": ("dtflab.viz.scaling", "curves_figure"),
+    "input_timeline": ("dtflab.viz.inputs", "input_timeline"),
+    "input_scaling_figure": ("dtflab.viz.inputs", "input_scaling_figure"),
     "cpus": ("dtflab.machine", "cpus"),
     "short_device": ("dtflab.names", "short"),
 }
@@ -109,5 +111,5 @@ __all__ = ["Cluster", "PlacementPlan", "PlacementEditor", "Dashboard", "architec
            "bytes_sent", "memory_planner", "MemoryPlanner", "schedule_playground",
            "SchedulePlayground", "plan", "RunPlans",
            "short_device", "show", "compare", "train", "TaskInfo", "TaskState", "start_cluster", "run",
-           "trace", "profile", "tf_log", "DtflabError",
+           "trace", "profile", "tf_log", "DtflabError", "input_timeline", "input_scaling_figure",
            "NotSupportedError", "TaskError", "__version__"]

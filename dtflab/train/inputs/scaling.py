@@ -46,27 +46,6 @@ class InputScaling:
         """Each row's (measured - predicted) / measured."""
         return [(measured - predicted) / measured for _, predicted, measured, _ in self.rows]
 
-    def figure(self):
-        """Examples a second against data workers: predicted and measured."""
-        from bokeh.models import ColumnDataSource, Span
-        from bokeh.plotting import figure
-
-        source = ColumnDataSource({"workers": [r[0] for r in self.rows],
-                                   "predicted": [r[1] for r in self.rows],
-                                   "measured": [r[2] for r in self.rows]})
-        fig = figure(title="Examples a second against data workers (0: made in this process)",
-                     height=300, width=560, x_axis_label="data workers",
-                     y_axis_label="examples/s", tools="save")
-        fig.line("workers", "predicted", source=source, line_dash="dashed", color="#1f77b4",
-                 legend_label="predicted", line_width=2)
-        fig.scatter("workers", "measured", source=source, size=9, color="#d62728",
-                    legend_label="measured")
-        fig.add_layout(Span(location=self.compute_rate, dimension="width", line_dash="dotted",
-                            line_color="#555555"))
-        fig.legend.location = "bottom_right"
-        fig.xaxis.ticker = [r[0] for r in self.rows]
-        return fig
-
 
 def predicted_rate(workers: int, work_s: float, step_s: float, batch: int,
                    cores: float, parallel: int = 1) -> float:
