@@ -7,7 +7,7 @@ In [2]: served = train.input_pipeline(problem, work_ms=0.2, service=cluster)  # 
 In [3]: train.single(problem, cluster, inputs=served)   # history.input_wait_share(): the wait
 
 The work is a chain of small matrix products on one core, its length calibrated here so that
-making an element costs ``work_ms`` of one core in all; ``work_s`` is what it measured. Making
+making an element costs ``work_ms`` of processor time in all; ``work_s`` is what it measured. Making
 an element costs something even with no work (tf.data's per-element cost, its random draws:
 about a third of a millisecond on the machine this was written on), and no less can be asked. The examples are the
 problem's own kind (its class centres, its regression), drawn per element from a seed and the
@@ -193,16 +193,16 @@ def calibrated_rounds(problem, seconds: float) -> tuple[int, float]:
 
 
 def element_seconds(problem, rounds: int, elements: int = PROBE_ELEMENTS) -> float:
-    """Seconds one of ``problem``'s examples with ``rounds`` rounds of work takes to make, made
-    one at a time and read in batches, as the pipeline makes them (the median of three batches
-    after a first, whose iterator's start is left out)."""
+    """CPU seconds (this process's, every thread's) one of ``problem``'s examples with ``rounds``
+    rounds of work takes to make, made one at a time and read in batches, as the pipeline makes
+    them (the median of three batches after a first, whose iterator's start is left out)."""
     batches = iter(InputPipeline(problem, rounds, 0.0)._made(0, None).batch(elements))
     next(batches)  # an iterator's start costs more than an element: left out
     timings = []
     for _ in range(3):
-        start = time.perf_counter()
+        start = time.process_time()  # every thread's: tf.data may spread one element's ops
         next(batches)
-        timings.append((time.perf_counter() - start) / elements)
+        timings.append((time.process_time() - start) / elements)
     return float(np.median(timings))
 
 

@@ -6,7 +6,9 @@ In [2]: curve.rows      # data workers, predicted and measured examples/s, the w
 
 The prediction, per data worker count k (0: made in this process, one at a time):
 
-    input rate   = min(max(k, 1) x parallel, cores) / work_s     (elements a second)
+    input rate   = min(max(k, 1) x parallel, cores) / work_s     (elements a second; work_s
+                                                                  read on a data worker for
+                                                                  k > 0: see served_work_s)
     compute rate = batch / step_s                                (step_s: the same loop fed
                                                                   with ready batches, measured)
     shared cores = cores / (work_s + step_s / batch)             (the trainer's step holds one
@@ -34,9 +36,11 @@ SKIP = 6
 class InputScaling:
     """One row per data worker count: ``(workers, predicted, measured, wait_share)``,
     examples a second; ``compute_rate`` what the loop reached with ready batches, ``work_s``
-    an element's measured cost, ``cores`` the cores the prediction shares."""
+    an element's measured cost here and ``served_work_s`` on a data worker (its CPU seconds
+    an element), ``cores`` the cores the prediction shares."""
 
     work_s: float
+    served_work_s: float
     compute_rate: float
     cores: float
     batch: int
@@ -66,6 +70,33 @@ def steady_rate(history, skip: int = SKIP) -> float:
     return sum(r.examples for r in kept[1:]) / (kept[-1].time_s - kept[0].time_s)
 
 
+def served_work_s(pipeline, cluster, batches: int = 12) -> float:
+    """CPU seconds a data worker spends on an element of ``pipeline``: the data workers'
+    processor time while one reader takes ``batches`` batches from a job of its own, over the
+    elements it received (a data worker pays more an element than this process: the service's
+    own work, and the worker's executor). This process's figure where the data workers are not
+    processes of this machine."""
+    import psutil
+
+    try:
+        workers = [psutil.Process(task.pid) for task in cluster.tasks
+                   if task.job == "data_worker" and task.pid]
+    except psutil.Error:
+        workers = []
+    if not workers:
+        return pipeline.work_s
+
+    def busy():
+        return sum(sum(worker.cpu_times()[:2]) for worker in workers)
+
+    reader = iter(pipeline.served_by(cluster).dataset())
+    next(reader)  # the job's start and the workers' first batches, left out
+    before = busy()
+    for _ in range(batches):
+        next(reader)
+    return (busy() - before) / (batches * pipeline.problem.batch_size)
+
+
 def input_scaling(problem, cluster, *, work_ms: float = 1.0, steps: int = 30,
                   device: str = "/job:worker/task:0") -> InputScaling:
     """Train ``problem`` with ``train.single`` on ``device`` for ``steps`` steps: fed ready
@@ -89,7 +120,8 @@ def input_scaling(problem, cluster, *, work_ms: float = 1.0, steps: int = 30,
     compute_rate, _ = run(None)
     step_s = problem.batch_size / compute_rate
     local = input_pipeline(problem, work_ms=work_ms)
-    curve = InputScaling(local.work_s, compute_rate, cpus(), problem.batch_size)
+    curve = InputScaling(local.work_s, served_work_s(local, cluster), compute_rate, cpus(),
+                         problem.batch_size)
     measured = {0: run(local)}
     killed = []
     try:
@@ -104,6 +136,7 @@ def input_scaling(problem, cluster, *, work_ms: float = 1.0, steps: int = 30,
             cluster.restart(task)
     for workers in sorted(measured):
         rate, wait = measured[workers]
-        curve.rows.append((workers, predicted_rate(workers, curve.work_s, step_s,
-                                                   problem.batch_size, curve.cores), rate, wait))
+        work_s = curve.served_work_s if workers else curve.work_s
+        curve.rows.append((workers, predicted_rate(workers, work_s, step_s, problem.batch_size,
+                                                   curve.cores), rate, wait))
     return curve
