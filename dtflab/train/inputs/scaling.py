@@ -4,16 +4,16 @@ one loop and predicted from what an element costs to make and the cores there ar
 In [1]: curve = train.input_scaling(problem, cluster, work_ms=1.0)
 In [2]: curve.rows      # data workers, predicted and measured examples/s, the wait's share
 
-The prediction, per data worker count k (0: made in this process, one at a time):
+The prediction, per data worker count k (0: made in this process), is the least of three
+rates, in examples a second::
 
-    input rate   = min(max(k, 1) x parallel, cores) / work_s     (elements a second; work_s
-                                                                  read on a data worker for
-                                                                  k > 0: see served_work_s)
-    compute rate = batch / step_s                                (step_s: the same loop fed
-                                                                  with ready batches, measured)
-    shared cores = cores / (work_s + step_s / batch)             (the trainer's step holds one
-                                                                  core while it runs)
-    predicted    = min(input rate, compute rate, shared cores)
+    input rate   = min(max(k, 1) x parallel, cores) / work_s
+    compute rate = batch / step_s
+    shared cores = cores / (work_s + step_s / batch)
+
+``work_s`` is an element's processor time, measured here for k = 0 and on a data worker for
+k > 0 (``served_work_s``); ``step_s`` is the same loop's step fed ready batches, measured; the
+third term has the trainer's step hold one core while it runs.
 
 On a machine whose cores the trainer and the data workers share, the third term binds early:
 two cores cannot make more than about two cores' worth of elements whatever the worker count.
