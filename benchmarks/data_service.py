@@ -80,8 +80,7 @@ def main() -> None:
                                  ("service", here.served_by(cluster))):
                 waits[name].append(train.single(problem, inputs=inputs, **worker)
                                    .input_wait_share())
-            curve = train.input_scaling(problem, cluster, work_ms=args.work_ms,
-                                        steps=args.steps)
+            curve = train.input_scaling(here, cluster, steps=args.steps)
             rounds.append({"rows": [[w, round(p, 1), round(m, 1), round(s or 0, 3)]
                                     for w, p, m, s in curve.rows],
                            "errors": [round(e, 3) for e in curve.errors()],

@@ -112,7 +112,7 @@ def test_a_cluster_reads_host_and_port_of_every_task():
     from dtflab.cluster.base import Cluster
 
     cluster = Cluster(resolve_layout(spec="ps|localhost:2222,worker|[::1]:2223,worker|10.0.0.5:2224"))
-    cluster.addresses = {"ps": ["localhost:2222"], "worker": ["[::1]:2223", "10.0.0.5:2224"]}
+    cluster.task_addresses = {"ps": ["localhost:2222"], "worker": ["[::1]:2223", "10.0.0.5:2224"]}
     assert cluster.endpoints == {("ps", 0): ("localhost", 2222), ("worker", 0): ("[::1]", 2223),
                                  ("worker", 1): ("10.0.0.5", 2224)}
     assert cluster.ports == [2222, 2223, 2224]

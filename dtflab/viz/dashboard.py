@@ -181,12 +181,12 @@ class Dashboard:
     def _show_status(self) -> None:
         """While runs go on: "running", or what the watchdog says (a stalled worker); for a run
         that reads an input pipeline, the share of the last seconds it waited for input."""
-        from dtflab.train.run.sessions import recent_input_wait
-
         said = [f"{run.history.name}: {run.history.status}" for run in self.runs
                 if run.history.status]
         for run in self.runs:
-            waiting = recent_input_wait(run.history, THROUGHPUT_WINDOW_S)
+            reads_inputs = run.history.details.get("inputs") is not None
+            waiting = run.history.input_wait_share(last_s=THROUGHPUT_WINDOW_S) if reads_inputs \
+                else None
             if waiting is not None:
                 said.append(f"{run.history.name}: waiting for input {waiting:.0%} of the last "
                             f"{THROUGHPUT_WINDOW_S:g} s")

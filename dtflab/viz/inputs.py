@@ -3,9 +3,10 @@ time it ran, one row per run, so an input-bound run shows as more wait than step
 
 In [1]: show(input_timeline(here, served))
 
-A step's wait is timed in the notebook, from the end of the last step to the batch in hand
-(``StepRecord.input_wait_s``); the rest of the step is the ``session.run`` and what surrounds
-it. The first step is left out: nothing before it marks where its wait began.
+A step's wait is timed where its batch is read: in the notebook, from the end of the last step
+to the batch in hand, or in each worker program, for its own share (the step's is the longest);
+``StepRecord.input_wait_s``. The rest of the step is the step itself and what surrounds it. The
+first step is left out: nothing before it marks where its wait began.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def input_timeline(*histories, steps: int | None = None):
     for kind, colour in (("waiting for input", WAIT_COLOUR), ("step", STEP_COLOUR)):
         data = {"run": [], "left": [], "right": [], "step": []}
         for history in histories:
-            records = [r for r in history.records if r.worker == "all"]
+            records = history.step_records  # the longest wait of a step's workers
             records = records[:steps + 1] if steps else records
             for before, record in zip(records, records[1:]):
                 wait = record.input_wait_s or 0.0

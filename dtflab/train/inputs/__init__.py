@@ -9,6 +9,6 @@ in this process or on the cluster's tf.data service (``data_workers=N`` at start
 - ``scaling``: examples a second as data workers are added, beside what their cores predict.
 """
 
-from dtflab.train.inputs.pipeline import MODES, InputPipeline, input_pipeline
+from dtflab.train.problems.pipeline import MODES, InputPipeline, input_pipeline
 
 __all__ = ["MODES", "InputPipeline", "input_pipeline"]

@@ -1,7 +1,7 @@
 """Scaling the input: examples a second as the data service's workers are added, measured with
 one loop and predicted from what an element costs to make and the cores there are to make it.
 
-In [1]: curve = train.input_scaling(problem, cluster, work_ms=1.0)
+In [1]: curve = train.input_scaling(train.input_pipeline(problem, work_ms=1.0), cluster)
 In [2]: curve.rows      # data workers, predicted and measured examples/s, the wait's share
 
 The prediction, per data worker count k (0: made in this process), is the least of three
@@ -97,15 +97,16 @@ def served_work_s(pipeline, cluster, batches: int = 12) -> float:
     return (busy() - before) / (batches * pipeline.problem.batch_size)
 
 
-def input_scaling(problem, cluster, *, work_ms: float = 1.0, steps: int = 30,
+def input_scaling(pipeline, cluster, *, steps: int = 30,
                   device: str = "/job:worker/task:0") -> InputScaling:
-    """Train ``problem`` with ``train.single`` on ``device`` for ``steps`` steps: fed ready
-    batches (the compute rate), then reading an input pipeline of ``work_ms`` an element made
-    here, then from the data service with every data worker, one fewer, ... down to one (each
-    dropped worker killed, and all restarted at the end)."""
+    """Train the problem of ``pipeline`` (a ``train.input_pipeline``) with ``train.single`` on
+    ``device`` for ``steps`` steps: fed ready batches (the compute rate), then reading the
+    pipeline made here, then from ``cluster``'s data service with every data worker, one fewer,
+    ... down to one (each dropped worker killed, and all restarted at the end)."""
     from dtflab.machine import cpus
-    from dtflab.train.inputs.pipeline import input_pipeline
     from dtflab.train.strategies.single import single
+
+    problem, local = pipeline.problem, pipeline.served_by(None)
 
     total = len(cluster.task_addresses.get("data_worker", []))
     if not total:
@@ -119,7 +120,6 @@ def input_scaling(problem, cluster, *, work_ms: float = 1.0, steps: int = 30,
 
     compute_rate, _ = run(None)
     step_s = problem.batch_size / compute_rate
-    local = input_pipeline(problem, work_ms=work_ms)
     curve = InputScaling(local.work_s, served_work_s(local, cluster), compute_rate, cpus(),
                          problem.batch_size)
     measured = {0: run(local)}

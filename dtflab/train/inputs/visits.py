@@ -101,21 +101,23 @@ def visits(cluster, *, mode: str = "distributed_epoch", readers: int = 2, elemen
     restart it ``restart_after_s`` later (None: leave it dead). Readers still waiting after
     ``timeout_s`` are left (their threads end with the process) and named in ``waiting``."""
     from dtflab import checks
-    from dtflab.train.inputs.pipeline import input_pipeline
+    from dtflab.train.problems.pipeline import input_pipeline
     from dtflab.train.problems import exp_regression
 
     checks.whole(readers, "readers", maximum=16, example=2)
     checks.whole(elements, "elements", example=600)
-    pipeline = input_pipeline(exp_regression(), work_ms=work_ms, service=cluster, mode=mode)
-    workers = len(cluster.task_addresses.get("data_worker", []))
     if kill is not None:
-        job, index = cluster._task(kill, None)
-        if job != "data_worker":
+        from dtflab.spec import parse_task
+
+        job, index = parse_task(kill)
+        if job != "data_worker" or index >= len(cluster.task_addresses.get(job, [])):
             raise ValueError(f"kill names {kill!r}; name a data worker, e.g. data_worker:1")
     if mode == "DATA" and not cluster.fixed_data_workers:
         raise ValueError("static sharding (mode 'DATA') needs a dispatcher that knows its data "
                          "workers from the start; start the cluster with "
                          "fixed_data_workers=True")
+    pipeline = input_pipeline(exp_regression(), work_ms=work_ms, service=cluster, mode=mode)
+    workers = len(cluster.task_addresses.get("data_worker", []))
     received = {f"reader {r}": [] for r in range(readers)}
     done: dict[str, bool] = {}
     errors: list[str] = []

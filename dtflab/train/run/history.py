@@ -102,22 +102,26 @@ class RunHistory:
             group.append(record)
         return [StepRecord(step, "all", sum(r.loss for r in group) / len(group),
                            max(r.time_s for r in group), sum(r.examples for r in group),
-                           max(r.staleness for r in group))
+                           max(r.staleness for r in group), _longest_wait(group))
                 for step, group in steps.items()]
 
     @property
     def losses(self) -> list[float]:
         return [r.loss for r in self.step_records]
 
-    def input_wait_share(self) -> float | None:
-        """The share of the run's time (after its first step) spent waiting for batches:
-        the sum of each step's wait over the time from the first step's end to the last's.
-        None where the loop does not time its input."""
-        records = [r for r in self.records if r.worker == "all"]
+    def input_wait_share(self, last_s: float | None = None) -> float | None:
+        """The share of the run's time (after its first step; ``last_s``: its last seconds)
+        spent waiting for batches: the sum of each step's wait over the time from the first
+        step's end to the last's, per worker where each runs its own steps (asynchronous
+        training). None where the loop does not time its input, or too few steps ran."""
+        records = self.step_records
+        if last_s is not None and records:
+            records = [r for r in records if r.time_s >= records[-1].time_s - last_s]
         if len(records) < 2 or any(r.input_wait_s is None for r in records[1:]):
             return None
         span = records[-1].time_s - records[0].time_s
-        return sum(r.input_wait_s for r in records[1:]) / span if span > 0 else None
+        workers = len({r.worker for r in records})
+        return sum(r.input_wait_s for r in records[1:]) / (span * workers) if span > 0 else None
 
     def median_step_s(self) -> float:
         """The median step after the first two (a run's start-up), the slowest worker's where
@@ -186,3 +190,10 @@ class RunHistory:
 
     def __repr__(self) -> str:
         return f"<RunHistory {self.summary()}>"
+
+
+def _longest_wait(group: list[StepRecord]) -> float | None:
+    """A step's wait for input where every worker waits for its own slice: the longest (the
+    step is held up that long)."""
+    waits = [r.input_wait_s for r in group if r.input_wait_s is not None]
+    return max(waits) if waits else None

@@ -83,9 +83,12 @@ class ProgramOptions(RunOptions):
         from dtflab.spec import parse_count
 
         watchdog = RunOptions.checked(self).without(
-            loop, predict="runs worker programs: train.run_layout prices it with the planner",
-            inputs="makes each worker's slice in its program; read a pipeline with the graph "
-                   "loops (train.single, train.sync_data_parallel, ...)").watchdog
+            loop, predict="runs worker programs: train.run_layout prices it with the planner"
+        ).watchdog
+        if self.inputs is not None and self.inputs.problem != problem:
+            raise ValueError(f"the input pipeline makes {self.inputs.problem.name}'s examples "
+                             f"and this run trains {problem.name}; make it with "
+                             f"train.input_pipeline(problem)")
         workers = None if self.workers is None else parse_count(self.workers, "workers")
         with said_as(self.layout is not None, data="workers"):
             run_layout = Layout.given(self.layout, loop, {"data": 2}, data=workers, **shorthand)
@@ -136,7 +139,9 @@ def train_in_programs(loop: Loop, problem, options: ProgramOptions, *, flags=Non
                  trace_step=-1 if o.trace_step is None else o.trace_step,
                  trace_dir=os.path.join(folder, "trace") if folder else "",
                  threads=o.threads or 0, lockstep=lockstep, check_every=o.check_every,
-                 timeout=o.collective_timeout_s or 0, **(flags or {})).argv()
+                 timeout=o.collective_timeout_s or 0,
+                 inputs=o.inputs.to_json() if o.inputs is not None else "",
+                 **(flags or {})).argv()
     cluster = None
     try:
         cluster = run_programs(loop.program, *args, workers=o.workers, timeout=o.timeout,
@@ -162,6 +167,8 @@ def train_in_programs(loop: Loop, problem, options: ProgramOptions, *, flags=Non
     history.reads["overlap_share"] = overlap_share
     history.details["report_port"] = reports.port
     history.details.update(details or {})
+    if o.inputs is not None:
+        history.details["inputs"] = o.inputs
     job = _Job(cluster, reports, history, o.checkpoint_every, o.timeout, lockstep, runner.watch,
                o.trace_step, loop.collective)
 
@@ -234,7 +241,8 @@ class _Job:
                     self.history.details["fingerprints"][message["worker"]].append(
                         message["fingerprint"])
                 updates.append(Update(loss, message["examples"], message["step"],
-                                      message["worker"]))
+                                      message["worker"],
+                                      input_wait_s=message.get("input_wait_s")))
                 for key in ("state_bytes", "memory"):  # what the worker holds, when it says
                     if message.get(key):
                         self.history.details[key][message["worker"]] = message[key]

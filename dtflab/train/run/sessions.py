@@ -284,20 +284,6 @@ def batch_source(problem, seed: int, inputs=None):
     return inputs.batches(seed)
 
 
-def recent_input_wait(history, window_s: float) -> float | None:
-    """The share of the last ``window_s`` seconds of a run that its steps waited for input
-    (None where the run does not read an input pipeline, or has too few steps yet)."""
-    if history.details.get("inputs") is None:
-        return None
-    records = history.since(max(len(history.records) - 200, 0))
-    if len(records) < 2:
-        return None
-    recent = [r for r in records if r.time_s >= records[-1].time_s - window_s]
-    span = recent[-1].time_s - recent[0].time_s
-    waits = [r.input_wait_s or 0.0 for r in recent[1:]]
-    return sum(waits) / span if span > 0 else None
-
-
 def run_one_replica(built, target, runner, problem, steps, seed, cluster, background,
                      trace_step, inputs=None):
     """The loop shared by single, model parallel, the pipeline and tensor parallelism: one copy

@@ -16,9 +16,9 @@ from dtflab.train.layouts.tasks import worker_devices
 from dtflab.train.run.graphs import TrainGraph, Tower, straggler
 from dtflab.train.run.options import RunOptions, takes_options
 from dtflab.train.run.runner import Update, new_runner
-from dtflab.train.run.sessions import (close_session, dead_task, describe, failed_task,
-                                       first_run_options, new_session, ps_plan, run_step,
-                                       stall_behind)
+from dtflab.train.run.sessions import (batch_source, close_session, dead_task, describe,
+                                       failed_task, first_run_options, new_session, ps_plan,
+                                       run_step, stall_behind)
 
 
 @takes_options(RunOptions)
@@ -40,8 +40,7 @@ def async_parameter_server(problem, cluster, *, workers: int | None = None,
     """
     options = RunOptions(**options).checked().without(
         "async_parameter_server", trace_step="traces no step (each worker runs its own loop)",
-        predict="has no one step to price (each worker runs its own loop)",
-        inputs="reads Problem.batch in each worker's own loop")
+        predict="has no one step to price (each worker runs its own loop)")
     steps, seed = options.steps, options.seed
     if checkpoint_every is not None:
         checks.whole(checkpoint_every, "checkpoint_every", example=20)
@@ -55,6 +54,11 @@ def async_parameter_server(problem, cluster, *, workers: int | None = None,
     history = runner.history
     downpour = _Downpour(built, problem, seed, cluster, devices, history, checkpoint_every,
                          checkpoint_dir)
+    if options.inputs is not None:  # each worker its own whole batches (a job's share)
+        batch_source(problem, seed, options.inputs)  # the same checks as the other loops
+        history.details["inputs"] = options.inputs
+        downpour.batches = [options.inputs.batches(seed, part=(i, len(devices)), whole=True)
+                            for i in range(len(devices))]
     downpour.watch, runner.on_stall = runner.watch, downpour.stalled
 
     def body():
@@ -85,6 +89,7 @@ class _Downpour:
         from dtflab.train.run.checkpoints import Checkpoints
 
         self.built, self.problem, self.seed = built, problem, seed
+        self.batches = None  # one callable a worker, where an input pipeline feeds them
         self.cluster, self.devices, self.history = cluster, devices, history
         self.checkpoints, self.own_folder = None, checkpoint_dir is None
         if checkpoint_every is not None:
@@ -162,7 +167,10 @@ class _Downpour:
         state = self.states[i]
 
         def step(local_step):
-            xs, ts = self.problem.batch(local_step * len(self.devices) + i, self.seed)
+            waited = time.perf_counter()
+            xs, ts = (self.problem.batch(local_step * len(self.devices) + i, self.seed)
+                      if self.batches is None else self.batches[i](local_step))
+            waited = time.perf_counter() - waited if self.batches is not None else None
             tries = 0
             while True:
                 session = state["session"]
@@ -173,7 +181,7 @@ class _Downpour:
                         first_run_options(self.watch) if first else None)
                     state["stepped"] = session
                     return Update(float(loss) / len(xs), len(xs), int(after) - 1, name,
-                                  int(after - before - 1))
+                                  int(after - before - 1), input_wait_s=waited)
                 except (tf.errors.OpError, RuntimeError) as error:  # RuntimeError: a closed session
                     stall, closed = state["stall"] or (None, None)
                     state["stall"] = None

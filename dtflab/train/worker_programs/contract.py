@@ -35,6 +35,7 @@ class Flags:
     timeout: float = 0.0  # seconds a collective may wait for the others (0: no limit)
     bucket_bytes: int = 0  # train.all_reduce: gradients packed into all-reduces of this size
     zero_stage: int = 0  # train.zero: ZeRO's stage, 1 or 2
+    inputs: str = ""  # an InputPipeline as JSON (its to_json): the batches come from it
 
     def argv(self) -> list[str]:
         """The flags as ``--name=value`` arguments for ``dtflab.run``, braces doubled (it reads
@@ -70,7 +71,7 @@ TYPES = {"str": str, "int": int, "float": float}
 MESSAGES = {
     "hello": ("worker", "pid", "workers", "resumed_at", "reached"),
     "step": ("worker", "step", "loss_sum", "examples", "fingerprint", "step_s", "state_bytes",
-             "memory", "step_peak_bytes"),
+             "memory", "step_peak_bytes", "input_wait_s"),
     "done": ("worker",),
 }
 #: What the notebook writes back, one bare line each.

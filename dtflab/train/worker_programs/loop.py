@@ -165,6 +165,17 @@ def trace_folder(trace_dir: str, worker: str) -> str:
     return os.path.join(trace_dir, worker.replace(":", "-"))
 
 
+def _batches(args, problem, index: int, workers: int):
+    """``batches(step) -> (x, t)``: this worker's slice of ``Problem.batch``, or its share of
+    the input pipeline's batches (``--inputs``: made here from its own elements, or from the
+    data service's job, which every worker shares)."""
+    if not args.inputs:
+        return lambda step: problem.batch(step, args.seed, part=(index, workers))
+    from dtflab.train.problems.pipeline import from_json
+
+    return from_json(args.inputs).batches(args.seed, part=(index, workers))
+
+
 def run_steps(worker: Worker, first: int, train_step, check, save, state_bytes) -> None:
     """Steps ``first`` to ``--steps``, reporting each, then ``done``.
 
@@ -179,11 +190,13 @@ def run_steps(worker: Worker, first: int, train_step, check, save, state_bytes) 
     index, workers = worker.index, worker.workers
     share = problem.batch_size // workers
     slow = float(json.loads(args.slow).get(name, 0.0))
+    batches = _batches(args, problem, index, workers)
     for step in range(first, args.steps):
         began = time.perf_counter()
         if slow:
             time.sleep(slow)
-        x, t = problem.batch(step, args.seed, part=(index, workers))
+        x, t = batches(step)
+        waited = time.perf_counter() - began - slow  # made or received only now: no overlap
         traced = step == args.trace_step and args.trace_dir
         if traced:
             # TensorFlow's profiler sometimes corrupts the heap in stop() on a loaded machine
@@ -209,7 +222,7 @@ def run_steps(worker: Worker, first: int, train_step, check, save, state_bytes) 
         report.send("step", worker=name, step=step, loss_sum=loss, examples=share,
                     fingerprint=fingerprint, step_s=time.perf_counter() - began,
                     state_bytes=state_bytes(), memory=memory() if checking else None,
-                    step_peak_bytes=step_peak)
+                    step_peak_bytes=step_peak, input_wait_s=waited if args.inputs else None)
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
             save(step + 1)
         if votes:

@@ -2,9 +2,9 @@
 with CPU work the learner sets (a stand-in for decoding, augmenting, tokenising), read in this
 process or from the cluster's tf.data service.
 
-In [1]: slow = train.input_pipeline(problem, work_ms=0.2)                   # read here
-In [2]: served = train.input_pipeline(problem, work_ms=0.2, service=cluster)  # from the service
-In [3]: train.single(problem, cluster, inputs=served)   # history.input_wait_share(): the wait
+In [1]: slow = train.input_pipeline(problem, work_ms=1.0)      # made here
+In [2]: served = slow.served_by(cluster)                         # from the data service
+In [3]: train.sync_data_parallel(problem, cluster, inputs=served).input_wait_share()
 
 The work is a chain of small matrix products on one core, its length calibrated here so that
 making an element costs ``work_ms`` of processor time in all; ``work_s`` is what it measured. Making
@@ -18,6 +18,7 @@ other (equally distributed) data than one reading ``Problem.batch``.
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from dataclasses import dataclass, field, replace
 
@@ -68,18 +69,29 @@ class InputPipeline:
         default), each with its work done, read where this pipeline reads."""
         return self._read(self._made(seed, elements))
 
-    def dataset(self, seed: int = 0, elements: int | None = None):
+    def dataset(self, seed: int = 0, elements: int | None = None,
+                part: tuple[int, int] | None = None, whole: bool = False):
         """Batches ``(x, t)`` of ``problem.batch_size`` examples, made (and, with a service,
-        sent) whole."""
-        made = self._made(seed, elements).map(lambda i, x, t: (x, t))
-        return self._read(made.batch(self.problem.batch_size, drop_remainder=True))
+        sent) whole. ``part=(i, n)``: worker ``i`` of ``n``'s share of each batch
+        (``batch_size // n`` examples; ``whole``: whole batches, each worker its own), of
+        elements of its own: made here, every ``n``-th element from the ``i``-th; from the
+        service, what the job hands it."""
+        size, shard = self.problem.batch_size, None
+        if part is not None:
+            size //= 1 if whole else part[1]
+            shard = None if self.service else part
+        made = self._made(seed, elements, shard).map(lambda i, x, t: (x, t))
+        return self._read(made.batch(size, drop_remainder=True))
 
-    def _made(self, seed: int, elements: int | None):
+    def _made(self, seed: int, elements: int | None, shard: tuple[int, int] | None = None):
         tf = import_tf()
         options = tf.data.Options()
         # exactly ``parallel`` at once: tf.data would otherwise run a stateless map in parallel
         options.experimental_optimization.map_parallelization = False
-        return tf.data.Dataset.range(elements or ENDLESS).map(
+        indices = tf.data.Dataset.range(elements or ENDLESS)
+        if shard is not None:
+            indices = indices.shard(shard[1], shard[0])
+        return indices.map(
             self._element_fn(seed), num_parallel_calls=self.parallel if self.parallel > 1
             else None).with_options(options)
 
@@ -94,15 +106,17 @@ class InputPipeline:
     def served_by(self, service, mode: str | None = None) -> "InputPipeline":
         """The same pipeline (the same measured work) read from ``service`` (a cluster with
         a data service, or its address), in ``mode`` (default: this pipeline's), as a job of its
-        own."""
+        own; ``service=None``: made here."""
         mode = self.mode if mode is None else check_mode(mode)
-        return replace(self, service=service_address(service), mode=mode,
-                       job=f"dtflab-{next(_job_names)}")
+        address = service_address(service)
+        return replace(self, service=address, mode=mode,
+                       job=f"dtflab-{next(_job_names)}" if address else None)
 
-    def batches(self, seed: int = 0):
+    def batches(self, seed: int = 0, part: tuple[int, int] | None = None, whole: bool = False):
         """A callable ``batches(step) -> (xs, ts)`` as numpy arrays, the next batch each call
-        (the loops call it step after step, as they call ``Problem.batch``)."""
-        iterator = iter(self.dataset(seed))
+        (the loops call it step after step, as they call ``Problem.batch``); ``part`` and
+        ``whole`` as in :meth:`dataset`."""
+        iterator = iter(self.dataset(seed, part=part, whole=whole))
 
         def next_batch(step: int):
             x, t = next(iterator)
@@ -129,9 +143,25 @@ class InputPipeline:
 
         return element
 
+    def to_json(self) -> str:
+        """This pipeline as the JSON a worker program reads back with :func:`from_json`."""
+        from dtflab.train import problems
+
+        return json.dumps({"problem": problems.to_json(self.problem), "rounds": self.rounds,
+                           "work_s": self.work_s, "service": self.service, "mode": self.mode,
+                           "parallel": self.parallel, "job": self.job})
+
     def __repr__(self) -> str:
         return (f"<InputPipeline {self.problem.name}: {self.work_s * 1e3:.3g} ms of work an "
                 f"example, read from {self.where}>")
+
+
+def from_json(text: str) -> InputPipeline:
+    """The pipeline :meth:`InputPipeline.to_json` wrote."""
+    from dtflab.train import problems
+
+    data = json.loads(text)
+    return InputPipeline(problems.from_json(data.pop("problem")), **data)
 
 
 def work(tf, key, rounds):
