@@ -86,6 +86,7 @@ def main() -> None:
                            "errors": [round(e, 3) for e in curve.errors()],
                            "work_ms_here": round(curve.work_s * 1e3, 3),
                            "work_ms_on_a_data_worker": round(curve.served_work_s * 1e3, 3),
+                           "ms_serving_an_element": round(curve.served_total_s * 1e3, 3),
                            "compute_examples_per_s": round(curve.compute_rate, 1)})
         visits = {mode: visit_counts(cluster, mode, args.elements, args.data_workers)
                   for mode in ("distributed_epoch", "parallel_epochs")}

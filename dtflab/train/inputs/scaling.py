@@ -9,11 +9,13 @@ rates, in examples a second::
 
     input rate   = min(max(k, 1) x parallel, cores) / work_s
     compute rate = batch / step_s
-    shared cores = cores / (work_s + step_s / batch)
+    shared cores = cores / (total_s + step_s / batch)
 
 ``work_s`` is an element's processor time, measured here for k = 0 and on a data worker for
-k > 0 (``served_work_s``); ``step_s`` is the same loop's step fed ready batches, measured; the
-third term has the trainer's step hold one core while it runs.
+k > 0; ``total_s`` is what an element costs every process that makes and serves it (the data
+workers, the dispatcher, this process receiving it: ``served_costs``; ``work_s`` for k = 0);
+``step_s`` is the same loop's step fed ready batches, measured; the third term has the
+trainer's step hold one core while it runs.
 
 On a machine whose cores the trainer and the data workers share, the third term binds early:
 two cores cannot make more than about two cores' worth of elements whatever the worker count.
@@ -36,11 +38,13 @@ SKIP = 6
 class InputScaling:
     """One row per data worker count: ``(workers, predicted, measured, wait_share)``,
     examples a second; ``compute_rate`` what the loop reached with ready batches, ``work_s``
-    an element's measured cost here and ``served_work_s`` on a data worker (its CPU seconds
-    an element), ``cores`` the cores the prediction shares."""
+    an element's measured cost here, ``served_work_s`` on a data worker and ``served_total_s``
+    on every process that serves it (``served_costs``), ``cores`` the cores the prediction
+    shares."""
 
     work_s: float
     served_work_s: float
+    served_total_s: float
     compute_rate: float
     cores: float
     batch: int
@@ -52,11 +56,13 @@ class InputScaling:
 
 
 def predicted_rate(workers: int, work_s: float, step_s: float, batch: int,
-                   cores: float, parallel: int = 1) -> float:
+                   cores: float, parallel: int = 1, total_s: float | None = None) -> float:
     """Examples a second with ``workers`` data workers each making ``parallel`` elements at
-    once (0: made here, ``parallel`` at once)."""
+    once (0: made here, ``parallel`` at once), an element costing a maker ``work_s`` and the
+    machine ``total_s`` (default ``work_s``) of processor time."""
     makers = min(max(workers, 1) * parallel, cores)
-    return min(makers / work_s, batch / step_s, cores / (work_s + step_s / batch))
+    total_s = work_s if total_s is None else total_s
+    return min(makers / work_s, batch / step_s, cores / (total_s + step_s / batch))
 
 
 def steady_rate(history, skip: int = SKIP) -> float:
@@ -70,31 +76,38 @@ def steady_rate(history, skip: int = SKIP) -> float:
     return sum(r.examples for r in kept[1:]) / (kept[-1].time_s - kept[0].time_s)
 
 
-def served_work_s(pipeline, cluster, batches: int = 12) -> float:
-    """CPU seconds a data worker spends on an element of ``pipeline``: the data workers'
-    processor time while one reader takes ``batches`` batches from a job of its own, over the
-    elements it received (a data worker pays more an element than this process: the service's
-    own work, and the worker's executor). This process's figure where the data workers are not
+def served_costs(pipeline, cluster, batches: int = 12) -> tuple[float, float]:
+    """What an element of ``pipeline`` read from the data service costs, in processor seconds:
+    on the data workers, and on every process of this machine that serves it (the data
+    workers, the dispatcher, this process receiving it), read while one reader takes
+    ``batches`` batches from a job of its own. A data worker pays more an element than this
+    process does making it (the service's own work, the worker's executor), and the dispatcher
+    is busy whatever the element. ``pipeline.work_s`` twice where the data workers are not
     processes of this machine."""
     import psutil
 
     try:
-        workers = [psutil.Process(task.pid) for task in cluster.tasks
-                   if task.job == "data_worker" and task.pid]
+        tasks = {task.job: [] for task in cluster.tasks}
+        for task in cluster.tasks:
+            if task.pid and task.job in ("data_worker", "dispatcher"):
+                tasks[task.job].append(psutil.Process(task.pid))
+        workers, serving = tasks.get("data_worker", []), tasks.get("dispatcher", [])
     except psutil.Error:
-        workers = []
+        workers, serving = [], []
     if not workers:
-        return pipeline.work_s
+        return pipeline.work_s, pipeline.work_s
+    serving = workers + serving + [psutil.Process()]
 
-    def busy():
-        return sum(sum(worker.cpu_times()[:2]) for worker in workers)
+    def busy(processes):
+        return sum(sum(process.cpu_times()[:2]) for process in processes)
 
     reader = iter(pipeline.served_by(cluster).dataset())
     next(reader)  # the job's start and the workers' first batches, left out
-    before = busy()
+    before = busy(workers), busy(serving)
     for _ in range(batches):
         next(reader)
-    return (busy() - before) / (batches * pipeline.problem.batch_size)
+    elements = batches * pipeline.problem.batch_size
+    return (busy(workers) - before[0]) / elements, (busy(serving) - before[1]) / elements
 
 
 def input_scaling(pipeline, cluster, *, steps: int = 30,
@@ -120,7 +133,7 @@ def input_scaling(pipeline, cluster, *, steps: int = 30,
 
     compute_rate, _ = run(None)
     step_s = problem.batch_size / compute_rate
-    curve = InputScaling(local.work_s, served_work_s(local, cluster), compute_rate, cpus(),
+    curve = InputScaling(local.work_s, *served_costs(local, cluster), compute_rate, cpus(),
                          problem.batch_size)
     measured = {0: run(local)}
     killed = []
@@ -136,7 +149,9 @@ def input_scaling(pipeline, cluster, *, steps: int = 30,
             cluster.restart(task)
     for workers in sorted(measured):
         rate, wait = measured[workers]
-        work_s = curve.served_work_s if workers else curve.work_s
+        work_s, total_s = (curve.served_work_s, curve.served_total_s) if workers else \
+            (curve.work_s, curve.work_s)
         curve.rows.append((workers, predicted_rate(workers, work_s, step_s, problem.batch_size,
-                                                   curve.cores), rate, wait))
+                                                   curve.cores, pipeline.parallel, total_s),
+                           rate, wait))
     return curve
