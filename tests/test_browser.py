@@ -675,6 +675,27 @@ def test_long_sequences_draws_the_ring_the_imbalance_and_the_mesh_with_its_bytes
     assert_readable(page)
 
 
+def test_input_pipelines_list_the_data_service_and_draw_the_wait_on_the_timeline(lab, page):
+    # Notebook 16's set-up: the data service from the magic, an input-bound run on the timeline.
+    run_cells(page, lab, "16_input_pipelines.ipynb",
+              cells_with("%dtf_cluster start 1 --data-workers 2",
+                         "problem = train.classification(width=256", "overlap = CPUS >= 2",
+                         "show(dtflab.input_timeline(ready, local"))
+    panel = cell_containing(page, "--data-workers 2").locator(".dtflab-cluster-panel").first
+    reveal(panel)
+    rows = panel.locator("tr.dtflab-task")
+    assert [rows.nth(i).get_attribute("data-task") for i in range(rows.count())] == [
+        "worker:0", "dispatcher:0", "data_worker:0", "data_worker:1"]
+    assert {rows.nth(i).get_attribute("data-state") for i in range(4)} == {"running"}
+    said = cell_containing(page, "overlap = CPUS >= 2").locator(".jp-OutputArea").inner_text()
+    assert "of the time waiting for input" in said, said
+    cell = cell_containing(page, "show(dtflab.input_timeline(ready, local")
+    reveal(cell)
+    drawn = painted(page, cell.locator(".jp-OutputArea"), 3_000, SHOTS / "input_timeline.png")
+    assert ink(drawn) > 3_000, "the input timeline drew nothing"
+    assert_readable(page)
+
+
 KERNEL_PRINT = """async (code) => {
     const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
     const future = kernel.requestExecute({code, store_history: false});
