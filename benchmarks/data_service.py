@@ -31,23 +31,15 @@ import statistics
 import time
 
 
-def visit_counts(cluster, mode: str, elements: int, workers: int) -> dict:
+def visit_counts(cluster, mode: str, elements: int) -> dict:
     from dtflab import train
 
     whole = train.visits(cluster, mode=mode, elements=elements)
     faulted = train.visits(cluster, mode=mode, elements=elements, kill="data_worker:1")
-    once = workers if mode in ("parallel_epochs", "OFF") else 1
-
-    def repeated(visits):
-        return sum(n for times, n in visits.times_seen.items() if times > once)
-
-    def lost(visits):
-        return sum(n for times, n in visits.times_seen.items() if times < once)
-
-    return {"whole_epoch": {"times_seen": visits_seen(whole), "lost": lost(whole),
-                            "repeated": repeated(whole)},
-            "worker_killed": {"times_seen": visits_seen(faulted), "lost": lost(faulted),
-                              "repeated": repeated(faulted), "killed_after": faulted.killed_after,
+    return {"whole_epoch": {"times_seen": visits_seen(whole), "lost": whole.lost,
+                            "repeated": whole.repeated},
+            "worker_killed": {"times_seen": visits_seen(faulted), "lost": faulted.lost,
+                              "repeated": faulted.repeated, "killed_after": faulted.killed_after,
                               "waiting": faulted.waiting, "seconds": round(faulted.seconds, 2)}}
 
 
@@ -88,11 +80,11 @@ def main() -> None:
                            "work_ms_on_a_data_worker": round(curve.served_work_s * 1e3, 3),
                            "ms_serving_an_element": round(curve.served_total_s * 1e3, 3),
                            "compute_examples_per_s": round(curve.compute_rate, 1)})
-        visits = {mode: visit_counts(cluster, mode, args.elements, args.data_workers)
+        visits = {mode: visit_counts(cluster, mode, args.elements)
                   for mode in ("distributed_epoch", "parallel_epochs")}
     with dtflab.start_cluster(1, data_workers=args.data_workers,
                               fixed_data_workers=True) as static:
-        visits["DATA"] = visit_counts(static, "DATA", args.elements, args.data_workers)
+        visits["DATA"] = visit_counts(static, "DATA", args.elements)
 
     counts = sorted({row[0] for r in rounds for row in r["rows"]})
     medians = {}

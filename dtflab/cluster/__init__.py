@@ -131,8 +131,8 @@ def start_cluster(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
     if cluster_class.backend == "local":
         options.update(network=network, start_method=start_method)
     cluster = cluster_class(layout, timeout=timeout, inter_op_threads=inter_op_threads,
-                            intra_op_threads=intra_op_threads, programs=programs, **options)
-    cluster.fixed_data_workers = bool(fixed_data_workers)
+                            intra_op_threads=intra_op_threads, programs=programs,
+                            fixed_data_workers=bool(fixed_data_workers), **options)
     return cluster.start()
 
 

@@ -48,7 +48,7 @@ class Cluster:
 
     def __init__(self, layout: Layout, *, timeout: float = 60.0,
                  inter_op_threads: int | None = None, intra_op_threads: int | None = None,
-                 programs: dict | None = None):
+                 programs: dict | None = None, fixed_data_workers: bool = False):
         self._layout = layout
         #: job -> ``Program`` for the jobs whose tasks run the user's program.
         self.programs = dict(programs or {})
@@ -66,7 +66,7 @@ class Cluster:
         #: Why other hosts can reach the task servers (see ``exposed``).
         self.exposure_reason = (f"the {self.backend} backend's task servers listen on every "
                                 f"interface (TensorFlow binds 0.0.0.0)")
-        self.fixed_data_workers = False  # see start_cluster's fixed_data_workers
+        self.fixed_data_workers = fixed_data_workers  # see start_cluster's
         self._lock = threading.RLock()
         self._watchers: list = []  # callables run after every change of state (panels)
         self._panel = None

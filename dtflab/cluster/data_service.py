@@ -38,12 +38,13 @@ def data_service_command(task_addresses: dict[str, list[str]], job: str, index: 
     dispatcher is given every data worker's address at start (static sharding needs it)."""
     from dtflab.cluster.task import Command
 
-    host, port = parse_address(task_addresses[job][index])
+    address = task_addresses[job][index]
+    _, port = parse_address(address)
     if job == "dispatcher":
         fixed = task_addresses.get("data_worker", []) if fixed_workers else []
         role = ["--role", "dispatcher", "--workers", ",".join(fixed)]
     else:
-        role = ["--role", "worker", "--address", f"{host}:{port}",
+        role = ["--role", "worker", "--address", address,
                 "--dispatcher", task_addresses["dispatcher"][0]]
     return Command("dtflab.processes.data_service", [*role, "--port", str(port),
                                                      "--exit_with_parent"])

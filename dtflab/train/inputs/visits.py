@@ -55,13 +55,20 @@ class Visits:
         return dict(sorted(histogram.items()))
 
     @property
+    def expected(self) -> int:
+        """How many times each element should come: once per data worker where every worker
+        makes the whole epoch (``parallel_epochs``, ``OFF``), else once."""
+        return self.data_workers if self.mode in ("parallel_epochs", "OFF") else 1
+
+    @property
     def lost(self) -> int:
-        return self.times_seen.get(0, 0)
+        """Elements received fewer times than :attr:`expected` (0: never)."""
+        return sum(n for times, n in self.times_seen.items() if times < self.expected)
 
     @property
     def repeated(self) -> int:
-        """Elements received more than once."""
-        return sum(n for times, n in self.times_seen.items() if times > 1)
+        """Elements received more times than :attr:`expected`."""
+        return sum(n for times, n in self.times_seen.items() if times > self.expected)
 
     def per_reader(self) -> dict[str, tuple[int, int]]:
         """``{reader: (received, distinct)}``."""
@@ -138,7 +145,7 @@ def visits(cluster, *, mode: str = "distributed_epoch", readers: int = 2, elemen
         thread.start()
     result = Visits(mode, elements, workers, received)
     if kill is not None:
-        expected = elements * (workers if mode in ("parallel_epochs", "OFF") else 1)
+        expected = elements * result.expected
         while sum(map(len, received.values())) < kill_after * expected and len(done) < readers:
             time.sleep(POLL_S)
         result.killed, result.killed_after = kill, sum(map(len, received.values()))

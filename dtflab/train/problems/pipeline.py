@@ -112,6 +112,13 @@ class InputPipeline:
         return replace(self, service=address, mode=mode,
                        job=f"dtflab-{next(_job_names)}" if address else None)
 
+    def check_problem(self, problem) -> None:
+        """Refuse a run of another problem than this pipeline makes examples of."""
+        if self.problem != problem:
+            raise ValueError(f"the input pipeline makes {self.problem.name}'s examples and this "
+                             f"run trains {problem.name}; make it with "
+                             f"train.input_pipeline(problem)")
+
     def batches(self, seed: int = 0, part: tuple[int, int] | None = None, whole: bool = False):
         """A callable ``batches(step) -> (xs, ts)`` as numpy arrays, the next batch each call
         (the loops call it step after step, as they call ``Problem.batch``); ``part`` and
@@ -191,10 +198,9 @@ def input_pipeline(problem, *, work_ms: float = 0.2, service=None,
                          f"{work_ms!r}; for example work_ms=0.2")
     checks.whole(parallel, "parallel", maximum=64, example=2)
     check_mode(mode)
-    address = service_address(service)
+    address = service_address(service)  # refused before the calibration, not after
     rounds, work_s = calibrated_rounds(problem, work_ms / 1e3)
-    return InputPipeline(problem, rounds, work_s, address, mode, parallel,
-                         job=f"dtflab-{next(_job_names)}" if address else None)
+    return InputPipeline(problem, rounds, work_s, None, mode, parallel).served_by(address)
 
 
 def service_address(service) -> str | None:

@@ -85,10 +85,8 @@ class ProgramOptions(RunOptions):
         watchdog = RunOptions.checked(self).without(
             loop, predict="runs worker programs: train.run_layout prices it with the planner"
         ).watchdog
-        if self.inputs is not None and self.inputs.problem != problem:
-            raise ValueError(f"the input pipeline makes {self.inputs.problem.name}'s examples "
-                             f"and this run trains {problem.name}; make it with "
-                             f"train.input_pipeline(problem)")
+        if self.inputs is not None:
+            self.inputs.check_problem(problem)
         workers = None if self.workers is None else parse_count(self.workers, "workers")
         with said_as(self.layout is not None, data="workers"):
             run_layout = Layout.given(self.layout, loop, {"data": 2}, data=workers, **shorthand)

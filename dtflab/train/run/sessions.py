@@ -278,9 +278,7 @@ def batch_source(problem, seed: int, inputs=None):
     the input pipeline ``inputs`` (made for this problem)."""
     if inputs is None:
         return lambda step: problem.batch(step, seed)
-    if inputs.problem != problem:
-        raise ValueError(f"the input pipeline makes {inputs.problem.name}'s examples and this "
-                         f"run trains {problem.name}; make it with train.input_pipeline(problem)")
+    inputs.check_problem(problem)
     return inputs.batches(seed)
 
 

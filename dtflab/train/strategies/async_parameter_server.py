@@ -16,9 +16,9 @@ from dtflab.train.layouts.tasks import worker_devices
 from dtflab.train.run.graphs import TrainGraph, Tower, straggler
 from dtflab.train.run.options import RunOptions, takes_options
 from dtflab.train.run.runner import Update, new_runner
-from dtflab.train.run.sessions import (batch_source, close_session, dead_task, describe,
-                                       failed_task, first_run_options, new_session, ps_plan,
-                                       run_step, stall_behind)
+from dtflab.train.run.sessions import (close_session, dead_task, describe, failed_task,
+                                       first_run_options, new_session, ps_plan, run_step,
+                                       stall_behind)
 
 
 @takes_options(RunOptions)
@@ -55,7 +55,7 @@ def async_parameter_server(problem, cluster, *, workers: int | None = None,
     downpour = _Downpour(built, problem, seed, cluster, devices, history, checkpoint_every,
                          checkpoint_dir)
     if options.inputs is not None:  # each worker its own whole batches (a job's share)
-        batch_source(problem, seed, options.inputs)  # the same checks as the other loops
+        options.inputs.check_problem(problem)
         history.details["inputs"] = options.inputs
         downpour.batches = [options.inputs.batches(seed, part=(i, len(devices)), whole=True)
                             for i in range(len(devices))]
