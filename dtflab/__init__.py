@@ -47,6 +47,7 @@ WHERE = {
     "curves_figure": ("dtflab.viz.scaling", "curves_figure"),
     "input_timeline": ("dtflab.viz.inputs", "input_timeline"),
     "input_scaling_figure": ("dtflab.viz.inputs", "input_scaling_figure"),
+    "tensorboard": ("dtflab.ui.tensorboard", "tensorboard"),
     "cpus": ("dtflab.machine", "cpus"),
     "short_device": ("dtflab.names", "short"),
 }
@@ -99,8 +100,8 @@ def tf_log() -> str:
 
 
 def load_ipython_extension(ipython) -> None:
-    """``%load_ext dtflab``: registers ``%dtf_cluster``, ``%%dtf_run``, ``%%dtf_trace`` and
-    ``%%dtf_solution``."""
+    """``%load_ext dtflab``: registers ``%dtf_cluster``, ``%%dtf_run``, ``%%dtf_trace``,
+    ``%dtf_tensorboard`` and ``%%dtf_solution``."""
     from dtflab.magics import register
 
     register(ipython)
@@ -109,7 +110,7 @@ def load_ipython_extension(ipython) -> None:
 __all__ = ["Cluster", "PlacementPlan", "PlacementEditor", "Dashboard", "architectures",
            "ScalingModel", "scaling_figure", "curves_figure", *PICTURES, "slices_picture",
            "bytes_sent", "memory_planner", "MemoryPlanner", "schedule_playground",
-           "SchedulePlayground", "plan", "RunPlans",
+           "SchedulePlayground", "plan", "RunPlans", "tensorboard",
            "short_device", "show", "compare", "train", "TaskInfo", "TaskState", "start_cluster", "run",
            "trace", "profile", "tf_log", "DtflabError", "input_timeline", "input_scaling_figure",
            "NotSupportedError", "TaskError", "__version__"]

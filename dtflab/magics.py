@@ -374,14 +374,14 @@ def register(ipython) -> None:
     in a notebook, load BokehJS into the page: widgets that embed Bokeh plots need it loaded
     *before* they are displayed, which a later cell cannot guarantee."""
     from dtflab._quiet import import_tf
+    from dtflab.ui.tensorboard import tensorboard_magic
     from dtflab.viz.output import load_bokehjs
 
     import_tf()
     load_bokehjs()
-    ipython.register_magics(ClusterMagics)
-    ipython.register_magics(RunMagics)
-    ipython.register_magics(TraceMagics)
-    ipython.register_magics(exercises.SolutionMagics)
+    for magics in (ClusterMagics, RunMagics, TraceMagics, exercises.SolutionMagics):
+        ipython.register_magics(magics)
+    ipython.register_magic_function(tensorboard_magic, "line", "dtf_tensorboard")
     warm_up()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import inspect
 import json
@@ -10,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -19,6 +21,11 @@ import pytest
 from dtflab.cluster.ports import free_ports  # noqa: F401  (tests import it from here)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Every run writes its TensorBoard files (train.run.logdir): the tests' go to a folder of their
+# own, removed at the end, not into runs/ beside the tests or the notebooks they execute.
+if "DTFLAB_LOGDIR" not in os.environ:
+    os.environ["DTFLAB_LOGDIR"] = tempfile.mkdtemp(prefix="dtflab-test-runs-")
+    atexit.register(shutil.rmtree, os.environ["DTFLAB_LOGDIR"], ignore_errors=True)
 
 # A shell without job control starts a background job with SIGINT ignored, and an ignored
 # signal stays ignored in every program started below it: the Ctrl-C tests' own clusters would

@@ -80,6 +80,8 @@ def magic_parses(code: str) -> None:
         magics.run_parser("%%dtf_run", with_script=False).parse_args(tokens)
     elif name == "dtf_trace":
         magics.TraceMagics.dtf_trace.parser.parse_args(tokens)
+    elif name == "dtf_tensorboard":  # one folder, or none
+        assert "dtf_tensorboard" in inspect.getsource(magics.register) and len(tokens) <= 1, code
     elif name == "dtf_solution":
         assert hasattr(exercises.SolutionMagics, "dtf_solution") and not tokens, code  # takes nothing
     else:

@@ -41,7 +41,7 @@ LAYERS = {
     "cli": {"cluster", "processes", "network", "binder_link"} | BASE,
     "magics": {"ui", "viz", "train", "tracing", "placement", "cluster", "processes", "network",
                "exercises"} | BASE,
-    "ui": {"viz", "train", "tracing", "placement", "cluster"} | BASE,
+    "ui": {"viz", "train", "tracing", "placement", "cluster", "processes"} | BASE,
     "viz": {"train", "tracing", "placement", "cluster"} | BASE,
     "train": {"tracing", "placement", "cluster", "network"} | BASE,
     "tracing": {"placement"} | BASE,

@@ -50,6 +50,8 @@ class RunHistory:
     details: dict = field(default_factory=dict)  # loop-specific figures, named in its docstring
     #: The step as predicted before the run (``train.run_layout``: a ``planner.predicted_run.Prediction``)
     prediction: object = None
+    #: The run's folder of TensorBoard files (``train.run.logdir``), None where it wrote none
+    logdir: str | None = None
     step_reports: int = 1  # records one step makes: a synchronous loop's workers each report it
     #: What a strategy's traced step tells, each ``name: function(trace)``, read as
     #: ``history.name`` (a pipeline's ``bubble``, all-reduce's ``overlap_share``).

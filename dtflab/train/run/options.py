@@ -15,6 +15,7 @@ import functools
 import inspect
 
 from dtflab import checks
+from dtflab.train.run.logdir import run_directory
 from dtflab.train.run.watchdog import settings as watchdog_settings
 
 
@@ -24,9 +25,11 @@ class RunOptions:
     extra seconds a step), ``background`` (return a ``BackgroundRun`` at once), ``callbacks``,
     ``name`` (the history's), ``trace_step`` (the step traced into ``history.trace``),
     ``watchdog`` (``True``, ``None`` or a ``train.Watchdog``: when a step counts as stalled),
-    ``predict`` (what prices the step before it runs: ``train.run_layout`` gives it) and
+    ``predict`` (what prices the step before it runs: ``train.run_layout`` gives it),
     ``inputs`` (a ``train.input_pipeline``: the batches come from it, not ``Problem.batch``,
-    and each step's wait for its batch is recorded)."""
+    and each step's wait for its batch is recorded) and ``logdir`` (where the run's TensorBoard
+    files go, a folder of their own in it: ``None`` for ``$DTFLAB_LOGDIR`` or ``runs``,
+    ``False`` for none; ``train.run.logdir``)."""
 
     steps: int = 200
     seed: int = 0
@@ -40,11 +43,13 @@ class RunOptions:
     #: what it returns is kept as ``history.prediction`` (``train.run_layout`` passes it)
     predict: object = None
     inputs: object = None
+    logdir: object = None
 
     def checked(self) -> "RunOptions":
         """``steps``, ``seed``, ``trace_step`` and ``watchdog`` checked (one line naming the
         bad value and the fix), the watchdog as its settings."""
         checks.run_arguments(self.steps, self.seed, self.trace_step)
+        run_directory(self.logdir)  # a path, None or False
         if self.inputs is not None and type(self.inputs).__name__ != "InputPipeline":
             raise ValueError(f"inputs must be a train.input_pipeline(problem, ...), got "
                              f"{type(self.inputs).__name__}; leave it out to read Problem.batch")

@@ -29,6 +29,7 @@ from dtflab.train.layouts import tasks as layout
 from dtflab.train.layouts.layout import Layout, said_as
 from dtflab.train.run.checkpoints import Recovery
 from dtflab.train.run.reports import EVERY_INTERFACE, LOOPBACK, Reports, WorkerDied
+from dtflab.train.run.logdir import keep_profiles
 from dtflab.train.run.options import RunOptions
 from dtflab.train.run.runner import Update, new_runner
 from dtflab.train.run.watchdog import Stalled
@@ -153,8 +154,8 @@ def train_in_programs(loop: Loop, problem, options: ProgramOptions, *, flags=Non
         if folder and not o.checkpoint_dir:
             shutil.rmtree(folder, ignore_errors=True)
         raise
-    runner = new_runner(loop.kind, o.name or f"{loop.title} ({o.workers} workers)", o.callbacks,
-                        o.watchdog, cluster=cluster, on_stop=reports.send_stop,
+    runner = new_runner(loop.kind, f"{loop.title} ({o.workers} workers)", o, problem=problem,
+                        cluster=cluster, on_stop=reports.send_stop,
                         workers=layout.worker_tasks(o.workers))
     history = runner.history
     history.step_reports = o.workers  # every worker reports every step
@@ -164,6 +165,7 @@ def train_in_programs(loop: Loop, problem, options: ProgramOptions, *, flags=Non
     history.details["step_peak_bytes"] = {}
     history.reads["overlap_share"] = overlap_share
     history.details["report_port"] = reports.port
+    history.details["layout"] = o.layout
     history.details.update(details or {})
     if o.inputs is not None:
         history.details["inputs"] = o.inputs
@@ -177,8 +179,9 @@ def train_in_programs(loop: Loop, problem, options: ProgramOptions, *, flags=Non
             runner.loop(None, job.step, stop_here=False)
             cluster.wait(timeout=o.timeout)
             if o.trace_step is not None and folder:
-                history.trace = _worker_trace(Path(folder, "trace"), history.workers,
-                                              loop.trace_note)
+                profiles = _profiles(Path(folder, "trace"), history.workers)
+                history.trace = _worker_trace(profiles, loop.trace_note)
+                keep_profiles(history, profiles)  # before the folder goes, for XProf
         finally:
             reports.close()
             cluster.stop_letting_tasks_reach(reports.port)
@@ -313,18 +316,24 @@ class _Job:
                                                 time.perf_counter() - began, "every worker"))
 
 
-def _worker_trace(folder: Path, workers: list[str], note: str):
-    """The profiled step of every worker as one StepTrace (timings only)."""
-    from dtflab.tracing.profile import read_xplane_files
-    from dtflab.tracing.step import StepTrace
+def _profiles(folder: Path, workers: list[str]) -> dict[str, Path]:
+    """Each worker's profile of the traced step (its newest ``xplane.pb``), by worker."""
     from dtflab.train.worker_programs.loop import trace_folder
 
     files = {}
     for worker in workers:
         found = sorted(Path(trace_folder(str(folder), worker)).glob("plugins/profile/*/*.xplane.pb"))
         if found:
-            files[names.full(worker)] = found[-1]
-    timings = read_xplane_files(files)
+            files[worker] = found[-1]
+    return files
+
+
+def _worker_trace(profiles: dict[str, Path], note: str):
+    """The profiled step of every worker as one StepTrace (timings only)."""
+    from dtflab.tracing.profile import read_xplane_files
+    from dtflab.tracing.step import StepTrace
+
+    timings = read_xplane_files({names.full(worker): path for worker, path in profiles.items()})
     ends = [t.end_us for device in timings.values() for t in device]
     return StepTrace(None, {}, [], [], timings, max(ends, default=0.0), note=note)
 

@@ -155,13 +155,18 @@ class Runner:
         return self.history
 
 
-def new_runner(kind: str, name: str, callbacks, watchdog: Watchdog | None, *, cluster=None,
+def new_runner(kind: str, title: str, options, *, problem=None, cluster=None,
                workers: list[str] | None = None, on_stop=None) -> Runner:
-    """The Runner of a new run of ``kind`` (``RunHistory.loop``), its history named ``name``;
-    ``watchdog`` is a checked ``RunOptions``' (its settings)."""
-    history = RunHistory(name, kind, cluster=cluster,
+    """The Runner of a new run of ``kind`` (``RunHistory.loop``) as ``options`` (a checked
+    ``RunOptions``) say: its history named ``options.name`` or ``title``, its callbacks, its
+    watchdog and its TensorBoard files (``options.logdir``, of ``problem``)."""
+    from dtflab.train.run.logdir import run_log
+
+    history = RunHistory(options.name or title, kind, cluster=cluster,
                          **({} if workers is None else {"workers": list(workers)}))
-    return Runner(history, callbacks, on_stop=on_stop, watchdog=watchdog)
+    log = run_log(options.logdir, problem, options.callbacks)
+    callbacks = (*options.callbacks, log) if log is not None else options.callbacks
+    return Runner(history, callbacks, on_stop=on_stop, watchdog=options.watchdog)
 
 
 class BackgroundRun:

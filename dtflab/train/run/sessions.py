@@ -260,8 +260,7 @@ def train_graph(kind: str, title: str, built, master: str | None, problem, clust
     ``cluster`` (None: in this process); the history of ``kind``, named ``options.name`` or
     ``title``, holding the loop's own ``details`` and ``reads``. Returns the RunHistory, or a
     BackgroundRun."""
-    runner = new_runner(kind, options.name or title, options.callbacks, options.watchdog,
-                        cluster=cluster)
+    runner = new_runner(kind, title, options, problem=problem, cluster=cluster)
     runner.history.details.update(details or {})
     if options.inputs is not None:  # what the summary and the dashboard read the wait of
         runner.history.details["inputs"] = options.inputs

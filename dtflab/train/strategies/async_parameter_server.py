@@ -48,9 +48,8 @@ def async_parameter_server(problem, cluster, *, workers: int | None = None,
     plan = ps_plan(cluster)
     built = [async_graph(problem, plan, devices, seed, slow_devices, worker=i)
              for i in range(len(devices))]
-    runner = new_runner("async", options.name or f"async parameter server ({len(devices)} "
-                        f"workers)", options.callbacks, options.watchdog, cluster=cluster,
-                        workers=[names.task(d) for d in devices])
+    runner = new_runner("async", f"async parameter server ({len(devices)} workers)", options,
+                        problem=problem, cluster=cluster, workers=[names.task(d) for d in devices])
     history = runner.history
     downpour = _Downpour(built, problem, seed, cluster, devices, history, checkpoint_every,
                          checkpoint_dir)

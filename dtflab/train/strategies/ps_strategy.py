@@ -108,9 +108,9 @@ def ps_strategy(problem, cluster, *, strategy=None, **options):
         x, t = next(iterator)
         return strategy.run(replica, args=(x, t))
 
-    runner = new_runner("ps_strategy", options.name or f"ParameterServerStrategy "
-                        f"({len(cluster.addresses['worker'])} workers)", options.callbacks,
-                        options.watchdog, cluster=cluster, workers=["any worker"])
+    runner = new_runner("ps_strategy", f"ParameterServerStrategy "
+                        f"({len(cluster.addresses['worker'])} workers)", options,
+                        problem=problem, cluster=cluster, workers=["any worker"])
     pending = []  # (step, RemoteValue): up to 5 steps in flight
 
     def finished(keep: int):

@@ -37,8 +37,8 @@ def sync_data_parallel(problem, cluster, *, workers: int | None = None,
     session = new_session(cluster.target(*names.split(plan.compute)), built.graph)
     session.run(built.init, options=first_run_options())
     share = problem.batch_size // len(devices)
-    runner = new_runner("sync", options.name or f"sync data parallel ({len(devices)} workers)",
-                        options.callbacks, options.watchdog, cluster=cluster)
+    runner = new_runner("sync", f"sync data parallel ({len(devices)} workers)", options,
+                        problem=problem, cluster=cluster)
     runner.history.details["layout"] = layout
     if options.inputs is not None:
         runner.history.details["inputs"] = options.inputs

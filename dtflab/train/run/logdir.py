@@ -1,0 +1,319 @@
+"""Every run's TensorBoard files: one folder per run under a run directory (``logdir=``; by
+default ``$DTFLAB_LOGDIR`` or ``runs/`` beside the notebook), named by its loop and layout.
+
+- **Scalars**, per step: ``loss``, ``step_time_s``, ``examples_per_s`` (``tokens_per_s`` for a
+  transformer), ``input_wait_s`` where the input is timed. Where several workers report each
+  step, the step's merged figures are the run's and each worker's are in a sub-run of its own
+  (``worker-0``), so TensorBoard draws them on one chart.
+- **At the end**: memory by kind per device (what the workers reported, or the traced step's
+  allocator records), bytes sent per task (the traced step's transfers; ``WireBytes``' count at
+  the transport), and the prediction (``predicted``, a sub-run) beside each measured figure.
+- **HParams**: the run's loop, layout, schedule, ZeRO stage, recomputation, precision and model,
+  with ``final/loss``, ``final/step_time_s`` and ``final/peak_memory_bytes`` as its metrics.
+- **The traced step**: a graph loop's graph and its ``RunMetadata`` (TensorBoard's Graphs tab,
+  compute time and memory per node); a worker program's profile of every worker, where the
+  profiler plugin (XProf) reads it (``plugins/profile/<run>/<worker>.xplane.pb``).
+
+Writing never fails a run: a folder that cannot be written is said once, and the run trains on.
+TensorBoard's own writer queues each event to a thread of its own, so a step pays for building
+it (a few microseconds), not for the disk.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import shutil
+import time
+import warnings
+from pathlib import Path
+
+from dtflab.train.run.callbacks import Callback
+
+#: Where runs go when a loop is not given ``logdir=``: this variable, or ``runs`` (relative to
+#: the working folder: a notebook's kernel runs beside the notebook).
+ENV = "DTFLAB_LOGDIR"
+DEFAULT = "runs"
+#: What reads a traced step's memory by kind, reached by name (the loops' room sits below it).
+MEMORY = "dtflab.train.measure.memory"
+
+
+def run_directory(logdir) -> Path | None:
+    """The folder runs go in: ``logdir`` as given, ``$DTFLAB_LOGDIR`` or ``runs`` for None;
+    ``False`` for none at all."""
+    if logdir is False:
+        return None
+    if logdir is None or logdir is True:
+        logdir = os.environ.get(ENV) or DEFAULT
+    if not isinstance(logdir, (str, os.PathLike)):
+        raise ValueError(f"logdir={logdir!r}: a folder's path (str), or False to write no "
+                         f"TensorBoard files")
+    return Path(logdir).expanduser()
+
+
+def run_name(loop: str, layout=None, when: float | None = None) -> str:
+    """``pipeline-p2-mb4-1f1b-1128-081502``: the loop, the layout's ways and levers that are not
+    their defaults, and the time it started (month, day, time of day)."""
+    parts = [loop]
+    if layout is not None:
+        parts += [f"{axis[0]}{ways}" for axis, ways in layout.ways.items() if ways > 1]
+        if layout.expert > 1:
+            parts.append(f"e{layout.expert}")
+        if layout.micro_batches > 1:
+            parts.append(f"mb{layout.micro_batches}")
+        if layout.pipeline > 1:
+            parts.append(layout.schedule + (f"{layout.chunks}" if layout.chunks > 1 else ""))
+        parts += [f"zero{layout.zero}"] * bool(layout.zero)
+        parts += [f"recompute-{layout.recompute}"] * (layout.recompute != "none")
+        parts += [layout.precision] * (layout.precision != "float32")
+        parts += ["sp"] * layout.sequence_parallel
+    parts.append(time.strftime("%m%d-%H%M%S", time.localtime(when)))
+    return re.sub(r"[^\w.-]", "_", "-".join(parts))
+
+
+def hparams(history, problem) -> dict:
+    """What the HParams table lines runs up by: the loop, its layout and its model."""
+    found = {"loop": history.loop}
+    layout = history.details.get("layout")
+    if layout is not None:
+        found.update(layout.ways, expert=layout.expert, micro_batches=layout.micro_batches,
+                     schedule=layout.schedule if layout.pipeline > 1 else "none",
+                     zero=layout.zero, recompute=layout.recompute, precision=layout.precision,
+                     sequence_parallel=layout.sequence_parallel)
+    if problem is not None:
+        found.update(model=problem.name, batch_size=problem.batch_size)
+    return found
+
+
+class RunLog(Callback):
+    """Writes one run's TensorBoard files into ``folder`` (see the module's docstring). Made by
+    :func:`run_log`; the runner calls it like any callback."""
+
+    def __init__(self, where: Path, problem=None, callbacks=()):
+        self.where, self.problem, self.callbacks = where, problem, callbacks
+        self.folder: Path | None = None  # this run's, made as it starts
+        self._writers: dict[str, object] = {}
+        self._pending: dict[int, list] = {}
+        self._last: dict[str, float] = {}
+        self._failed = False
+
+    # -- the runner's calls ----------------------------------------------------------------
+
+    def on_run_start(self, history) -> None:
+        self.folder = self._made(run_name(history.loop, history.details.get("layout")))
+        if self.folder is None:
+            return
+        history.logdir = str(self.folder)
+        from tensorboard.plugins.hparams import summary_v2
+
+        self._guarded(lambda: self._write("", 0, summary_v2.hparams_pb(
+            hparams(history, self.problem), trial_id=self.folder.name)))
+
+    def on_step(self, history, record) -> None:
+        if self._failed:
+            return
+        self._guarded(lambda: self._step(history, record))
+
+    def on_run_end(self, history) -> None:
+        if self.folder is None:
+            return
+        self._guarded(lambda: self._end(history))
+        for writer in self._writers.values():
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001 - said once, in _guarded, if it failed before
+                pass
+
+    # -- what is written ---------------------------------------------------------------------
+
+    def _step(self, history, record) -> None:
+        several = history.step_reports > 1 or len(history.workers) > 1
+        if several:
+            self._figures(f"{record.worker.replace(':', '-')}", record.worker, record)
+        if history.step_reports > 1:
+            group = self._pending.setdefault(record.step, [])
+            group.append(record)
+            if len(group) < history.step_reports:
+                return
+            del self._pending[record.step]
+            record = _merged(group)
+        if history.step_reports > 1 or not several:
+            self._figures("", "all", record)
+
+    def _figures(self, run: str, clock: str, record) -> None:
+        step_s = record.time_s - self._last.get(clock, 0.0)
+        self._last[clock] = record.time_s
+        values = {"loss": record.loss, "step_time_s": step_s}
+        if step_s > 0:
+            values["examples_per_s"] = record.examples / step_s
+            sequence = getattr(self.problem, "sequence", None)
+            if sequence:
+                values["tokens_per_s"] = record.examples * sequence / step_s
+        if record.input_wait_s is not None:
+            values["input_wait_s"] = record.input_wait_s
+        self._scalars(run, record.step, values)
+
+    def _end(self, history) -> None:
+        from tensorboard.plugins.hparams import summary as hparams_summary
+        from tensorboard.plugins.hparams.api_pb2 import Status
+
+        step = history.records[-1].step if history.records else 0
+        memory = _memory(history)
+        for device, kinds in memory.items():
+            self._scalars(device.replace(":", "-"), step, {f"memory/{k}": v for k, v in kinds.items()})
+        for task, sent in _bytes_sent(history, self.callbacks).items():
+            self._scalars(task.replace(":", "-"), step, sent)
+        finals = {}
+        if history.records:
+            finals["final/loss"] = history.final_loss()
+            if history.steps > 3:
+                finals["final/step_time_s"] = history.median_step_s()
+        peaks = [kinds.get("peak", sum(kinds.values())) for kinds in memory.values()]
+        if peaks:
+            finals["final/peak_memory_bytes"] = max(peaks)
+        self._scalars("", step, finals)
+        prediction = history.prediction
+        if prediction is not None:
+            predicted = {"step_time_s": prediction.seconds, "final/step_time_s": prediction.seconds,
+                         **{f"memory/{k}": v for k, v in prediction.memory.items()}}
+            first = history.records[0].step if history.records else 0
+            self._scalars("predicted", first, predicted)
+            self._scalars("predicted", step, predicted)
+        self._traced_step(history, step)
+        failed = history.failures or history.stopped_early or not history.records
+        self._write("", step, hparams_summary.session_end_pb(
+            Status.STATUS_ABORTED if failed else Status.STATUS_SUCCESS))
+
+    def _traced_step(self, history, step: int) -> None:
+        trace = history.trace
+        if trace is None:
+            return
+        metadata = getattr(trace, "metadata", None)
+        if metadata is not None:  # a graph loop's Session.run: the Graphs tab reads it
+            from tensorboard.compat.proto import event_pb2
+
+            tagged = event_pb2.TaggedRunMetadata(tag="traced step",
+                                                 run_metadata=metadata.SerializeToString())
+            self._writer("").add_event(event_pb2.Event(wall_time=time.time(), step=step,
+                                                       tagged_run_metadata=tagged))
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def _made(self, name: str) -> Path | None:
+        folder = self.where / name
+        for extra in range(1, 100):  # two runs started in one second
+            if not folder.exists():
+                break
+            folder = self.where / f"{name}-{extra}"
+        try:
+            folder.mkdir(parents=True)
+        except OSError as error:
+            self._failed = True
+            why = ("a file is in the way" if isinstance(error, (FileExistsError, NotADirectoryError))
+                   else error.strerror or type(error).__name__)
+            warnings.warn(f"dtflab: no TensorBoard files for this run: {folder} cannot be made "
+                          f"({why}); the run trains on without them; pass logdir= a folder you "
+                          f"can write, or logdir=False", stacklevel=2)
+            return None
+        return folder
+
+    def _writer(self, run: str):
+        if run not in self._writers:
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+            self._writers[run] = EventFileWriter(str(self.folder / run) if run else str(self.folder))
+        return self._writers[run]
+
+    def _scalars(self, run: str, step: int, values: dict) -> None:
+        from tensorboard.compat.proto import summary_pb2
+
+        if values:
+            self._write(run, step, summary_pb2.Summary(value=[
+                summary_pb2.Summary.Value(tag=tag, simple_value=float(value))
+                for tag, value in values.items()]))
+
+    def _write(self, run: str, step: int, summary) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+
+        if not isinstance(summary, summary_pb2.Summary):  # TensorFlow's class, where it is loaded
+            summary = summary_pb2.Summary.FromString(summary.SerializeToString())
+        self._writer(run).add_event(event_pb2.Event(wall_time=time.time(), step=step,
+                                                    summary=summary))
+
+    def _guarded(self, write) -> None:
+        if self._failed:
+            return
+        try:
+            write()
+        except Exception as error:  # noqa: BLE001 - logging never fails the run
+            self._failed = True
+            warnings.warn(f"dtflab: the run's TensorBoard files could not be written to "
+                          f"{self.folder} ({type(error).__name__}: {error}); the run trains "
+                          f"on without them; pass logdir= a folder you can write, or "
+                          f"logdir=False", stacklevel=2)
+
+
+def run_log(logdir, problem=None, callbacks=()) -> RunLog | None:
+    """The RunLog of a new run under ``logdir`` (a loop's ``logdir=``: see
+    :func:`run_directory`), or None for ``logdir=False``. Its folder is made as the run starts,
+    named by the run's loop and ``history.details["layout"]``."""
+    where = run_directory(logdir)
+    return None if where is None else RunLog(where, problem, callbacks)
+
+
+def keep_profiles(history, profiles: dict) -> None:
+    """Copy each worker's profile of the traced step (``{worker: xplane.pb}``) into the run's
+    folder, where the profiler plugin (XProf) lists one host per worker; nothing where the run
+    writes no TensorBoard files. Never raises: the run's own trace has been read already."""
+    if not history.logdir or not profiles:
+        return
+    session = Path(history.logdir, "plugins", "profile", time.strftime("%Y_%m_%d_%H_%M_%S"))
+    try:
+        session.mkdir(parents=True, exist_ok=True)
+        for worker, path in profiles.items():
+            shutil.copyfile(path, session / f"{worker.replace(':', '-')}.xplane.pb")
+    except OSError as error:
+        warnings.warn(f"dtflab: the traced step's profiles could not be kept in {session} "
+                      f"({error}); pass logdir= a folder you can write", stacklevel=2)
+
+
+def _merged(group):
+    from dtflab.train.run.history import StepRecord
+
+    waits = [r.input_wait_s for r in group if r.input_wait_s is not None]
+    return StepRecord(group[0].step, "all", sum(r.loss for r in group) / len(group),
+                      max(r.time_s for r in group), sum(r.examples for r in group),
+                      max(r.staleness for r in group), max(waits) if waits else None)
+
+
+def _memory(history) -> dict[str, dict[str, float]]:
+    """Bytes by kind per device: what the worker programs reported, else the traced step's."""
+    reported = history.details.get("memory") or {}
+    if reported:
+        return {worker: {k: v for k, v in kinds.items() if isinstance(v, (int, float))}
+                for worker, kinds in reported.items()}
+    metadata = getattr(history.trace, "metadata", None)
+    if metadata is None:
+        return {}
+    from dtflab import names
+
+    step_memory = importlib.import_module(MEMORY).step_memory
+    return {names.short(device): kinds for device, kinds in step_memory(metadata).items()}
+
+
+def _bytes_sent(history, callbacks) -> dict[str, dict[str, float]]:
+    """Per task: the traced step's bytes sent, and WireBytes' per step at the transport."""
+    from dtflab import names
+
+    found: dict[str, dict[str, float]] = {}
+    if history.trace is not None:
+        for (source, _), sent in history.trace.bytes_between().items():
+            row = found.setdefault(names.short(source), {"bytes_sent/traced_step": 0.0})
+            row["bytes_sent/traced_step"] += sent
+    for callback in callbacks:
+        per_step = getattr(callback, "per_step", None)
+        if per_step is not None and hasattr(per_step, "sent_by"):
+            for task, sent in per_step.sent_by().items():
+                found.setdefault(task, {})["bytes_sent/per_step_at_transport"] = sent
+    return found

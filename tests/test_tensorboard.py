@@ -1,0 +1,171 @@
+"""Every run's TensorBoard files, read back by TensorBoard itself: a real server on a port chosen
+now, its scalars, its HParams table of two layouts, the profile plugin (XProf) listing every
+worker of a traced step and its trace viewer showing the step's ops; the magic; bad input."""
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import wait_until
+
+import dtflab
+from dtflab import train
+
+pytestmark = pytest.mark.slow
+
+PROBLEM = train.classification(width=32, batch_size=32, features=8)
+TEXT = train.transformer(blocks=2, d_model=32, heads=2, sequence=16, batch_size=8)
+
+
+def get(board, path: str, body: dict | None = None):
+    """What TensorBoard answers at ``path`` (JSON, ungzipped)."""
+    request = urllib.request.Request(board.url + path, data=json.dumps(body).encode() if body
+                                     else None, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        data = answer.read()
+    return json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two layouts of one transformer (a pipeline of two stages and four micro-batches, and
+    all-reduce over two workers, its step 3 traced) and a traced one-process run, in one run
+    directory, with TensorBoard on it."""
+    logdir = tmp_path_factory.mktemp("runs")
+    with dtflab.start_cluster(workers=2) as cluster:
+        pipeline = train.pipeline(TEXT, cluster, stages=2, micro_batches=4, steps=8,
+                                  logdir=logdir)
+    reduced = train.all_reduce(TEXT, workers=2, steps=8, trace_step=3, logdir=logdir)
+    single = train.single(PROBLEM, steps=8, trace_step=3, logdir=logdir)
+    board = dtflab.tensorboard(logdir)
+    yield {"pipeline": pipeline, "all_reduce": reduced, "single": single, "board": board,
+           "logdir": logdir}
+    board.stop()
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def scalars(board, run: str, tag: str) -> list[tuple[int, float]]:
+    found = get(board, f"data/plugin/scalars/scalars?run={run}&tag={tag}")
+    return [(step, value) for _, step, value in found]
+
+
+def test_each_run_has_a_folder_named_by_its_loop_and_layout_with_its_curves(runs):
+    board, pipeline, reduced = runs["board"], runs["pipeline"], runs["all_reduce"]
+    assert Path(pipeline.logdir).parent == runs["logdir"]
+    assert Path(pipeline.logdir).name.startswith("pipeline-p2-mb4-1f1b-")
+    assert Path(reduced.logdir).name.startswith("all_reduce-d2-")
+    listed = get(board, "data/runs")
+    name = Path(pipeline.logdir).name
+    assert name in listed
+    # TensorBoard draws what the run measured, step by step
+    losses = scalars(board, name, "loss")
+    assert [step for step, _ in losses] == [r.step for r in pipeline.records]
+    assert [value for _, value in losses] == pytest.approx(pipeline.losses, rel=1e-6)
+    tokens = dict(scalars(board, name, "tokens_per_s"))
+    examples = dict(scalars(board, name, "examples_per_s"))
+    assert tokens[3] == pytest.approx(examples[3] * TEXT.sequence, rel=1e-6)
+    # every worker of a worker program has its own curve, and the step's merged one is the run's
+    reduced_name = Path(reduced.logdir).name
+    assert {f"{reduced_name}/worker-0", f"{reduced_name}/worker-1"} <= set(listed)
+    merged = [value for _, value in scalars(board, reduced_name, "loss")]
+    assert merged == pytest.approx(reduced.losses, rel=1e-6)
+    steps = [value for _, value in scalars(board, reduced_name, "step_time_s")]
+    assert len(steps) == 8 and sum(steps) == pytest.approx(reduced.step_records[-1].time_s, rel=1e-3)
+
+
+def test_the_hparams_table_lines_up_two_layouts_with_their_metrics(runs):
+    board = runs["board"]
+    experiment = get(board, "data/plugin/hparams/experiment", {"experimentName": ""})
+    infos = {info["name"]: info for info in experiment["hparamInfos"]}
+    assert {"pipeline", "all_reduce", "single"} <= set(infos["loop"]["domainDiscrete"])
+    assert infos["data"]["differs"] and infos["pipeline"]["differs"]
+    metrics = {info["name"]["tag"] for info in experiment["metricInfos"]}
+    assert {"final/loss", "final/step_time_s"} <= metrics
+    groups = get(board, "data/plugin/hparams/session_groups", {
+        "experimentName": "", "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS",
+                                                  "STATUS_FAILURE", "STATUS_RUNNING"],
+        "colParams": [{"hparam": "loop"}, {"metric": {"tag": "final/loss", "group": ""}}],
+        "startIndex": 0, "sliceSize": 10})
+    by_loop = {group["hparams"]["loop"]: group for group in groups["sessionGroups"]}
+    assert set(by_loop) == {"pipeline", "all_reduce", "single"}
+    pipeline = by_loop["pipeline"]
+    assert pipeline["hparams"]["micro_batches"] == 4 and pipeline["hparams"]["schedule"] == "1f1b"
+    final = {m["name"]["tag"]: m["value"] for m in pipeline["metricValues"]}
+    assert final["final/loss"] == pytest.approx(runs["pipeline"].final_loss(), rel=1e-6)
+
+
+def test_a_traced_worker_program_step_is_in_xprof_for_every_worker(runs):
+    board, reduced = runs["board"], runs["all_reduce"]
+    profiled = [run for run in get(board, "data/plugin/profile/runs")
+                if run.startswith(Path(reduced.logdir).name + "/")]
+    assert len(profiled) == 1
+    run = profiled[0]
+    assert "trace_viewer@" in get(board, f"data/plugin/profile/run_tools?run={run}")
+    hosts = get(board, f"data/plugin/profile/hosts?run={run}&tag=trace_viewer@")
+    assert sorted(h["hostname"] for h in hosts) == ["worker-0", "worker-1"]
+    trace = get(board, f"data/plugin/profile/data?run={run}&tag=trace_viewer@&host=worker-1")
+    names = {event.get("name", "") for event in trace["traceEvents"]}
+    assert any("CollectiveReduce" in name for name in names), sorted(names)[:40]
+    assert any("MatMul" in name for name in names), sorted(names)[:40]
+
+
+def test_a_traced_graph_step_is_in_the_graphs_tab_and_its_memory_by_kind_per_device(runs):
+    board, single = runs["board"], runs["single"]
+    name = Path(single.logdir).name
+    info = get(board, "data/plugin/graphs/info")
+    assert info[name]["tags"]["traced step"]["profile"]
+    from dtflab.train.measure.memory import step_memory
+
+    [held] = step_memory(single.trace.metadata).values()  # one device
+    drawn = dict(scalars(board, f"{name}/localhost-0", "memory/parameters"))
+    assert list(drawn.values()) == [pytest.approx(held["parameters"])]
+
+
+def test_a_folder_that_cannot_be_written_is_said_once_and_the_run_trains_on(tmp_path):
+    in_the_way = tmp_path / "a_file"
+    in_the_way.write_text("not a folder")
+    with pytest.warns(UserWarning, match=f"{in_the_way}.*a file is in the way.*logdir="):
+        history = train.single(PROBLEM, steps=4, logdir=in_the_way)
+    assert len(history.losses) == 4 and history.logdir is None
+    with pytest.raises(ValueError, match=r"logdir=3: a folder's path"):
+        train.single(PROBLEM, steps=4, logdir=3)
+    history = train.single(PROBLEM, steps=4, logdir=False)
+    assert history.logdir is None
+    with pytest.raises(ValueError, match=f"no run in {tmp_path} yet"):
+        dtflab.tensorboard(tmp_path)
+
+
+def test_the_magic_opens_tensorboard_in_the_notebook_through_the_server_proxy(ip, runs):
+    board = ip.run_line_magic("dtf_tensorboard", str(runs["logdir"]))
+    assert board is runs["board"]  # one server per folder and kernel
+    page = board._repr_html_()
+    assert f"proxy/{board.port}/" in page and "jupyter-config-data" in page
+
+
+def test_tensorboard_ends_with_the_program_that_started_it(tmp_path):
+    history = train.single(PROBLEM, steps=3, logdir=tmp_path)
+    assert history.logdir
+    code = (f"import dtflab, time; board = dtflab.tensorboard({str(tmp_path)!r}); "
+            f"print(board.process.pid, flush=True); time.sleep(600)")
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        board_pid = int(owner.stdout.readline())
+        assert not gone(board_pid)
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        owner.stdout.close()
+    assert wait_until(lambda: gone(board_pid), timeout=10)
