@@ -36,12 +36,12 @@ def get(board, path: str, body: dict | None = None):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Two layouts of one transformer (a pipeline of two stages and four micro-batches, and
-    all-reduce over two workers, its step 3 traced) and a traced one-process run, in one run
-    directory, with TensorBoard on it."""
+    all-reduce over two workers), each with its step 3 traced, and a traced one-process run, in
+    one run directory, with TensorBoard on it."""
     logdir = tmp_path_factory.mktemp("runs")
     with dtflab.start_cluster(workers=2) as cluster:
         pipeline = train.pipeline(TEXT, cluster, stages=2, micro_batches=4, steps=8,
-                                  logdir=logdir)
+                                  trace_step=3, logdir=logdir)
     reduced = train.all_reduce(TEXT, workers=2, steps=8, trace_step=3, logdir=logdir)
     single = train.single(PROBLEM, steps=8, trace_step=3, logdir=logdir)
     board = dtflab.tensorboard(logdir)
@@ -120,6 +120,19 @@ def test_a_traced_worker_program_step_is_in_xprof_for_every_worker(runs):
     names = {event.get("name", "") for event in trace["traceEvents"]}
     assert any("CollectiveReduce" in name for name in names), sorted(names)[:40]
     assert any("MatMul" in name for name in names), sorted(names)[:40]
+
+
+def test_a_traced_pipeline_step_is_in_xprof_for_every_task(runs):
+    board = runs["board"]
+    profiled = [run for run in get(board, "data/plugin/profile/runs")
+                if run.startswith(Path(runs["pipeline"].logdir).name + "/")]
+    assert len(profiled) == 1
+    hosts = get(board, f"data/plugin/profile/hosts?run={profiled[0]}&tag=trace_viewer@")
+    assert sorted(h["hostname"] for h in hosts) == ["ps-0", "worker-0", "worker-1"]
+    trace = get(board, f"data/plugin/profile/data?run={profiled[0]}&tag=trace_viewer@&host=worker-1")
+    names = {event.get("name", "") for event in trace["traceEvents"]}
+    assert any("MatMul" in name for name in names), " ".join(sorted(names))  # stage 2's forward
+    assert "_Send" in names, " ".join(sorted(names))  # its input's gradient, back to stage 1
 
 
 def test_a_traced_graph_step_is_in_the_graphs_tab_and_its_memory_by_kind_per_device(runs):

@@ -77,6 +77,46 @@ def profile(cluster, fn, *args, duration_ms: int = 1000, **kwargs) -> StepTrace:
     return StepTrace(None, {}, [], [], timings, max(ends, default=0.0), note=note)
 
 
+def profiled(cluster, fn, *, duration_ms: int = 1500) -> tuple[object, dict[str, bytes]]:
+    """``fn()`` called once while TensorFlow's profiler records every task of ``cluster``: its
+    result and each task's profile (the ``xplane.pb`` XProf reads), by task (``worker:0``).
+    ``{}`` for a cluster whose tasks serve no profiler (only the ``local`` backend's do), or
+    where the capture failed. Whatever ``fn`` does after ``duration_ms`` (less the 0.2 s the
+    capture is given to start) is not recorded."""
+    ports = getattr(cluster, "profiler_ports", None) or {}
+    if not ports:
+        return fn(), {}
+    import_tf()
+    profiler_client = tf_private.profiler_client()
+    endpoints = cluster.endpoints
+    service = ",".join(f"grpc://{endpoints[key][0]}:{port}" for key, port in ports.items())
+    failed = []
+
+    def capture(folder):
+        try:
+            with quiet_fds():
+                profiler_client.trace(service, folder, duration_ms, num_tracing_attempts=1)
+        except Exception as error:  # noqa: BLE001 - the step's result stands without it
+            failed.append(error)
+
+    with tempfile.TemporaryDirectory(prefix="dtflab-profile-") as folder:
+        capturing = threading.Thread(target=capture, args=(folder,), name="dtflab-profile",
+                                     daemon=True)
+        capturing.start()
+        try:
+            capturing.join(0.2)  # the capture's requests reach the tasks
+            result = fn()
+        finally:
+            capturing.join()
+        by_port = {port: f"{job}:{index}" for (job, index), port in ports.items()}
+        profiles = {}
+        for path in Path(folder).glob("plugins/profile/*/*.xplane.pb"):
+            port = int(path.name.split(".xplane.pb")[0].rsplit("_", 1)[1])
+            if port in by_port:
+                profiles[by_port[port]] = path.read_bytes()
+    return result, profiles
+
+
 def read_xplanes(logdir: Path, by_port: dict[int, tuple[str, int]]) -> dict[str, list[OpTiming]]:
     """Every task's events from one profiler capture (files named by the task's port)."""
     files = {}

@@ -263,16 +263,21 @@ def run_log(logdir, problem=None, callbacks=()) -> RunLog | None:
 
 
 def keep_profiles(history, profiles: dict) -> None:
-    """Copy each worker's profile of the traced step (``{worker: xplane.pb}``) into the run's
-    folder, where the profiler plugin (XProf) lists one host per worker; nothing where the run
-    writes no TensorBoard files. Never raises: the run's own trace has been read already."""
+    """Keep each task's profile of the traced step (``{task: path or bytes of its
+    xplane.pb}``) in the run's folder, where the profiler plugin (XProf) lists one host per
+    task; nothing where the run writes no TensorBoard files. Never raises: the run's own trace
+    has been read already."""
     if not history.logdir or not profiles:
         return
     session = Path(history.logdir, "plugins", "profile", time.strftime("%Y_%m_%d_%H_%M_%S"))
     try:
         session.mkdir(parents=True, exist_ok=True)
         for worker, path in profiles.items():
-            shutil.copyfile(path, session / f"{worker.replace(':', '-')}.xplane.pb")
+            target = session / f"{worker.replace(':', '-')}.xplane.pb"
+            if isinstance(path, bytes):
+                target.write_bytes(path)
+            else:
+                shutil.copyfile(path, target)
     except OSError as error:
         warnings.warn(f"dtflab: the traced step's profiles could not be kept in {session} "
                       f"({error}); pass logdir= a folder you can write", stacklevel=2)

@@ -17,6 +17,7 @@ from dtflab import names
 from dtflab._quiet import import_tf
 from dtflab.errors import DtflabError, StallError, TaskError
 from dtflab.placement import PlacementPlan
+from dtflab.train.run.logdir import keep_profiles
 from dtflab.train.run.runner import Update, new_runner
 from dtflab.train.run.watchdog import Stalled, Watchdog
 
@@ -184,10 +185,7 @@ class SessionSteps:
         options = first_run_options(self.watch) if self._first else None
         try:
             if step == self.trace_step:
-                from dtflab.tracing.capture import trace
-
-                self.history.trace = trace(self.session, self.once.fetch, feed, options=options)
-                fetched = self.history.trace.result
+                fetched = self._traced(feed, options)
             else:
                 fetched = run_step(self.session, self.once.fetch, feed, self.cluster, options)
         except (tf.errors.OpError, RuntimeError) as error:  # RuntimeError: a closed session
@@ -206,6 +204,26 @@ class SessionSteps:
         self._applied += 1
         self._first = False
         return self._update(fetched)
+
+    def _traced(self, feed, options) -> dict:
+        """The step traced into ``history.trace``; where the run writes TensorBoard files,
+        every task profiled as well, for XProf."""
+        from dtflab.tracing.capture import trace
+        from dtflab.tracing.profile import profiled
+
+        def step():
+            return trace(self.session, self.once.fetch, feed, options=options)
+
+        if self.history.logdir and self.cluster is not None:
+            # long enough for a traced step (tracing slows it: four untraced steps' time)
+            times = [r.time_s for r in self.history.records[-2:]]
+            last_s = times[1] - times[0] if len(times) == 2 else 0.25
+            self.history.trace, profiles = profiled(self.cluster, step,
+                                                    duration_ms=int(min(3000, 300 + 4e3 * last_s)))
+            keep_profiles(self.history, profiles)
+        else:
+            self.history.trace = step()
+        return self.history.trace.result
 
     def _update(self, fetched: dict) -> Update:
         """The Update of one step's fetch; the graph's reports go into the history."""
