@@ -9,7 +9,8 @@ import dtflab
 from dtflab import train
 from dtflab.train.planner import graph_ops
 from dtflab.train.planner.device_memory import per_device
-from dtflab.train.planner.predicted_run import loop_for, plan_of
+from dtflab.train.planner.loops import loop_for, runs
+from dtflab.train.planner.predicted_run import plan_of
 
 TINY = dict(blocks=2, d_model=64, heads=4, sequence=32, batch_size=8)
 
@@ -128,3 +129,18 @@ def test_calibrating_or_running_on_something_not_a_cluster_is_one_line():
         train.calibrate("laptop")
     with pytest.raises(ValueError, match=r"cluster=None: pass a running cluster"):
         train.run_layout(train.transformer(**TINY), None, train.Layout())
+
+
+def test_a_plan_for_this_machine_keeps_only_the_layouts_a_loop_runs(here):
+    # all_reduce, zero and tensor parallelism run a replica's batch whole: a layout that splits
+    # it into micro-batches there cannot be run, and the measured machine's plan leaves it out
+    _, hardware = here
+    problem = train.transformer(**TINY)
+    everything = dtflab.plan(problem, devices=2, hardware="h100")
+    here_rows = dtflab.plan(problem, devices=2, hardware=hardware).rows
+    refused = [row.layout for row in everything.rows if not runs(row.plan)]
+    assert any(layout.zero and layout.micro_batches > 1 for layout in refused)
+    assert here_rows and all(runs(row.plan) for row in here_rows)
+    for row in here_rows:
+        loop, _ = loop_for(row.layout)
+        assert row.layout.micro_batches == 1 or loop in ("pipeline", "single"), row.name

@@ -19,7 +19,7 @@ import weakref
 
 from dtflab.train.planner import device_memory as shapes
 from dtflab.train.planner import hardware as machines
-from dtflab.train.planner import search
+from dtflab.train.planner import loops, search
 from dtflab.train.planner.hardware import Hardware
 
 VIEWS = "dtflab.viz.plan_map"
@@ -129,7 +129,8 @@ def plan(model, devices: int, hardware="h100", *, cluster=None, memory_gb: float
     the module's docstring). ``memory_gb`` plans against less memory a device than the
     hardware has; ``overrides`` change the model's Plan fields (``batch=1024``,
     ``precision="bfloat16"``, ``dropout=True``...), and a way among them (``tensor=8``) keeps
-    only the layouts with it."""
+    only the layouts with it. Planned for the machine it runs on (``hardware="here"``), only
+    the layouts a dtflab loop trains are kept, so ``best`` can go to ``train.run_layout``."""
     from dtflab import checks
 
     checks.whole(devices, "devices", example=8)
@@ -146,7 +147,8 @@ def plan(model, devices: int, hardware="h100", *, cluster=None, memory_gb: float
     rows = search.plans(dataclasses.replace(base, data=1, tensor=1, pipeline=1), devices,
                          machine)
     rows = [row for row in rows if all(getattr(row.plan, axis) == ways
-                                       for axis, ways in fixed.items())]
+                                       for axis, ways in fixed.items())
+            and (not machine.measured or loops.runs(row.plan))]  # here: what a loop runs
     if not rows:
         raise ValueError(f"{', '.join(f'{a}={w}' for a, w in fixed.items())}: no layout of this "
                          f"model over {devices} devices has those ways (the heads, blocks, "

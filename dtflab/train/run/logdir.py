@@ -118,12 +118,14 @@ class RunLog(Callback):
     def on_run_end(self, history) -> None:
         if self.folder is None:
             return
-        self._guarded(lambda: self._end(history))
-        for writer in self._writers.values():
-            try:
-                writer.close()
-            except Exception:  # noqa: BLE001 - said once, in _guarded, if it failed before
-                pass
+        try:
+            self._guarded(lambda: self._end(history))
+        finally:
+            for writer in self._writers.values():
+                try:
+                    writer.close()
+                except Exception:  # noqa: BLE001 - said once, in _guarded, if it failed before
+                    pass
 
     # -- what is written ---------------------------------------------------------------------
 
@@ -174,7 +176,7 @@ class RunLog(Callback):
             finals["final/peak_memory_bytes"] = max(peaks)
         self._scalars("", step, finals)
         prediction = history.prediction
-        if prediction is not None:
+        if getattr(prediction, "seconds", None) is not None:  # not a reason it has none
             predicted = {"step_time_s": prediction.seconds, "final/step_time_s": prediction.seconds,
                          **{f"memory/{k}": v for k, v in prediction.memory.items()}}
             first = history.records[0].step if history.records else 0
@@ -183,7 +185,7 @@ class RunLog(Callback):
         self._traced_step(history, step)
         failed = history.failures or history.stopped_early or not history.records
         self._write("", step, hparams_summary.session_end_pb(
-            Status.STATUS_ABORTED if failed else Status.STATUS_SUCCESS))
+            Status.STATUS_FAILURE if failed else Status.STATUS_SUCCESS))
 
     def _traced_step(self, history, step: int) -> None:
         trace = history.trace
