@@ -1,0 +1,66 @@
+"""What writing a run's TensorBoard files costs it: the same run with ``logdir=False`` (the
+baseline, in the same process) and with a run directory, interleaved over ``--rounds`` rounds.
+
+Three runs, each the cheapest step of its kind (where a fixed cost per step shows most):
+
+- ``single``: a one-process graph loop of a small classifier (width 64, batch 32), one record a
+  step;
+- ``sync``: ``train.sync_data_parallel`` on two worker tasks and a ps of a local cluster;
+- ``all_reduce``: two worker programs, each reporting every step (three writers: the merged
+  step and one a worker).
+
+For each: the median step of each round with and without the files
+(``history.median_step_s()``), their ratio (with / without), and the medians over the rounds.
+The issue's bound: a ratio of 1.03 or less.
+
+    python benchmarks/run_logs.py [--rounds 5] [--steps 200]
+
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=200)
+    args = parser.parse_args()
+
+    import dtflab
+    from dtflab import train
+
+    problem = train.classification(width=64, batch_size=32, features=16)
+    found = {}
+    with tempfile.TemporaryDirectory(prefix="dtflab-bench-runs-") as logdir, \
+            dtflab.start_cluster(workers=2) as cluster:
+        loops = {
+            "single": lambda **o: train.single(problem, steps=args.steps, **o),
+            "sync": lambda **o: train.sync_data_parallel(problem, cluster, workers=2,
+                                                         steps=args.steps, **o),
+            "all_reduce": lambda **o: train.all_reduce(problem, workers=2,
+                                                       steps=args.steps // 2, **o),
+        }
+        for name, run in loops.items():
+            run(logdir=False)  # warm: graphs built once, programs' imports cached
+            rounds = []
+            for _ in range(args.rounds):
+                without = run(logdir=False).median_step_s()
+                written = run(logdir=logdir)
+                assert written.logdir, "no run directory was written"
+                rounds.append({"without_ms": without * 1e3,
+                               "with_ms": written.median_step_s() * 1e3,
+                               "ratio": written.median_step_s() / without})
+            found[name] = {"rounds": rounds, **{
+                key: statistics.median(r[key] for r in rounds)
+                for key in ("without_ms", "with_ms", "ratio")}}
+    print(json.dumps({"steps": args.steps, "rounds": args.rounds, "loops": found}))
+
+
+if __name__ == "__main__":
+    main()
