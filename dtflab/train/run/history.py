@@ -102,10 +102,7 @@ class RunHistory:
             if len(group) == self.step_reports:  # the step again, after a restart
                 group.clear()
             group.append(record)
-        return [StepRecord(step, "all", sum(r.loss for r in group) / len(group),
-                           max(r.time_s for r in group), sum(r.examples for r in group),
-                           max(r.staleness for r in group), _longest_wait(group))
-                for step, group in steps.items()]
+        return [merged(group) for group in steps.values()]
 
     @property
     def losses(self) -> list[float]:
@@ -192,6 +189,14 @@ class RunHistory:
 
     def __repr__(self) -> str:
         return f"<RunHistory {self.summary()}>"
+
+
+def merged(group: list[StepRecord]) -> StepRecord:
+    """One step's records, one a worker, as the step's: its loss, the examples of every worker,
+    the time the last one reported it, worker ``"all"``."""
+    return StepRecord(group[0].step, "all", sum(r.loss for r in group) / len(group),
+                      max(r.time_s for r in group), sum(r.examples for r in group),
+                      max(r.staleness for r in group), _longest_wait(group))
 
 
 def _longest_wait(group: list[StepRecord]) -> float | None:

@@ -33,6 +33,7 @@ import warnings
 from pathlib import Path
 
 from dtflab.train.run.callbacks import Callback
+from dtflab.train.run.history import merged
 
 #: Where runs go when a loop is not given ``logdir=``: this variable, or ``runs`` (relative to
 #: the working folder: a notebook's kernel runs beside the notebook).
@@ -161,7 +162,7 @@ class RunLog(Callback):
             if len(group) < history.step_reports:
                 return
             del self._groups[record.step]
-            record = _merged(group)
+            record = merged(group)
         if history.step_reports > 1 or not several:
             self._figures("", "all", record)
 
@@ -339,15 +340,6 @@ def keep_profiles(history, profiles: dict) -> None:
     except OSError as error:
         warnings.warn(f"dtflab: the traced step's profiles could not be kept in {session} "
                       f"({error}); pass logdir= a folder you can write", stacklevel=2)
-
-
-def _merged(group):
-    from dtflab.train.run.history import StepRecord
-
-    waits = [r.input_wait_s for r in group if r.input_wait_s is not None]
-    return StepRecord(group[0].step, "all", sum(r.loss for r in group) / len(group),
-                      max(r.time_s for r in group), sum(r.examples for r in group),
-                      max(r.staleness for r in group), max(waits) if waits else None)
 
 
 def _memory(history) -> dict[str, dict[str, float]]:
