@@ -64,11 +64,24 @@ def __getattr__(name):
     raise AttributeError(f"module 'dtflab' has no attribute {name!r}")
 
 
-def trace(session, fetches, feed_dict=None, **run_kwargs):
-    """Run one step with full tracing and return a StepTrace; see dtflab.tracing.capture.trace."""
+def trace(session, fetches, feed_dict=None, *, cluster=None, logdir=None, **run_kwargs):
+    """Run one step with full tracing and return a StepTrace; see dtflab.tracing.capture.trace.
+    The step is kept for TensorBoard in a folder of its own under ``logdir`` (None: where the
+    loops write; False: not kept): its RunMetadata for the Graphs tab and, given the
+    ``cluster`` the session runs on (the ``local`` backend's), every task's profile for XProf."""
     from dtflab.tracing.capture import trace as run_traced
 
-    return run_traced(session, fetches, feed_dict, **run_kwargs)
+    def step():
+        return run_traced(session, fetches, feed_dict, **run_kwargs)
+
+    if logdir is False:
+        return step()
+    from dtflab.tracing.profile import profiled
+    from dtflab.train.run.logdir import keep_trace
+
+    traced, profiles = profiled(cluster, step) if cluster is not None else (step(), {})
+    keep_trace(traced, logdir, profiles)
+    return traced
 
 
 def profile(cluster, fn, *args, duration_ms: int = 1000, **kwargs):

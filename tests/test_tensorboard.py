@@ -188,3 +188,28 @@ def test_tensorboard_ends_with_the_program_that_started_it(tmp_path):
         owner.wait()
         owner.stdout.close()
     assert wait_until(lambda: gone(board_pid), timeout=10)
+
+
+def test_a_step_traced_alone_keeps_its_graph_and_every_tasks_profile(start_cluster, tmp_path):
+    import tensorflow as tf
+
+    cluster = start_cluster(2)
+    with tf.Graph().as_default():
+        with tf.device("/job:ps/task:0"):
+            weights = tf.Variable(tf.ones([64, 64]))
+        with tf.device("/job:worker/task:0"):
+            product = tf.reduce_sum(tf.matmul(weights, weights))
+        with tf.compat.v1.Session(cluster.target("worker", 0)) as session:
+            session.run(weights.initializer)
+            traced = dtflab.trace(session, product, cluster=cluster, logdir=tmp_path)
+            alone = dtflab.trace(session, product, logdir=False)  # kept nowhere
+    assert traced.result == alone.result == 64 ** 3 and traced.bytes_between()  # crossed tasks
+    [folder] = list(tmp_path.iterdir())
+    assert folder.name.startswith("trace-")
+    kept = sorted(path.name for path in folder.glob("plugins/profile/*/*.xplane.pb"))
+    assert kept == ["ps-0.xplane.pb", "worker-0.xplane.pb"]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    assert events.Tags()["run_metadata"] == ["traced step"]

@@ -121,8 +121,9 @@ class RunLog(Callback):
         history.logdir = str(self.folder)
         from tensorboard.plugins.hparams import summary_v2
 
-        self._guarded(lambda: self._write("", 0, summary_v2.hparams_pb(
-            hparams(history, self.problem), trial_id=self.folder.name)))
+        if history.loop != "trace":  # a step traced alone is no row of the layouts' table
+            self._guarded(lambda: self._write("", 0, summary_v2.hparams_pb(
+                hparams(history, self.problem), trial_id=self.folder.name)))
         self._flusher = threading.Thread(target=self._flush_every, name="dtflab-run-log",
                                          daemon=True)
         self._flusher.start()
@@ -220,6 +221,8 @@ class RunLog(Callback):
             self._scalars("predicted", first, predicted)
             self._scalars("predicted", step, predicted)
         self._traced_step(history, step)
+        if history.loop == "trace":
+            return
         failed = history.failures or history.stopped_early or not history.records
         self._write("", step, hparams_summary.session_end_pb(
             Status.STATUS_FAILURE if failed else Status.STATUS_SUCCESS))
@@ -319,6 +322,23 @@ def run_log(logdir, problem=None, callbacks=()) -> RunLog | None:
     named by the run's loop and ``history.details["layout"]``."""
     where = run_directory(logdir)
     return None if where is None else RunLog(where, problem, callbacks)
+
+
+def keep_trace(trace, logdir=None, profiles: dict | None = None) -> Path | None:
+    """Keep a step traced outside a run (``dtflab.trace``) for TensorBoard, in a folder of its
+    own under ``logdir`` (:func:`run_directory`): its RunMetadata and each task's profile
+    (``{task: xplane.pb}``, :func:`keep_profiles`). Returns the folder (None where nothing
+    was written: said once, in one line)."""
+    from dtflab.train.run.history import RunHistory
+
+    history = RunHistory("dtflab.trace", "trace", trace=trace)
+    log = run_log(logdir)
+    if log is None:
+        return None
+    log.on_run_start(history)
+    keep_profiles(history, profiles or {})
+    log.on_run_end(history)
+    return log.folder
 
 
 def keep_profiles(history, profiles: dict) -> None:
