@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import html
 import importlib.util
+import json
 import subprocess
 import sys
 import tempfile
@@ -82,15 +83,20 @@ class TensorBoard:
     def _repr_html_(self) -> str:
         proxied = importlib.util.find_spec("jupyter_server_proxy") is not None
         frame = f"dtflab-tensorboard-{self.port}"
-        # The notebook server's base URL (a hub's /user/NAME/ on Binder) is the page's to know.
+        # The notebook server's base URL (a hub's /user/NAME/ on Binder) is the page's to know;
+        # a page that is no notebook server's (the documentation site, a saved notebook's
+        # rendering) has no TensorBoard to reach, and says so instead.
         where = (f"base + 'proxy/{self.port}/'" if proxied else
                  f"location.protocol + '//' + location.hostname + ':{self.port}/'")
+        said = json.dumps(f"TensorBoard on {self.logdir} ran beside this notebook's kernel; "
+                          f"run the notebook to see it here").replace("</", "<\\/")
         return (f'<iframe id="{frame}" title="TensorBoard on {html.escape(str(self.logdir))}" '
                 f'style="width:100%;height:{self.height}px;border:0"></iframe>'
-                f"<script>(() => {{ const config = document.getElementById("
-                f"'jupyter-config-data'); const base = config ? (JSON.parse(config.textContent)"
-                f".baseUrl || '/') : '/'; document.getElementById('{frame}').src = {where}; }})()"
-                f"</script>")
+                f"<script>(() => {{ const frame = document.getElementById('{frame}'); const config"
+                f" = document.getElementById('jupyter-config-data'); if (!config) {{ "
+                f"frame.replaceWith(Object.assign(document.createElement('p'), {{textContent: "
+                f"{said}}})); return; }} const base = JSON.parse(config.textContent).baseUrl "
+                f"|| '/'; frame.src = {where}; }})()</script>")
 
     def __repr__(self) -> str:
         return f"<TensorBoard on {self.logdir} at {self.url}>"
