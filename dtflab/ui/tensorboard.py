@@ -28,7 +28,7 @@ from dtflab.cluster.ports import free_ports
 from dtflab.processes.spawn import child_env
 from dtflab.train.run.logdir import run_directory
 
-#: Seconds TensorBoard has to answer (it imports TensorFlow: 10-20 s on a loaded machine).
+#: Seconds TensorBoard has to answer (0.8 s on an idle machine; a loaded one is slower).
 START_TIMEOUT_S = 90.0
 _servers: dict[Path, "TensorBoard"] = {}
 
