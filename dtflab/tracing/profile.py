@@ -55,10 +55,7 @@ def profile(cluster, fn, *args, duration_ms: int = 1000, **kwargs) -> StepTrace:
         except Exception as exc:  # reported below, in the caller's thread
             failure.append(exc)
 
-    by_port = {port: key for key, port in ports.items()}
-    endpoints = cluster.endpoints  # parsed once, not once per task
-    host = {key: endpoints[key][0] for key in ports}
-    service = ",".join(f"grpc://{host[key]}:{port}" for key, port in ports.items())
+    service = _service(cluster, ports)
     worker = threading.Thread(target=keep_calling, name="dtflab-profile", daemon=True)
     with tempfile.TemporaryDirectory(prefix="dtflab-profile-") as logdir:
         worker.start()
@@ -70,7 +67,7 @@ def profile(cluster, fn, *args, duration_ms: int = 1000, **kwargs) -> StepTrace:
             worker.join()
         if failure:
             raise failure[0]
-        timings = read_xplanes(Path(logdir), by_port)
+        timings = read_xplanes(Path(logdir), ports)
     ends = [t.end_us for device in timings.values() for t in device]
     note = (f"TF profiler: {calls[0]} calls of {getattr(fn, '__name__', 'fn')} in "
             f"{duration_ms} ms; TensorFlow gives no partitions or transfers for TF2 code")
@@ -88,8 +85,7 @@ def profiled(cluster, fn, *, duration_ms: int = 1500) -> tuple[object, dict[str,
         return fn(), {}
     import_tf()
     profiler_client = tf_private.profiler_client()
-    endpoints = cluster.endpoints
-    service = ",".join(f"grpc://{endpoints[key][0]}:{port}" for key, port in ports.items())
+    service = _service(cluster, ports)
     failed = []
 
     def capture(folder):
@@ -108,24 +104,32 @@ def profiled(cluster, fn, *, duration_ms: int = 1500) -> tuple[object, dict[str,
             result = fn()
         finally:
             capturing.join()
-        by_port = {port: f"{job}:{index}" for (job, index), port in ports.items()}
-        profiles = {}
-        for path in Path(folder).glob("plugins/profile/*/*.xplane.pb"):
-            port = int(path.name.split(".xplane.pb")[0].rsplit("_", 1)[1])
-            if port in by_port:
-                profiles[by_port[port]] = path.read_bytes()
+        profiles = {f"{job}:{index}": path.read_bytes()
+                    for (job, index), path in _captured(Path(folder), ports).items()}
     return result, profiles
 
 
-def read_xplanes(logdir: Path, by_port: dict[int, tuple[str, int]]) -> dict[str, list[OpTiming]]:
-    """Every task's events from one profiler capture (files named by the task's port)."""
+def read_xplanes(logdir: Path, ports: dict[tuple[str, int], int]) -> dict[str, list[OpTiming]]:
+    """Every task's events from one profiler capture of the tasks serving on ``ports``."""
+    return read_xplane_files({f"/job:{job}/replica:0/task:{index}/device:CPU:0": path
+                              for (job, index), path in _captured(logdir, ports).items()})
+
+
+def _service(cluster, ports: dict[tuple[str, int], int]) -> str:
+    """The profiler client's address list for the tasks serving on ``ports``."""
+    endpoints = cluster.endpoints  # parsed once, not once per task
+    return ",".join(f"grpc://{endpoints[key][0]}:{port}" for key, port in ports.items())
+
+
+def _captured(logdir: Path, ports: dict[tuple[str, int], int]) -> dict[tuple[str, int], Path]:
+    """Each task's file of one capture into ``logdir`` (the client names it by the port)."""
+    by_port = {port: key for key, port in ports.items()}
     files = {}
     for path in logdir.glob("plugins/profile/*/*.xplane.pb"):
         port = int(path.name.split(".xplane.pb")[0].rsplit("_", 1)[1])
         if port in by_port:
-            job, index = by_port[port]
-            files[f"/job:{job}/replica:0/task:{index}/device:CPU:0"] = path
-    return read_xplane_files(files)
+            files[by_port[port]] = path
+    return files
 
 
 def read_xplane_files(files: dict[str, Path]) -> dict[str, list[OpTiming]]:
