@@ -2,22 +2,23 @@
 default ``$DTFLAB_LOGDIR`` or ``runs/`` beside the notebook), named by its loop and layout.
 
 - **Scalars**, per step: ``loss``, ``step_time_s``, ``examples_per_s`` (``tokens_per_s`` for a
-  transformer), ``input_wait_s`` where the input is timed; steps that come faster than one each
-  10 ms (``EVERY_S``) as their means over 10 ms, at the latest one's loss. Where several workers report each
-  step, the step's merged figures are the run's and each worker's are in a sub-run of its own
-  (``worker-0``), so TensorBoard draws them on one chart.
+  transformer), ``input_wait_s`` where the input is timed; steps that come faster than one
+  each 10 ms (``EVERY_S``) as their means over 10 ms, at the latest one's loss. Where several
+  workers report each step, the step's merged figures are the run's and each worker's are in
+  a sub-run of its own (``worker-0``), so TensorBoard draws them on one chart.
 - **At the end**: memory by kind per device (what the workers reported, or the traced step's
   allocator records), bytes sent per task (the traced step's transfers; ``WireBytes``' count at
   the transport), and the prediction (``predicted``, a sub-run) beside each measured figure.
 - **HParams**: the run's loop, layout, schedule, ZeRO stage, recomputation, precision and model,
   with ``final/loss``, ``final/step_time_s`` and ``final/peak_memory_bytes`` as its metrics.
-- **The traced step**: a graph loop's graph and its ``RunMetadata`` (TensorBoard's Graphs tab,
-  compute time and memory per node); a worker program's profile of every worker, where the
-  profiler plugin (XProf) reads it (``plugins/profile/<run>/<worker>.xplane.pb``).
+- **The traced step**: a graph loop's ``RunMetadata`` (TensorBoard's Graphs tab, compute time
+  and memory per node); the profile of every worker of a worker program, or of every task of
+  a graph loop on a ``local`` cluster, where the profiler plugin (XProf) reads it
+  (``plugins/profile/<session>/<task>.xplane.pb``).
 
 Writing never fails a run: a folder that cannot be written is said once, and the run trains on.
-TensorBoard's own writer queues each event to a thread of its own, so a step pays for building
-it (a few microseconds), not for the disk.
+A step only queues its event (about 10 us); a thread of the run's log hands the queue to
+TensorBoard's writer every 0.5 s (``FLUSH_S``).
 """
 
 from __future__ import annotations
@@ -140,8 +141,8 @@ class RunLog(Callback):
         if self._flusher is not None:
             self._flusher.join()
         try:
-            if self._error is not None:
-                self._guarded(lambda: _raise(self._error))
+            if self._error is not None and not self._failed:
+                self._said(self._error)
             self._guarded(lambda: self._end(history))
             self._guarded(self._flush)
         finally:
@@ -305,15 +306,15 @@ class RunLog(Callback):
         try:
             write()
         except Exception as error:  # noqa: BLE001 - logging never fails the run
-            self._failed = True
-            warnings.warn(f"dtflab: the run's TensorBoard files could not be written to "
-                          f"{self.folder} ({type(error).__name__}: {error}); the run trains "
-                          f"on without them; pass logdir= a folder you can write, or "
-                          f"logdir=False", stacklevel=2)
+            self._said(error)
 
-
-def _raise(error: Exception):
-    raise error
+    def _said(self, error: Exception) -> None:
+        """Writing failed: said once, in one line; nothing more is written."""
+        self._failed = True
+        warnings.warn(f"dtflab: the run's TensorBoard files could not be written to "
+                      f"{self.folder} ({type(error).__name__}: {error}); the run trains "
+                      f"on without them; pass logdir= a folder you can write, or "
+                      f"logdir=False", stacklevel=3)
 
 
 def run_log(logdir, problem=None, callbacks=()) -> RunLog | None:
