@@ -153,6 +153,27 @@ def test_a_traced_graph_step_is_in_the_graphs_tab_and_its_memory_by_kind_per_dev
     assert list(drawn.values()) == [pytest.approx(held["parameters"])]
 
 
+def test_tensorflows_own_reader_checks_every_records_checksums(runs):
+    # dtflab writes the records itself (its checksum in C): TensorFlow's reader checks both sums
+    # of every record and must read back the losses TensorBoard drew
+    import tensorflow as tf
+
+    [events] = Path(runs["single"].logdir).glob("events.out.tfevents.*")
+    read = [event for event in tf.compat.v1.train.summary_iterator(str(events))]
+    assert read[0].file_version == "brain.Event:2"
+    losses = {event.step: value.simple_value for event in read for value in event.summary.value
+              if value.tag == "loss"}
+    assert losses == pytest.approx({s: runs["single"].losses[s] for s in losses}, rel=1e-6)
+    assert 7 in losses
+    broken = bytearray(events.read_bytes())
+    broken[-3] ^= 0xFF  # a byte of the last record's checksum
+    copy = events.with_name(events.name + ".broken")
+    copy.write_bytes(bytes(broken))
+    with pytest.raises(tf.errors.DataLossError):
+        list(tf.compat.v1.train.summary_iterator(str(copy)))
+    copy.unlink()
+
+
 def test_a_folder_that_cannot_be_written_is_said_once_and_the_run_trains_on(tmp_path):
     in_the_way = tmp_path / "a_file"
     in_the_way.write_text("not a folder")
