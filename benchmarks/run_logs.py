@@ -14,6 +14,9 @@ machine's speed falls on both sides). For each loop: the median step of each run
 (``history.median_step_s()``); ``ratio``, the median over rounds of with / the mean of the two
 without; ``noise``, the median over rounds of |without again / without - 1|, this machine's floor
 for a difference between two identical runs. The issue's bound: a ratio of 1.03 or less.
+Where the noise is larger than that bound, ``log_us_per_step`` says what the writing itself
+costs: the CPU time a fresh run log takes a step for that run's own records, events written
+(its start and end, once a run, left out), and ``log_share`` that over the step without files.
 
     python benchmarks/run_logs.py [--rounds 5] [--steps 200]
 
@@ -28,10 +31,42 @@ import statistics
 import tempfile
 
 
+def replayed_us(history, problem, logdir, times: int = 20) -> float:
+    """The run log's own work a step, in microseconds of this process's CPU: ``history``'s
+    records handed over ``times`` in a row to one fresh RunLog as the runner hands them (the
+    steps renumbered), its flusher writing them; the run's start and end are left out."""
+    import dataclasses
+    import time
+    from pathlib import Path
+
+    from dtflab.train.run.logdir import RunLog
+
+    records = list(history.records)
+    end = records[-1].time_s + records[-1].time_s / len(records)
+    again = dataclasses.replace(history, records=[])
+    log = RunLog(Path(logdir), problem)
+    log.on_run_start(again)
+    started = time.process_time()  # the flusher's thread included: it is this process's
+    for turn in range(times):
+        for record in records:
+            record = dataclasses.replace(record, step=record.step + turn * len(records),
+                                         time_s=record.time_s + turn * end)
+            again.records.append(record)
+            log.on_step(again, record)
+    log._stop.set()
+    log._flusher.join()
+    log._flush()  # what the flusher had not written yet
+    took = time.process_time() - started
+    log.on_run_end(again)
+    return took / (times * len(records) / max(history.step_reports, 1)) * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--loops", default="single,sync,all_reduce",
+                        help="which of the three to run, comma-separated")
     args = parser.parse_args()
 
     import dtflab
@@ -49,6 +84,8 @@ def main() -> None:
                                                        steps=args.steps // 2, **o),
         }
         for name, run in loops.items():
+            if name not in args.loops.split(","):
+                continue
             run(logdir=False)  # warm: graphs built once, programs' imports cached
             rounds = []
             for _ in range(args.rounds):
@@ -63,6 +100,9 @@ def main() -> None:
             found[name] = {"rounds": rounds, **{
                 key: statistics.median(r[key] for r in rounds)
                 for key in ("without_ms", "with_ms", "ratio", "noise")}}
+            found[name]["log_us_per_step"] = replayed_us(written, problem, logdir)
+            found[name]["log_share"] = (found[name]["log_us_per_step"] / 1e3
+                                        / found[name]["without_ms"])
     print(json.dumps({"steps": args.steps, "rounds": args.rounds, "loops": found}))
 
 
