@@ -1,0 +1,133 @@
+"""One cell run on persistent workers, followed from the kernel: each worker's output as it
+comes, labelled ``[worker:0]``; an error once per worker (once in all where every worker raised
+the same, a syntax error say) with what the others were doing; a worker that died named with its
+last lines; the kernel's interrupt passed on to the workers. ``Workers.run`` makes one.
+
+What it cannot do: free a worker stuck in TensorFlow's C++ (a collective waiting for a peer
+that failed) before TensorFlow's own timeout; the interrupt reaches it when control returns to
+Python. Display outputs (plots) are shown once the worker's cell ends, not as they come.
+"""
+
+from __future__ import annotations
+
+import time
+
+#: Seconds the others have to finish after a worker failed, before they are named as waiting
+#: and interrupted.
+GRACE_S = 10.0
+#: Seconds between looks at the workers' output.
+POLL_S = 0.1
+
+
+class Execution:
+    """What ``tasks`` made of one cell: ``outputs`` (``{task: text}``), ``results`` (each
+    one's last expression's value, as text), ``errors`` (``{task: "Name: value"}``), ``states``
+    (``{task: "done" | "error" | "interrupted" | "died" | "waiting"}``)."""
+
+    def __init__(self, workers, tasks: list[str], result):
+        self.workers, self.tasks, self._result = workers, tasks, result
+        self._by_task = dict(zip(tasks, result.msg_ids))
+        self._children = dict(zip(tasks, result._children))
+        self._shown = dict.fromkeys(tasks, 0)
+        self.outputs = dict.fromkeys(tasks, "")
+        self.results: dict[str, str] = {}
+        self.errors: dict[str, str] = {}
+        self.states: dict[str, str] = {}
+
+    def follow(self, *, show=None, timeout: float | None = None) -> "Execution":
+        """Show the output as it comes and wait for every task (or ``timeout`` seconds)."""
+        show = show or (lambda text: print(text, end="", flush=True))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        failed_at = None
+        try:
+            while self._pending():
+                self._stream(show)
+                self._died(show)
+                if failed_at is None and self._failed():
+                    failed_at = time.monotonic()
+                if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
+                    self._release(show)
+                    failed_at = float("inf")
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                self._result.wait(POLL_S)
+        except KeyboardInterrupt:
+            signalled = self.workers.interrupt(self._pending())
+            show(f"\n[dtflab] interrupted {', '.join(signalled) or 'nothing'}: the workers go "
+                 f"on, with their variables\n")
+            for task in signalled:
+                self.states[task] = "interrupted"
+            self._result.wait(GRACE_S)
+        self._stream(show)
+        self._collect(show)
+        return self
+
+    # -- looking ---------------------------------------------------------------------------
+
+    def _pending(self) -> list[str]:
+        return [task for task in self.tasks
+                if not self._children[task].done() and self.states.get(task) != "died"]
+
+    def _failed(self) -> bool:
+        return any(self._children[task].done() and self._children[task].exception() is not None
+                   for task in self.tasks)
+
+    def _stream(self, show) -> None:
+        for task in self.tasks:
+            metadata = self.workers.client.metadata.get(self._by_task[task], {})
+            text = (metadata.get("stdout") or "") + (metadata.get("stderr") or "")
+            if len(text) > self._shown[task]:
+                new = text[self._shown[task]:]
+                self._shown[task] = len(text)
+                self.outputs[task] += new
+                lines = new.splitlines(keepends=True)
+                show("".join(f"[{task}] {line}" for line in lines)
+                     + ("" if new.endswith("\n") else "\n"))
+
+    def _died(self, show) -> None:
+        for task in self._pending():
+            alive, tail = self.workers.alive(task)
+            if not alive:
+                self.states[task] = "died"
+                show(f"[dtflab] {task} died; its last lines:\n{tail}\n[dtflab] its variables "
+                     f"are lost: workers.restart({task!r}) starts it anew\n")
+
+    def _release(self, show) -> None:
+        waiting = self._pending()
+        failed = [task for task in self.tasks if self._children[task].done()
+                  and self._children[task].exception() is not None]
+        show(f"[dtflab] {', '.join(failed)} failed {GRACE_S:.0f} s ago; {', '.join(waiting)} "
+             f"still running (waiting for {'it' if len(failed) == 1 else 'them'} in a "
+             f"collective?): interrupted\n")
+        for task in waiting:
+            self.states[task] = "waiting"
+        self.workers.interrupt(waiting)
+
+    def _collect(self, show) -> None:
+        shown_errors: dict[str, list[str]] = {}
+        for task in self.tasks:
+            child = self._children[task]
+            if not child.done():
+                self.states.setdefault(task, "running")
+                continue
+            error = child.exception()
+            if error is None:
+                self.states.setdefault(task, "done")
+                value = (self.workers.client.metadata.get(self._by_task[task], {})
+                         .get("execute_result") or {}).get("data", {}).get("text/plain")
+                if value is not None:
+                    self.results[task] = value
+                    show(f"[{task}] Out: {value}\n")
+                continue
+            name = getattr(error, "ename", type(error).__name__)
+            if name == "KeyboardInterrupt" and self.states.get(task) in ("interrupted", "waiting"):
+                continue
+            self.states[task] = "error"
+            self.errors[task] = f"{name}: {getattr(error, 'evalue', error)}"
+            traceback = "\n".join(getattr(error, "render_traceback", lambda: [str(error)])())
+            shown_errors.setdefault(traceback, []).append(task)
+        for traceback, tasks in shown_errors.items():
+            others = {task: self.states[task] for task in self.tasks if task not in tasks}
+            said = "; ".join(f"{task} {state}" for task, state in others.items())
+            show(f"[{', '.join(tasks)}] {traceback}\n" + (f"[dtflab] meanwhile: {said}\n"
+                                                          if said else ""))

@@ -1,0 +1,235 @@
+"""Persistent workers: a cluster whose worker (and chief) tasks are long-lived Python processes,
+each with ``TF_CONFIG`` (and DTensor's variables) for its task, that run the code the kernel
+sends them and keep their variables from one call to the next, as TensorFlow's multi-worker
+programs need (one program, run by every worker, built up cell by cell).
+
+    In [1]: workers = dtflab.start_workers(2)
+    In [2]: workers.run("import tensorflow as tf\\n"
+       ...:             "strategy = tf.distribute.MultiWorkerMirroredStrategy()")
+    In [3]: workers.pull("strategy.cluster_resolver.task_id")   # {'worker:0': 0, 'worker:1': 1}
+
+Each worker is an ipyparallel engine (``dtflab.processes.engine``) run as the cluster's
+program task; one ipyparallel controller (``dtflab.processes.controller``) beside the kernel
+carries code, output and values. What runs and what it prints is read by :class:`Execution`
+(the cell magic ``%%dtf_px`` shows it live). Local backend only for now: the kernel signals a
+worker's process itself, by its pid.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dtflab.cluster.ports import free_ports
+from dtflab.processes import engine as engine_program
+from dtflab.processes.spawn import child_env
+
+#: Sockets the controller binds (hub, schedulers, heartbeats, broadcast tree): ports let
+#: through the private network; a pool this big leaves spares.
+CONTROLLER_PORTS = 24
+#: Seconds the workers have to start and register once their tasks run.
+REGISTER_TIMEOUT_S = 90.0
+
+
+class Controller:
+    """ipyparallel's controller, a process of this kernel's (ends with it)."""
+
+    def __init__(self, ip: str = "127.0.0.1", timeout: float = 30.0):
+        self.folder = Path(tempfile.mkdtemp(prefix="dtflab-workers-"))
+        self.ports = free_ports(CONTROLLER_PORTS)
+        self._log = open(self.folder / "controller.log", "wb")  # noqa: SIM115 - closed by stop
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "dtflab.processes.controller", "--profile-dir",
+             str(self.folder), "--ip", ip, "--ports", ",".join(map(str, self.ports))],
+            stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, env=child_env(),
+            start_new_session=True)
+        engine_file = self.folder / "security" / "ipcontroller-engine.json"
+        deadline = time.monotonic() + timeout
+        while not (engine_file.exists() and (self.folder / "security" /
+                                             "ipcontroller-client.json").exists()):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                tail = (self.folder / "controller.log").read_text(errors="replace")[-600:]
+                self.stop()
+                raise RuntimeError(f"the workers' controller did not start: {tail.strip()}")
+            time.sleep(0.1)
+        time.sleep(0.2)  # written, not only created
+        self.engine_info = json.loads(engine_file.read_text())
+
+    @property
+    def client_file(self) -> str:
+        return str(self.folder / "security" / "ipcontroller-client.json")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdin:
+            self.process.stdin.close()
+        self._log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class Workers:
+    """The running workers: ``tasks`` (``["worker:0", "worker:1"]``, the chief first where
+    there is one), the cluster they run in (``cluster``), and what to do with them."""
+
+    def __init__(self, cluster, controller: Controller, client):
+        self.cluster, self.controller, self.client = cluster, controller, client
+        self.tasks = [info.name for info in cluster.tasks if info.program]
+        self._engines: dict[str, int] = {}
+        self._registered(self.tasks)
+
+    # -- what a learner does ---------------------------------------------------------------
+
+    def run(self, code: str, targets=None, *, show=None, timeout: float | None = None):
+        """Run ``code`` on ``targets`` (None: every worker; ``"worker:1"``, ``"worker:0,2"`` or
+        a list) and wait for it; returns the :class:`~dtflab.cluster.execution.Execution`,
+        whose output ``show`` (a callable taking text) receives as it comes (default: printed).
+        KeyboardInterrupt (the kernel's stop button) interrupts the workers and returns."""
+        from dtflab.cluster.execution import Execution
+
+        chosen = self.targets(targets)
+        result = self.client[[self._engines[task] for task in chosen]].execute(
+            code, silent=False, block=False)
+        return Execution(self, chosen, result).follow(show=show, timeout=timeout)
+
+    def pull(self, name: str, targets=None) -> dict:
+        """``{task: value}`` of the expression ``name`` on each of ``targets`` (None: every
+        worker). The value must be picklable (a tensor: ``.numpy()`` it first)."""
+        from ipyparallel import interactive
+
+        chosen = self.targets(targets)
+        values = self.client[[self._engines[task] for task in chosen]].apply_sync(
+            interactive(_evaluate), name)
+        return dict(zip(chosen, values))
+
+    def push(self, values: dict, targets=None) -> None:
+        """Set each of ``values`` (``{name: value}``) on ``targets`` (None: every worker)."""
+        chosen = self.targets(targets)
+        self.client[[self._engines[task] for task in chosen]].push(values, block=True)
+
+    def interrupt(self, targets=None) -> list[str]:
+        """Interrupt what ``targets`` run (SIGINT: ``KeyboardInterrupt`` there); the workers go
+        on. Returns the tasks signalled."""
+        import signal
+
+        signalled = []
+        for info in self.cluster.tasks:
+            if info.name in self.targets(targets) and info.pid is not None:
+                try:
+                    os.kill(info.pid, signal.SIGINT)
+                    signalled.append(info.name)
+                except ProcessLookupError:
+                    pass
+        return signalled
+
+    def restart(self, task: str) -> None:
+        """Start ``task``'s worker anew (after it died): its variables are lost."""
+        job, _, index = self.targets(task)[0].partition(":")
+        self._engines.pop(task, None)
+        self.cluster.restart(job, int(index))
+        self._registered([task])
+
+    def stop(self) -> None:
+        """End the workers, their cluster and the controller."""
+        try:
+            self.client.close()
+        finally:
+            try:
+                self.cluster.stop()
+            finally:
+                self.controller.stop()
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<Workers {', '.join(self.tasks)}>"
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def targets(self, targets=None) -> list[str]:
+        """The tasks ``targets`` names, in order; ``ValueError`` naming an unknown one."""
+        if targets is None or targets == "all":
+            return list(self.tasks)
+        names = targets.replace(" ", "").split(",") if isinstance(targets, str) else list(targets)
+        chosen, job = [], None
+        for name in names:
+            if ":" in name:
+                job, _, index = name.partition(":")
+            else:  # "worker:0,2": the job carries on
+                index = name
+            task = f"{job}:{index}"
+            if task not in self.tasks:
+                raise ValueError(f"no worker {task!r}: these workers are "
+                                 f"{', '.join(self.tasks)}; name one, e.g. {self.tasks[-1]}")
+            chosen.append(task)
+        return chosen
+
+    def alive(self, task: str) -> tuple[bool, str]:
+        """Whether ``task``'s process runs, and its last log lines where it does not."""
+        state = self.cluster.states().get(task)
+        if state is not None and state.value == "running":
+            return True, ""
+        return False, self.cluster._task_log_tail(*self.cluster._task(task, None))
+
+    def _registered(self, tasks: list[str]) -> None:
+        """Wait until each of ``tasks`` has an engine, and learn which is whose."""
+        deadline = time.monotonic() + REGISTER_TIMEOUT_S
+        while True:
+            known = set(self._engines.values())
+            new = [engine for engine in self.client.ids if engine not in known]
+            if new:
+                found = self.client[new].apply_sync(engine_program.task)
+                self._engines.update(zip(found, new))
+            missing = [task for task in tasks if task not in self._engines]
+            if not missing:
+                return
+            dead = [task for task in missing if not self.alive(task)[0]]
+            if dead or time.monotonic() > deadline:
+                why = (f"{dead[0]} ended: {self.alive(dead[0])[1]}" if dead else
+                       f"{', '.join(missing)} did not register in {REGISTER_TIMEOUT_S:.0f} s")
+                raise RuntimeError(f"the persistent workers did not start ({why})")
+            time.sleep(0.2)
+
+
+def _evaluate(name):  # sent to a worker as code: its globals there are the worker's namespace
+    return eval(name, globals())  # noqa: S307 - the learner's own expression
+
+
+def start_workers(workers=2, *, chief: bool = False, timeout: float = 60.0,
+                  start_method: str | None = None, cwd: str | None = None) -> Workers:
+    """Start ``workers`` persistent workers (and a chief with ``chief=True``) on this machine;
+    returns once each is ready to run code. Ends with the kernel, or with ``stop()``."""
+    import ipyparallel
+
+    from dtflab.cluster import run
+
+    controller = Controller()
+    cluster = client = None
+    try:
+        connection = base64.b64encode(json.dumps(controller.engine_info).encode()).decode()
+        cluster = run(engine_program.__file__, f"--connection={connection}",
+                      "--controller-host={client_host}", workers=workers, chief=chief,
+                      timeout=timeout, start_method=start_method, cwd=cwd)
+        for port in controller.ports:
+            cluster.let_tasks_reach(port)
+        client = ipyparallel.Client(controller.client_file)
+        return Workers(cluster, controller, client)
+    except BaseException:
+        if client is not None:
+            client.close()
+        if cluster is not None:
+            cluster.stop()
+        controller.stop()
+        raise

@@ -1,0 +1,47 @@
+"""A persistent worker's program: an ipyparallel engine, run as a cluster's program task, so it
+has the task's ``TF_CONFIG`` (and DTensor's variables) and keeps its namespace from one cell
+to the next. ``dtflab.cluster.workers`` starts it as
+``engine.py --connection BASE64 --controller-host {client_host}``: the controller's connection
+file, with its address replaced by the one at which this task reaches the kernel's machine.
+
+Interrupts: SIGINT raises ``KeyboardInterrupt`` in what the engine runs (TensorFlow's ops end
+first: a step is not cut in half), and the engine goes on serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="engine.py")
+    parser.add_argument("--connection", required=True, help="the connection file, base64")
+    parser.add_argument("--controller-host", required=True)
+    return parser
+
+
+def task() -> str:
+    """``job:index`` of the task this engine runs in, from its ``TF_CONFIG``."""
+    config = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
+    return f"{config.get('type')}:{config.get('index')}"
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    info = json.loads(base64.b64decode(args.connection))
+    protocol = info["interface"].split("://")[0]
+    info.update(interface=f"{protocol}://{args.controller_host}", location=args.controller_host)
+    os.environ["IPP_CONNECTION_INFO"] = json.dumps(info)
+    from ipyparallel.engine.app import IPEngine
+
+    # no nanny: the kernel signals the task's process itself (its pid is the cluster's), and a
+    # nanny would be one more process to outlive a killed task
+    IPEngine.launch_instance(["--log-level=WARN", "--IPEngine.enable_nanny=False"])
+
+
+if __name__ == "__main__":
+    main()
