@@ -48,6 +48,7 @@ WHERE = {
     "input_timeline": ("dtflab.viz.inputs", "input_timeline"),
     "input_scaling_figure": ("dtflab.viz.inputs", "input_scaling_figure"),
     "tensorboard": ("dtflab.ui.tensorboard", "tensorboard"),
+    "start_workers": ("dtflab.cluster.workers", "start_workers"),
     "cpus": ("dtflab.machine", "cpus"),
     "short_device": ("dtflab.names", "short"),
 }
@@ -114,7 +115,8 @@ def tf_log() -> str:
 
 def load_ipython_extension(ipython) -> None:
     """``%load_ext dtflab``: registers ``%dtf_cluster``, ``%%dtf_run``, ``%%dtf_trace``,
-    ``%dtf_tensorboard`` and ``%%dtf_solution``."""
+    ``%dtf_tensorboard``, ``%%dtf_solution`` and the persistent workers' ``%dtf_workers``,
+    ``%%dtf_px``, ``%dtf_pull`` and ``%dtf_autopx``."""
     from dtflab.magics import register
 
     register(ipython)
@@ -123,7 +125,7 @@ def load_ipython_extension(ipython) -> None:
 __all__ = ["Cluster", "PlacementPlan", "PlacementEditor", "Dashboard", "architectures",
            "ScalingModel", "scaling_figure", "curves_figure", *PICTURES, "slices_picture",
            "bytes_sent", "memory_planner", "MemoryPlanner", "schedule_playground",
-           "SchedulePlayground", "plan", "RunPlans", "tensorboard",
+           "SchedulePlayground", "plan", "RunPlans", "tensorboard", "start_workers",
            "short_device", "show", "compare", "train", "TaskInfo", "TaskState", "start_cluster", "run",
            "trace", "profile", "tf_log", "DtflabError", "input_timeline", "input_scaling_figure",
            "NotSupportedError", "TaskError", "__version__"]

@@ -375,11 +375,12 @@ def register(ipython) -> None:
     *before* they are displayed, which a later cell cannot guarantee."""
     from dtflab._quiet import import_tf
     from dtflab.ui.tensorboard import tensorboard_magic
+    from dtflab.ui.workers import WorkersMagics
     from dtflab.viz.output import load_bokehjs
 
     import_tf()
     load_bokehjs()
-    for magics in (ClusterMagics, RunMagics, TraceMagics, exercises.SolutionMagics):
+    for magics in (ClusterMagics, RunMagics, TraceMagics, exercises.SolutionMagics, WorkersMagics):
         ipython.register_magics(magics)
     ipython.register_magic_function(tensorboard_magic, "line", "dtf_tensorboard")
     warm_up()

@@ -84,6 +84,18 @@ def magic_parses(code: str) -> None:
         assert "dtf_tensorboard" in inspect.getsource(magics.register) and len(tokens) <= 1, code
     elif name == "dtf_solution":
         assert hasattr(exercises.SolutionMagics, "dtf_solution") and not tokens, code  # takes nothing
+    elif name in ("dtf_workers", "dtf_px", "dtf_pull", "dtf_autopx"):
+        from dtflab.ui import workers
+
+        assert hasattr(workers.WorkersMagics, name), code
+        tokens = workers._words(line)
+        if name == "dtf_workers":
+            assert tokens[0] in workers.COMMANDS, code
+            if tokens[0] == "start":
+                workers.start_arguments(tokens[1:])
+        targets = {"dtf_px": tokens, "dtf_pull": tokens[1:]}.get(name, [])
+        assert all(re.fullmatch(r"\w+:\d+(,\d+|,\w+:\d+)*", t) for t in targets), code
+        assert name != "dtf_autopx" or not tokens, code
     else:
         raise AssertionError(f"no magic %{name}")
 

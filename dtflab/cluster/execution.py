@@ -10,6 +10,7 @@ Python. Display outputs (plots) are shown once the worker's cell ends, not as th
 
 from __future__ import annotations
 
+import re
 import time
 
 #: Seconds the others have to finish after a worker failed, before they are named as waiting
@@ -19,6 +20,14 @@ GRACE_S = 10.0
 POLL_S = 0.1
 
 
+def compiled(code: str) -> None:
+    """Raise the SyntaxError the cell would raise on every worker (IPython's syntax, magics
+    and ``!`` included, is the workers' too)."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    compile(TransformerManager().transform_cell(code), "<cell>", "exec")
+
+
 class Execution:
     """What ``tasks`` made of one cell: ``outputs`` (``{task: text}``), ``results`` (each
     one's last expression's value, as text), ``errors`` (``{task: "Name: value"}``), ``states``
@@ -26,8 +35,8 @@ class Execution:
 
     def __init__(self, workers, tasks: list[str], result):
         self.workers, self.tasks, self._result = workers, tasks, result
-        self._by_task = dict(zip(tasks, result.msg_ids))
         self._children = dict(zip(tasks, result._children))
+        self._metadata = dict(zip(tasks, result._metadata))  # filled as the output comes
         self._shown = dict.fromkeys(tasks, 0)
         self.outputs = dict.fromkeys(tasks, "")
         self.results: dict[str, str] = {}
@@ -58,6 +67,7 @@ class Execution:
             for task in signalled:
                 self.states[task] = "interrupted"
             self._result.wait(GRACE_S)
+        self._result.wait_for_output(POLL_S * 10)  # the last lines come after the reply
         self._stream(show)
         self._collect(show)
         return self
@@ -68,13 +78,22 @@ class Execution:
         return [task for task in self.tasks
                 if not self._children[task].done() and self.states.get(task) != "died"]
 
-    def _failed(self) -> bool:
-        return any(self._children[task].done() and self._children[task].exception() is not None
-                   for task in self.tasks)
+    def _error(self, task: str):
+        """The worker's error (ipyparallel's RemoteError), once its cell ended with one."""
+        from ipyparallel.error import RemoteError
+
+        child = self._children[task]
+        if not child.done():
+            return None
+        error = child.exception() or child.result()
+        return error if isinstance(error, (RemoteError, BaseException)) else None
+
+    def _failed(self) -> list[str]:
+        return [task for task in self.tasks if self._error(task) is not None]
 
     def _stream(self, show) -> None:
         for task in self.tasks:
-            metadata = self.workers.client.metadata.get(self._by_task[task], {})
+            metadata = self._metadata[task]
             text = (metadata.get("stdout") or "") + (metadata.get("stderr") or "")
             if len(text) > self._shown[task]:
                 new = text[self._shown[task]:]
@@ -94,8 +113,7 @@ class Execution:
 
     def _release(self, show) -> None:
         waiting = self._pending()
-        failed = [task for task in self.tasks if self._children[task].done()
-                  and self._children[task].exception() is not None]
+        failed = self._failed()
         show(f"[dtflab] {', '.join(failed)} failed {GRACE_S:.0f} s ago; {', '.join(waiting)} "
              f"still running (waiting for {'it' if len(failed) == 1 else 'them'} in a "
              f"collective?): interrupted\n")
@@ -110,11 +128,11 @@ class Execution:
             if not child.done():
                 self.states.setdefault(task, "running")
                 continue
-            error = child.exception()
+            error = self._error(task)
             if error is None:
                 self.states.setdefault(task, "done")
-                value = (self.workers.client.metadata.get(self._by_task[task], {})
-                         .get("execute_result") or {}).get("data", {}).get("text/plain")
+                value = (self._metadata[task].get("execute_result") or {}).get(
+                    "data", {}).get("text/plain")
                 if value is not None:
                     self.results[task] = value
                     show(f"[{task}] Out: {value}\n")
@@ -124,10 +142,12 @@ class Execution:
                 continue
             self.states[task] = "error"
             self.errors[task] = f"{name}: {getattr(error, 'evalue', error)}"
-            traceback = "\n".join(getattr(error, "render_traceback", lambda: [str(error)])())
-            shown_errors.setdefault(traceback, []).append(task)
+            lines = list(getattr(error, "render_traceback", lambda: [str(error)])())
+            if lines and re.fullmatch(r"\[\d+:\w+\]", lines[0].strip()):
+                lines = lines[1:]  # ipyparallel's engine number: the label says which worker
+            shown_errors.setdefault("\n".join(lines), []).append(task)
         for traceback, tasks in shown_errors.items():
             others = {task: self.states[task] for task in self.tasks if task not in tasks}
             said = "; ".join(f"{task} {state}" for task, state in others.items())
-            show(f"[{', '.join(tasks)}] {traceback}\n" + (f"[dtflab] meanwhile: {said}\n"
-                                                          if said else ""))
+            show(f"[{', '.join(tasks)}]\n{traceback}\n" + (f"[dtflab] meanwhile: {said}\n"
+                                                            if said else ""))

@@ -21,6 +21,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -68,7 +69,10 @@ class Controller:
 
     def stop(self) -> None:
         if self.process.poll() is None:
-            self.process.kill()
+            try:  # the controller and its heartbeat monitor: a process group of their own
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             self.process.wait()
         if self.process.stdin:
             self.process.stdin.close()
@@ -84,6 +88,7 @@ class Workers:
         self.cluster, self.controller, self.client = cluster, controller, client
         self.tasks = [info.name for info in cluster.tasks if info.program]
         self._engines: dict[str, int] = {}
+        self._gone: set[int] = set()  # engines of workers that died (the hub may list them still)
         self._registered(self.tasks)
 
     # -- what a learner does ---------------------------------------------------------------
@@ -93,9 +98,10 @@ class Workers:
         a list) and wait for it; returns the :class:`~dtflab.cluster.execution.Execution`,
         whose output ``show`` (a callable taking text) receives as it comes (default: printed).
         KeyboardInterrupt (the kernel's stop button) interrupts the workers and returns."""
-        from dtflab.cluster.execution import Execution
+        from dtflab.cluster.execution import Execution, compiled
 
         chosen = self.targets(targets)
+        compiled(code)  # a syntax error is raised here, once, not once per worker
         result = self.client[[self._engines[task] for task in chosen]].execute(
             code, silent=False, block=False)
         return Execution(self, chosen, result).follow(show=show, timeout=timeout)
@@ -133,7 +139,8 @@ class Workers:
     def restart(self, task: str) -> None:
         """Start ``task``'s worker anew (after it died): its variables are lost."""
         job, _, index = self.targets(task)[0].partition(":")
-        self._engines.pop(task, None)
+        if task in self._engines:
+            self._gone.add(self._engines.pop(task))
         self.cluster.restart(job, int(index))
         self._registered([task])
 
@@ -187,7 +194,7 @@ class Workers:
         """Wait until each of ``tasks`` has an engine, and learn which is whose."""
         deadline = time.monotonic() + REGISTER_TIMEOUT_S
         while True:
-            known = set(self._engines.values())
+            known = set(self._engines.values()) | self._gone
             new = [engine for engine in self.client.ids if engine not in known]
             if new:
                 found = self.client[new].apply_sync(engine_program.task)

@@ -36,11 +36,12 @@ def main(argv=None) -> None:
     protocol = info["interface"].split("://")[0]
     info.update(interface=f"{protocol}://{args.controller_host}", location=args.controller_host)
     os.environ["IPP_CONNECTION_INFO"] = json.dumps(info)
+    sys.path.insert(0, os.getcwd())  # as in a notebook's kernel: modules beside it import
     from ipyparallel.engine.app import IPEngine
 
     # no nanny: the kernel signals the task's process itself (its pid is the cluster's), and a
     # nanny would be one more process to outlive a killed task
-    IPEngine.launch_instance(["--log-level=WARN", "--IPEngine.enable_nanny=False"])
+    IPEngine.launch_instance(["--log-level=ERROR", "--IPEngine.enable_nanny=False"])
 
 
 if __name__ == "__main__":

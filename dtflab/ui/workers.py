@@ -41,7 +41,7 @@ class WorkersMagics(Magics):
         In [4]: %dtf_workers restart worker:1
         In [5]: %dtf_workers stop
         """
-        words = line.split()
+        words = _words(line)
         command = words[0] if words else "status"
         if command not in COMMANDS:
             raise UsageError(f"unknown command {command!r}; commands: {', '.join(COMMANDS)}, "
@@ -79,7 +79,7 @@ class WorkersMagics(Magics):
         """
         workers = self._running()
         try:
-            targets = workers.targets(line.strip() or None)
+            targets = workers.targets(" ".join(_words(line)) or None)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         workers.run(cell, targets)
@@ -91,7 +91,7 @@ class WorkersMagics(Magics):
         In [1]: %dtf_pull x
         In [2]: %dtf_pull x worker:1
         """
-        words = line.split()
+        words = _words(line)
         if not words:
             raise UsageError("pull what? e.g. %dtf_pull loss worker:0")
         workers = self._running()
@@ -132,16 +132,27 @@ class WorkersMagics(Magics):
         if running is not None:
             raise UsageError(f"workers are running already ({', '.join(running.tasks)}): "
                              f"%dtf_workers stop first")
-        chief = "--chief" in words
-        counts = [word for word in words if word != "--chief"]
-        if len(counts) > 1 or counts and not counts[0].isdigit() or counts and int(counts[0]) < 1:
-            raise UsageError(f"{' '.join(counts)!r}: give the number of workers, e.g. "
-                             f"%dtf_workers start 2")
-        workers = start_workers(int(counts[0]) if counts else 2, chief=chief)
+        count, chief = start_arguments(words)
+        workers = start_workers(count, chief=chief)
         self.shell.user_ns[self.name] = workers
         print(f"{', '.join(workers.tasks)} ready, each with TF_CONFIG for its task; %%dtf_px "
               f"runs a cell on them")
         return None
+
+
+def _words(line: str) -> list[str]:
+    """A magic's words, without a trailing ``# comment``."""
+    return line.partition("#")[0].split()
+
+
+def start_arguments(words: list[str]) -> tuple[int, bool]:
+    """``(workers, chief)`` of ``%dtf_workers start [N] [--chief]``; UsageError otherwise."""
+    chief = "--chief" in words
+    counts = [word for word in words if word != "--chief"]
+    if len(counts) > 1 or counts and not counts[0].isdigit() or counts and int(counts[0]) < 1:
+        raise UsageError(f"{' '.join(counts)!r}: give the number of workers, e.g. "
+                         f"%dtf_workers start 2")
+    return (int(counts[0]) if counts else 2), chief
 
 
 def _to_workers(lines: list[str]) -> list[str]:

@@ -1,0 +1,233 @@
+"""Persistent workers: real ipyparallel engines as a local cluster's program tasks, each with its
+TF_CONFIG, driven cell by cell; TensorFlow's own multi-worker programs built up on them and
+matched against the same program run from a file; the magics through a real IPython shell."""
+
+import _thread
+import re
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import dtflab
+from dtflab.cluster import execution
+
+pytestmark = pytest.mark.slow
+
+PROGRAMS = Path(__file__).parent / "programs"
+TUTORIALS = PROGRAMS / "tf_tutorials"
+
+
+@pytest.fixture(scope="module")
+def workers():
+    with dtflab.start_workers(2, cwd=str(TUTORIALS)) as started:
+        yield started
+
+
+def cells_of(path: Path) -> list[str]:
+    """A program as notebook cells, its lines unchanged: a new cell at each blank line before a
+    top-level statement; cells of comments only are left out."""
+    lines, cells, cell = path.read_text().splitlines(), [], []
+    for at, line in enumerate(lines):
+        following = next((later for later in lines[at + 1:] if later.strip()), "")
+        if not line.strip() and cell and not following.startswith((" ", "\t")):
+            cells.append(cell)
+            cell = []
+        elif line.strip() or cell:
+            cell.append(line)
+    return ["\n".join(cell) for cell in cells + [cell]
+            if any(line.strip() and not line.lstrip().startswith("#") for line in cell)]
+
+
+def collected():
+    """A list, and what appends to it: a run's ``show``."""
+    lines = []
+    return lines, lines.append
+
+
+def plain(lines) -> str:
+    """What was shown, without the terminal colours of IPython's tracebacks."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", "".join(lines))
+
+
+def test_each_worker_keeps_its_variables_and_has_its_own_task(workers):
+    assert workers.tasks == ["worker:0", "worker:1"]
+    lines, show = collected()
+    run = workers.run("import json, os\nmine = json.loads(os.environ['TF_CONFIG'])['task']\n"
+                      "print('I am', mine['type'], mine['index'])\nmine['index'] * 10", show=show)
+    assert run.states == {"worker:0": "done", "worker:1": "done"}
+    assert "[worker:0] I am worker 0\n" in lines and "[worker:1] I am worker 1\n" in lines
+    assert run.results == {"worker:0": "0", "worker:1": "10"}
+    # the next call finds them, on the workers named
+    assert workers.pull("mine['index']") == {"worker:0": 0, "worker:1": 1}
+    workers.push({"offset": 5}, "worker:1")
+    assert workers.pull("mine['index'] + offset", "worker:1") == {"worker:1": 6}
+    with pytest.raises(ValueError, match=r"no worker 'worker:7'.*worker:0, worker:1"):
+        workers.targets("worker:0,7")
+
+
+def test_output_comes_while_the_cell_runs_labelled_by_worker(workers):
+    seen = []
+    run = workers.run("import time\nfor i in range(3):\n    print('tick', i, flush=True)\n"
+                      "    time.sleep(0.6)", show=lambda text: seen.append((time.monotonic(), text)))
+    ended = time.monotonic()
+    ticks = [(at, text) for at, text in seen if "tick 0" in text]
+    assert {"[worker:0] tick 0\n", "[worker:1] tick 0\n"} <= {text for _, text in seen}
+    assert all(ended - at > 0.6 for at, _ in ticks), (ended, seen)  # shown before the end
+    assert run.outputs["worker:1"] == "tick 0\ntick 1\ntick 2\n"
+
+
+def test_an_error_is_shown_once_with_every_worker_that_raised_it(workers):
+    lines, show = collected()
+    run = workers.run("1 / 0", show=show)
+    assert run.errors == {"worker:0": "ZeroDivisionError: division by zero",
+                          "worker:1": "ZeroDivisionError: division by zero"}
+    text = plain(lines)
+    assert text.count("ZeroDivisionError: division by zero") == 1, text
+    assert "[worker:0, worker:1]\n" in text
+    # a syntax error is the kernel's to say, once: nothing reaches the workers
+    with pytest.raises(SyntaxError):
+        workers.run("def broken(:\n    pass")
+
+
+def test_a_worker_left_waiting_by_a_failed_one_is_named_and_released(workers, monkeypatch):
+    monkeypatch.setattr(execution, "GRACE_S", 2.0)
+    lines, show = collected()
+    started = time.monotonic()
+    run = workers.run("import time\nif mine['index'] == 0:\n    raise ValueError('bad on 0')\n"
+                      "while True:\n    time.sleep(0.05)", show=show)
+    assert time.monotonic() - started < 30
+    assert run.states == {"worker:0": "error", "worker:1": "waiting"}
+    text = plain(lines)
+    assert "worker:0 failed 2 s ago; worker:1 still running" in text
+    assert "ValueError: bad on 0" in text and "meanwhile: worker:1 waiting" in text
+    assert workers.pull("mine['index']") == {"worker:0": 0, "worker:1": 1}  # both serve on
+
+
+def test_the_kernels_interrupt_reaches_every_worker_and_keeps_their_variables(workers):
+    lines, show = collected()
+    threading.Timer(2.0, _thread.interrupt_main).start()
+    started = time.monotonic()
+    run = workers.run("import time\nkept = 'still here'\nwhile True:\n    time.sleep(0.05)",
+                      show=show)
+    assert time.monotonic() - started < 15
+    assert run.states == {"worker:0": "interrupted", "worker:1": "interrupted"}
+    assert "interrupted worker:0, worker:1" in plain(lines)
+    assert workers.pull("kept") == {"worker:0": "still here", "worker:1": "still here"}
+
+
+def test_a_worker_that_dies_is_named_and_restarts_without_its_variables():
+    lines, show = collected()
+    with dtflab.start_workers(1) as alone:  # its own: the restarted process ends with the test
+        alone.run("import os\nbefore = 1")
+        run = alone.run("os._exit(3)", show=show)
+        assert run.states == {"worker:0": "died"}
+        assert "worker:0 died; its last lines" in plain(lines)
+        assert "workers.restart('worker:0')" in plain(lines)
+        alone.restart("worker:0")
+        assert alone.pull("1 + 1") == {"worker:0": 2}
+        with pytest.raises(Exception, match="name 'before' is not defined"):
+            alone.pull("before")
+
+
+def test_tensorflows_custom_loop_cell_by_cell_trains_as_the_program_does(workers, run_programs):
+    # tests/programs/mwms_custom_loop.py (MultiWorkerMirroredStrategy, a custom loop, as
+    # TensorFlow's tutorial) run from its file, then sent cell by cell, its lines unchanged
+    program = PROGRAMS / "mwms_custom_loop.py"
+    from_file = run_programs(program, "4", workers=2, timeout=120)
+    assert from_file.wait(timeout=240) == {"worker:0": 0, "worker:1": 0}
+    losses = {task: re.findall(r"step \d loss (\S+)", from_file.logs(task))
+              for task in ("worker:0", "worker:1")}
+    assert len(losses["worker:0"]) == 4
+
+    workers.push({"sys_argv": ["mwms_custom_loop.py", "4"]})
+    workers.run("import sys\nsys.argv = sys_argv")
+    cells = cells_of(program)
+    assert len(cells) >= 4
+    lines, show = collected()
+    for cell in cells:
+        run = workers.run(cell, show=show)
+        assert set(run.states.values()) == {"done"}, (cell, plain(lines))
+    # the strategy built in the first cells is still there: one replica a worker
+    assert workers.pull("strategy.num_replicas_in_sync") == {"worker:0": 2, "worker:1": 2}
+    for task in ("worker:0", "worker:1"):
+        cell_losses = re.findall(rf"\[{task}\] step \d loss (\S+)", plain(lines))
+        assert cell_losses == losses[task]
+
+
+@pytest.fixture(scope="module")
+def keras_workers():
+    """Two workers of their own: TensorFlow configures its collectives once a process, and the
+    other tests' workers built a strategy already."""
+    with dtflab.start_workers(2, cwd=str(TUTORIALS)) as started:
+        yield started
+
+
+def test_tensorflows_keras_tutorial_fits_cell_by_cell_with_each_workers_progress(keras_workers):
+    # TensorFlow's "Multi-worker training with Keras" main.py, cell by cell (its lines unchanged
+    # but for fewer epochs and steps)
+    workers = keras_workers
+    lines, show = collected()
+    for cell in cells_of(TUTORIALS / "main.py"):
+        cell = cell.replace("epochs=3, steps_per_epoch=70", "epochs=2, steps_per_epoch=8")
+        run = workers.run(cell, show=show)
+        assert set(run.states.values()) == {"done"}, (cell, plain(lines)[-2000:])
+    text = plain(lines)
+    for task in workers.tasks:
+        assert re.search(rf"\[{task}\] .*Epoch 2/2", text), text[-2000:]
+    assert workers.pull("num_workers") == {"worker:0": 2, "worker:1": 2}
+
+
+def test_the_magics_start_run_pull_and_stop_workers_in_a_real_shell(ip, capsys):
+    from IPython.core.error import UsageError
+
+    ip.run_line_magic("dtf_workers", "start 2")
+    try:
+        workers = ip.user_ns["workers"]
+        ip.run_cell_magic("dtf_px", "", "import os, json\n"
+                         "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+                         "print('index', index)")
+        out = capsys.readouterr().out
+        assert "[worker:0] index 0" in out and "[worker:1] index 1" in out
+        ip.run_cell_magic("dtf_px", "worker:1", "index = index + 100")
+        assert ip.run_line_magic("dtf_pull", "index worker:1") == 101
+        assert ip.run_line_magic("dtf_pull", "index") == {"worker:0": 0, "worker:1": 101}
+        ip.run_line_magic("dtf_autopx", "")
+        ip.run_cell("doubled = index * 2")
+        ip.run_cell("%dtf_autopx")
+        assert "doubled" not in ip.user_ns
+        assert ip.run_line_magic("dtf_pull", "doubled") == {"worker:0": 0, "worker:1": 202}
+        for line, said_ in (("start 2", "running already"), ("launch", "unknown command"),
+                            ("restart", "restart which worker")):
+            with pytest.raises(UsageError, match=said_):
+                ip.run_line_magic("dtf_workers", line)
+        with pytest.raises(UsageError, match="no worker 'worker:5'"):
+            ip.run_cell_magic("dtf_px", "worker:5", "pass")
+        pids = [info.pid for info in workers.cluster.tasks] + [workers.controller.process.pid]
+    finally:
+        ip.run_line_magic("dtf_workers", "stop")
+    assert "workers" not in ip.user_ns
+    assert not [pid for pid in pids if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    with pytest.raises(UsageError, match="no persistent workers are running"):
+        ip.run_cell_magic("dtf_px", "", "pass")
+
+
+def test_nothing_outlives_the_program_that_started_workers(tmp_path):
+    from conftest import owner_of
+
+    code = ("import json, dtflab\nw = dtflab.start_workers(2)\n"
+            "print(json.dumps([t.pid for t in w.cluster.tasks] + [w.controller.process.pid]),"
+            " flush=True)\nimport time\ntime.sleep(600)")
+    with owner_of(code) as (tasks, descendants):
+        assert len(tasks) == 3
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        left = [pid for pid in descendants if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        if not left:
+            break
+        time.sleep(0.2)
+    assert not left, [psutil.Process(pid).cmdline() for pid in left]
