@@ -93,8 +93,8 @@ def magic_parses(code: str) -> None:
             assert tokens[0] in workers.COMMANDS, code
             if tokens[0] == "start":
                 workers.start_arguments(tokens[1:])
-        targets = {"dtf_px": tokens, "dtf_pull": tokens[1:]}.get(name, [])
-        assert all(re.fullmatch(r"\w+:\d+(,\d+|,\w+:\d+)*", t) for t in targets), code
+        targets = {"dtf_px": tokens, "dtf_pull": tokens[-1:] if len(tokens) == 2 else []}
+        assert all(workers.TARGETS.fullmatch(t) for t in targets.get(name, [])), code
         assert name != "dtf_autopx" or not tokens, code
     else:
         raise AssertionError(f"no magic %{name}")

@@ -68,9 +68,12 @@ class Execution:
                 self.states[task] = "interrupted"
             self._result.wait(GRACE_S)
         self._result.wait_for_output(POLL_S * 10)  # the last lines come after the reply
-        self._stream(show)
+        self._stream(show, final=True)
         self._collect(show)
         return self
+
+    def __repr__(self) -> str:
+        return f"<Execution: {', '.join(f'{t} {s}' for t, s in self.states.items())}>"
 
     # -- looking ---------------------------------------------------------------------------
 
@@ -91,13 +94,15 @@ class Execution:
     def _failed(self) -> list[str]:
         return [task for task in self.tasks if self._error(task) is not None]
 
-    def _stream(self, show) -> None:
+    def _stream(self, show, final: bool = False) -> None:
         for task in self.tasks:
             metadata = self._metadata[task]
             text = (metadata.get("stdout") or "") + (metadata.get("stderr") or "")
-            if len(text) > self._shown[task]:
-                new = text[self._shown[task]:]
-                self._shown[task] = len(text)
+            # whole lines only, but at the end: each one labelled once
+            end = len(text) if final else text.rfind("\n", self._shown[task]) + 1
+            if end > self._shown[task]:
+                new = text[self._shown[task]:end]
+                self._shown[task] = end
                 self.outputs[task] += new
                 lines = new.splitlines(keepends=True)
                 show("".join(f"[{task}] {line}" for line in lines)

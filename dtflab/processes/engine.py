@@ -41,7 +41,8 @@ def main(argv=None) -> None:
 
     # no nanny: the kernel signals the task's process itself (its pid is the cluster's), and a
     # nanny would be one more process to outlive a killed task
-    IPEngine.launch_instance(["--log-level=ERROR", "--IPEngine.enable_nanny=False"])
+    IPEngine.launch_instance(["--log-level=ERROR", "--IPEngine.enable_nanny=False",
+                              "--IPEngine.out_stream_factory=dtflab.processes.engine_output.PythonOutput"])
 
 
 if __name__ == "__main__":

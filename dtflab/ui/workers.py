@@ -18,11 +18,15 @@ per worker. The stop button interrupts what the workers run; they keep their var
 
 from __future__ import annotations
 
+import re
+
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 COMMANDS = ("start", "stop", "status", "restart")
 AUTOPX_OFF = ("%dtf_autopx", "dtf_autopx")
+#: ``worker:1``, ``worker:0,2``, ``chief:0,worker:1``: which workers a magic names.
+TARGETS = re.compile(r"\w+:\d+(,\d+|,\w+:\d+)*")
 
 
 @magics_class
@@ -86,18 +90,20 @@ class WorkersMagics(Magics):
 
     @line_magic
     def dtf_pull(self, line: str):
-        """A value from the workers: ``{worker: value}``, or one worker's value.
+        """The value of an expression on the workers: ``{worker: value}``, or one worker's value
+        where the last word names one.
 
         In [1]: %dtf_pull x
         In [2]: %dtf_pull x worker:1
+        In [3]: %dtf_pull "strategy" in globals()
         """
         words = _words(line)
         if not words:
             raise UsageError("pull what? e.g. %dtf_pull loss worker:0")
         workers = self._running()
-        target = words[1] if len(words) > 1 else None
+        target = words.pop() if len(words) > 1 and TARGETS.fullmatch(words[-1]) else None
         try:
-            values = workers.pull(words[0], target)
+            values = workers.pull(" ".join(words), target)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         return values[workers.targets(target)[0]] if target and "," not in target else values
