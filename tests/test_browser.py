@@ -707,6 +707,51 @@ def test_input_pipelines_list_the_data_service_and_draw_the_wait_on_the_timeline
     assert_readable(page)
 
 
+def test_persistent_workers_print_into_their_cell_live_labelled_by_worker(lab, page):
+    # Notebook 15's set-up, its two workers and their strategy, then a cell whose workers print a
+    # line a second: the page shows each worker's lines, labelled, while that cell still runs.
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    notebook = "15_workers_cell_by_cell.ipynb"
+    cells = json.loads((lab.root / "notebooks" / notebook).read_text())
+    code = [cell for cell in cells["cells"] if cell["cell_type"] == "code"]
+    kept = ("%dtf_workers start 2", "strategy = tf.distribute.MultiWorkerMirroredStrategy()")
+    picked = [cell for i, cell in enumerate(code)
+              if i == 0 or any(text in "".join(cell["source"]) for text in kept)]
+    assert len(picked) == 3
+    ticking = "%%dtf_px\nimport time\nfor second in range(8):\n    print('second', second)\n" \
+              "    time.sleep(1)"
+    cells["cells"] = picked + [dict(picked[-1], source=ticking, outputs=[], id="ticking"),
+                               dict(picked[-1], source="%dtf_workers stop", outputs=[], id="stop")]
+    (lab.root / "notebooks" / f"part_of_{notebook}").write_text(json.dumps(cells))
+    page.goto(lab.address(f"part_of_{notebook}"))
+    page.wait_for_selector(".jp-Notebook", timeout=90_000)
+    page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    cell = cell_containing(page, "print('second', second)")
+
+    def said() -> str:
+        reveal(cell)
+        return cell.locator(".jp-OutputArea").inner_text()
+
+    assert wait_until(lambda: "[worker:0] second 1" in said() and "[worker:1] second 1" in said(),
+                      timeout=180), said()
+    assert "second 7" not in said(), said()  # shown as it came, not once the cell ended
+    shot(page, cell, str(SHOTS / "workers_live_output.png"))
+    try:
+        page.wait_for_function(ALL_EXECUTED, timeout=120_000, polling=1000)
+    except PlaywrightTimeout:
+        raise AssertionError(f"the workers' cells did not finish: {said()}") from None
+    for worker in ("worker:0", "worker:1"):
+        assert f"[{worker}] second 7" in said()
+        built = cell_containing(page, "MultiWorkerMirroredStrategy()")
+        reveal(built)
+        assert f"[{worker}] I am worker {worker[-1]}; replicas in sync: 2" in \
+            built.locator(".jp-OutputArea").inner_text()
+    assert page.evaluate(ERROR_OUTPUTS) == []
+    assert_readable(page)
+
+
 KERNEL_PRINT = """async (code) => {
     const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
     const future = kernel.requestExecute({code, store_history: false});
