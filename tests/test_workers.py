@@ -4,6 +4,7 @@ matched against the same program run from a file; the magics through a real IPyt
 
 import _thread
 import re
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -27,9 +28,14 @@ def workers():
 
 
 def cells_of(path: Path) -> list[str]:
-    """A program as notebook cells, its lines unchanged: a new cell at each blank line before a
-    top-level statement; cells of comments only are left out."""
-    lines, cells, cell = path.read_text().splitlines(), [], []
+    """A program as notebook cells, its lines unchanged (see :func:`cells_in`)."""
+    return cells_in(path.read_text())
+
+
+def cells_in(text: str) -> list[str]:
+    """Python source as notebook cells, its lines unchanged: a new cell at each blank line
+    before a top-level statement; cells of comments only are left out."""
+    lines, cells, cell = text.splitlines(), [], []
     for at, line in enumerate(lines):
         following = next((later for later in lines[at + 1:] if later.strip()), "")
         if not line.strip() and cell and not following.startswith((" ", "\t")):
@@ -96,14 +102,35 @@ def test_a_worker_left_waiting_by_a_failed_one_is_named_and_released(workers, mo
     monkeypatch.setattr(execution, "GRACE_S", 2.0)
     lines, show = collected()
     started = time.monotonic()
-    run = workers.run("import time\nif mine['index'] == 0:\n    raise ValueError('bad on 0')\n"
-                      "while True:\n    time.sleep(0.05)", show=show)
+    run = workers.run("import json, os, time\n"
+                      "if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 0:\n"
+                      "    raise ValueError('bad on 0')\nwhile True:\n    time.sleep(0.05)", show=show)
     assert time.monotonic() - started < 30
     assert run.states == {"worker:0": "error", "worker:1": "waiting"}
     text = plain(lines)
     assert "worker:0 failed 2 s ago; worker:1 still running" in text
     assert "ValueError: bad on 0" in text and "meanwhile: worker:1 waiting" in text
-    assert workers.pull("mine['index']") == {"worker:0": 0, "worker:1": 1}  # both serve on
+    assert workers.pull("1 + 1") == {"worker:0": 2, "worker:1": 2}  # both serve on
+
+
+def test_a_worker_stuck_in_a_collective_for_a_failed_peer_is_named_and_the_cell_ends(monkeypatch):
+    # worker:0 fails before an all-reduce that worker:1 enters: TensorFlow's C++ waits for it
+    # and a KeyboardInterrupt cannot reach Python there; the cell ends and says so
+    monkeypatch.setattr(execution, "GRACE_S", 2.0)
+    with dtflab.start_workers(2) as pair:
+        pair.run("import tensorflow as tf\n"
+                 "strategy = tf.distribute.MultiWorkerMirroredStrategy()\n"
+                 "task = strategy.cluster_resolver.task_id")
+        lines, show = collected()
+        started = time.monotonic()
+        run = pair.run("@tf.function\ndef summed():\n"
+                       "    return tf.distribute.get_replica_context().all_reduce('sum', 1.0)\n"
+                       "if task == 0:\n    raise ValueError('worker 0 fails first')\n"
+                       "strategy.run(summed)", show=show)
+        assert time.monotonic() - started < 30
+        assert run.states == {"worker:0": "error", "worker:1": "stuck"}
+        assert ("worker:1 did not stop: waiting inside TensorFlow (in a collective, for "
+                "worker:0?); %dtf_workers restart worker:1") in plain(lines)
 
 
 def test_the_kernels_interrupt_reaches_every_worker_and_keeps_their_variables(workers):
@@ -122,9 +149,10 @@ def test_a_worker_that_dies_is_named_and_restarts_without_its_variables():
     lines, show = collected()
     with dtflab.start_workers(1) as alone:  # its own: the restarted process ends with the test
         alone.run("import os\nbefore = 1")
-        run = alone.run("os._exit(3)", show=show)
+        run = alone.run("os.write(2, b'last words\\n')\nos._exit(3)", show=show)
         assert run.states == {"worker:0": "died"}
-        assert "worker:0 died; its last lines" in plain(lines)
+        assert "worker:0 died: exit code 3, its last lines:\n" in plain(lines)
+        assert "last words" in plain(lines)
         assert "workers.restart('worker:0')" in plain(lines)
         alone.restart("worker:0")
         assert alone.pull("1 + 1") == {"worker:0": 2}
@@ -180,6 +208,37 @@ def test_tensorflows_keras_tutorial_fits_cell_by_cell_with_each_workers_progress
     assert workers.pull("num_workers") == {"worker:0": 2, "worker:1": 2}
 
 
+def main_as_cells(path: Path) -> list[str]:
+    """A program whose work is in ``main()``, as cells: its module's top (imports, helpers)
+    in one, then ``main``'s body, dedented, split as :func:`cells_of` splits a program."""
+    source = path.read_text()
+    top, _, rest = source.partition("\ndef main():\n")
+    body = textwrap.dedent(rest.partition('\nif __name__ == "__main__":')[0])
+    return [top, *cells_in(body)]
+
+
+def test_a_dtensor_program_cell_by_cell_trains_as_its_file_does(run_programs):
+    # tests/programs/dtensor_mlp.py, a multi-client DTensor program: from its file on two
+    # clients, then as cells on two persistent workers (each a DTensor client by its variables)
+    program = PROGRAMS / "dtensor_mlp.py"
+    args = ["--num_local_devices=2", "--steps=4"]
+    from_file = run_programs(program, *args, workers=2, timeout=120)
+    assert from_file.wait(timeout=240) == {"worker:0": 0, "worker:1": 0}
+    losses = {task: re.findall(r"step \d loss (\S+)", from_file.logs(task))
+              for task in ("worker:0", "worker:1")}
+    assert len(losses["worker:0"]) == 4
+    with dtflab.start_workers(2) as clients:
+        clients.push({"sys_argv": [program.name, *args]})
+        clients.run("import sys\nsys.argv = sys_argv")
+        lines, show = collected()
+        for cell in main_as_cells(program):
+            run = clients.run(cell, show=show)
+            assert set(run.states.values()) == {"done"}, (cell, plain(lines)[-2000:])
+        assert clients.pull("dtensor.client_id()") == {"worker:0": 0, "worker:1": 1}
+    for task in ("worker:0", "worker:1"):
+        assert re.findall(rf"\[{task}\] step \d loss (\S+)", plain(lines)) == losses[task]
+
+
 def test_the_magics_start_run_pull_and_stop_workers_in_a_real_shell(ip, capsys):
     from IPython.core.error import UsageError
 
@@ -213,6 +272,19 @@ def test_the_magics_start_run_pull_and_stop_workers_in_a_real_shell(ip, capsys):
                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     with pytest.raises(UsageError, match="no persistent workers are running"):
         ip.run_cell_magic("dtf_px", "", "pass")
+
+
+def test_workers_on_dask_run_cells_keep_variables_and_take_the_interrupt():
+    with dtflab.start_workers(2, backend="dask") as on_dask:
+        assert {info.host is not None for info in on_dask.cluster.tasks} == {True}
+        lines, show = collected()
+        on_dask.run("import json, os\nmine = json.loads(os.environ['TF_CONFIG'])['task']\n"
+                    "print('I am', mine['type'], mine['index'])", show=show)
+        assert {"[worker:0] I am worker 0\n", "[worker:1] I am worker 1\n"} <= set(lines)
+        threading.Timer(2.0, _thread.interrupt_main).start()
+        run = on_dask.run("import time\nwhile True:\n    time.sleep(0.05)")
+        assert run.states == {"worker:0": "interrupted", "worker:1": "interrupted"}
+        assert on_dask.pull("mine['index']") == {"worker:0": 0, "worker:1": 1}
 
 
 def test_nothing_outlives_the_program_that_started_workers(tmp_path):

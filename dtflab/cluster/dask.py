@@ -88,6 +88,14 @@ class DaskCluster(Cluster):
         worker = self._roles[job, index]
         self._client.run(remote.kill_task, self._id, job, index, workers=[worker])
 
+    def interrupt(self, job: str, index: int | None = None) -> bool:
+        """Interrupt one task's program on its Dask worker (SIGINT: a ``KeyboardInterrupt`` in
+        its Python; the process runs on). False where it does not run."""
+        job, index = self._task(job, index)
+        worker = self._roles[job, index]
+        return self._client.run(remote.interrupt_task, self._id, job, index,
+                                workers=[worker])[worker]
+
     def _start_task(self, job: str, index: int) -> None:
         worker = self._roles[job, index]
         commands = {worker: (job, index, self._task_command(job, index))}

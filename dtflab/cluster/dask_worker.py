@@ -71,6 +71,11 @@ def kill_task(cluster_id: str, job: str, index: int, dask_worker=None) -> bool:
     return True
 
 
+def interrupt_task(cluster_id: str, job: str, index: int, dask_worker=None) -> bool:
+    task = _hosted.get(cluster_id, {}).get((job, index))
+    return task is not None and task.interrupt()
+
+
 def stop_tasks(cluster_id: str, dask_worker=None) -> dict:
     """Stop this worker's tasks of the cluster; returns their logs."""
     from dtflab.cluster.task import stop_all

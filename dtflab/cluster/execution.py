@@ -31,7 +31,7 @@ def compiled(code: str) -> None:
 class Execution:
     """What ``tasks`` made of one cell: ``outputs`` (``{task: text}``), ``results`` (each
     one's last expression's value, as text), ``errors`` (``{task: "Name: value"}``), ``states``
-    (``{task: "done" | "error" | "interrupted" | "died" | "waiting"}``)."""
+    (``{task: "done" | "error" | "interrupted" | "died" | "waiting" | "stuck"}``)."""
 
     def __init__(self, workers, tasks: list[str], result):
         self.workers, self.tasks, self._result = workers, tasks, result
@@ -47,17 +47,21 @@ class Execution:
         """Show the output as it comes and wait for every task (or ``timeout`` seconds)."""
         show = show or (lambda text: print(text, end="", flush=True))
         deadline = None if timeout is None else time.monotonic() + timeout
-        failed_at = None
+        failed_at = released_at = None
         try:
             while self._pending():
                 self._stream(show)
                 self._died(show)
+                now = time.monotonic()
                 if failed_at is None and self._failed():
-                    failed_at = time.monotonic()
-                if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
+                    failed_at = now
+                if released_at is None and failed_at is not None and now - failed_at > GRACE_S:
                     self._release(show)
-                    failed_at = float("inf")
-                if deadline is not None and time.monotonic() > deadline:
+                    released_at = now
+                if released_at is not None and now - released_at > GRACE_S:
+                    self._stuck(show)
+                    break
+                if deadline is not None and now > deadline:
                     break
                 self._result.wait(POLL_S)
         except KeyboardInterrupt:
@@ -67,6 +71,8 @@ class Execution:
             for task in signalled:
                 self.states[task] = "interrupted"
             self._result.wait(GRACE_S)
+            if self._pending():
+                self._stuck(show)
         self._result.wait_for_output(POLL_S * 10)  # the last lines come after the reply
         self._stream(show, final=True)
         self._collect(show)
@@ -110,11 +116,11 @@ class Execution:
 
     def _died(self, show) -> None:
         for task in self._pending():
-            alive, tail = self.workers.alive(task)
+            alive, how = self.workers.alive(task)
             if not alive:
                 self.states[task] = "died"
-                show(f"[dtflab] {task} died; its last lines:\n{tail}\n[dtflab] its variables "
-                     f"are lost: workers.restart({task!r}) starts it anew\n")
+                show(f"[dtflab] {task} died: {how}\n[dtflab] its variables are lost: "
+                     f"workers.restart({task!r}) starts it anew\n")
 
     def _release(self, show) -> None:
         waiting = self._pending()
@@ -125,6 +131,17 @@ class Execution:
         for task in waiting:
             self.states[task] = "waiting"
         self.workers.interrupt(waiting)
+
+    def _stuck(self, show) -> None:
+        """Interrupted, and still running: inside TensorFlow's C++, which a KeyboardInterrupt
+        reaches only when it returns (a collective waiting for a peer never does)."""
+        stuck, failed = self._pending(), self._failed()
+        for task in stuck:
+            self.states[task] = "stuck"
+        waited = f"for {', '.join(failed)}" if failed else "for a peer"
+        show(f"[dtflab] {', '.join(stuck)} did not stop: waiting inside TensorFlow (in a "
+             f"collective, {waited}?); %dtf_workers restart {stuck[0]} ends it (its variables "
+             f"are lost; restart every worker of a strategy to build it again)\n")
 
     def _collect(self, show) -> None:
         shown_errors: dict[str, list[str]] = {}

@@ -87,6 +87,12 @@ class LocalCluster(Cluster):
     def _kill_task(self, job: str, index: int) -> None:
         self._tasks[job, index].kill()
 
+    def interrupt(self, job: str, index: int | None = None) -> bool:
+        """Interrupt one task's program (SIGINT: a ``KeyboardInterrupt`` in its Python; the
+        process runs on). False where it does not run."""
+        job, index = self._task(job, index)
+        return self._tasks[job, index].interrupt()
+
     def _start_task(self, job: str, index: int) -> None:
         # The old process's port is free as soon as it is gone, but another program may grab
         # it in between: say so rather than move the task, since every peer knows this address.

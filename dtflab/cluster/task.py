@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +139,15 @@ class Task:
             if self.state in (TaskState.RUNNING, TaskState.STARTING):
                 self.state = TaskState.EXITED
         return code
+
+    def interrupt(self) -> bool:
+        """SIGINT to the process: a ``KeyboardInterrupt`` in a program's Python (it runs on).
+        False where it does not run."""
+        pid = self.pid
+        if pid is None:
+            return False
+        os.kill(pid, signal.SIGINT)
+        return True
 
     def kill(self) -> None:
         """SIGKILL now and wait for the process to be gone."""

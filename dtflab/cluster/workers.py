@@ -11,8 +11,7 @@ programs need (one program, run by every worker, built up cell by cell).
 Each worker is an ipyparallel engine (``dtflab.processes.engine``) run as the cluster's
 program task; one ipyparallel controller (``dtflab.processes.controller``) beside the kernel
 carries code, output and values. What runs and what it prints is read by :class:`Execution`
-(the cell magic ``%%dtf_px`` shows it live). Local backend only for now: the kernel signals a
-worker's process itself, by its pid.
+(the cell magic ``%%dtf_px`` shows it live). On the local and Dask backends.
 """
 
 from __future__ import annotations
@@ -35,6 +34,8 @@ from dtflab.processes.spawn import child_env
 #: Sockets the controller binds (hub, schedulers, heartbeats, broadcast tree): ports let
 #: through the private network; a pool this big leaves spares.
 CONTROLLER_PORTS = 24
+#: How many of a dead worker's last log lines are shown.
+LAST_LINES = 8
 #: Seconds the workers have to start and register once their tasks run.
 REGISTER_TIMEOUT_S = 90.0
 
@@ -124,17 +125,7 @@ class Workers:
     def interrupt(self, targets=None) -> list[str]:
         """Interrupt what ``targets`` run (SIGINT: ``KeyboardInterrupt`` there); the workers go
         on. Returns the tasks signalled."""
-        import signal
-
-        signalled = []
-        for info in self.cluster.tasks:
-            if info.name in self.targets(targets) and info.pid is not None:
-                try:
-                    os.kill(info.pid, signal.SIGINT)
-                    signalled.append(info.name)
-                except ProcessLookupError:
-                    pass
-        return signalled
+        return [task for task in self.targets(targets) if self.cluster.interrupt(task)]
 
     def restart(self, task: str) -> None:
         """Start ``task``'s worker anew (after it died): its variables are lost."""
@@ -184,11 +175,14 @@ class Workers:
         return chosen
 
     def alive(self, task: str) -> tuple[bool, str]:
-        """Whether ``task``'s process runs, and its last log lines where it does not."""
-        state = self.cluster.states().get(task)
-        if state is not None and state.value == "running":
+        """Whether ``task``'s process runs; where it does not, how it ended and its last log
+        lines (what TensorFlow's C++ and the process wrote to its file descriptors)."""
+        info = next(info for info in self.cluster.tasks if info.name == task)
+        if info.state.value == "running":
             return True, ""
-        return False, self.cluster._task_log_tail(*self.cluster._task(task, None))
+        how = (f"exit code {info.exit_code}" if info.exit_code is not None else info.state.value)
+        tail = "\n".join(self.cluster.logs(task).strip().splitlines()[-LAST_LINES:])
+        return False, f"{how}, " + (f"its last lines:\n{tail}" if tail else "it logged nothing")
 
     def _registered(self, tasks: list[str]) -> None:
         """Wait until each of ``tasks`` has an engine, and learn which is whose."""
@@ -204,7 +198,7 @@ class Workers:
                 return
             dead = [task for task in missing if not self.alive(task)[0]]
             if dead or time.monotonic() > deadline:
-                why = (f"{dead[0]} ended: {self.alive(dead[0])[1]}" if dead else
+                why = (f"{dead[0]} ended, {self.alive(dead[0])[1]}" if dead else
                        f"{', '.join(missing)} did not register in {REGISTER_TIMEOUT_S:.0f} s")
                 raise RuntimeError(f"the persistent workers did not start ({why})")
             time.sleep(0.2)
@@ -214,28 +208,34 @@ def _evaluate(name):  # sent to a worker as code: its globals there are the work
     return eval(name, globals())  # noqa: S307 - the learner's own expression
 
 
-def start_workers(workers=2, *, chief: bool = False, timeout: float = 60.0,
+def start_workers(workers=2, *, chief: bool = False, backend: str | None = None,
+                  scheduler: str | None = None, client=None, timeout: float = 60.0,
                   start_method: str | None = None, cwd: str | None = None) -> Workers:
-    """Start ``workers`` persistent workers (and a chief with ``chief=True``) on this machine;
-    returns once each is ready to run code. Ends with the kernel, or with ``stop()``."""
+    """Start ``workers`` persistent workers (and a chief with ``chief=True``); returns once each
+    is ready to run code. Ends with the kernel, or with ``stop()``. ``backend="dask"`` (or
+    ``scheduler``, ``client``) runs them on Dask workers: the controller then listens on every
+    interface of this machine, and each worker reaches it at ``{client_host}``, the address of
+    this machine on the way to its host (see ``dtflab.cluster.programs``)."""
     import ipyparallel
 
     from dtflab.cluster import run
 
-    controller = Controller()
-    cluster = client = None
+    elsewhere = backend == "dask" or scheduler is not None or client is not None
+    controller = Controller(ip="*" if elsewhere else "127.0.0.1")
+    cluster = ipp_client = None
     try:
         connection = base64.b64encode(json.dumps(controller.engine_info).encode()).decode()
         cluster = run(engine_program.__file__, f"--connection={connection}",
                       "--controller-host={client_host}", workers=workers, chief=chief,
-                      timeout=timeout, start_method=start_method, cwd=cwd)
+                      backend=backend, scheduler=scheduler, client=client, timeout=timeout,
+                      start_method=start_method, cwd=cwd)
         for port in controller.ports:
             cluster.let_tasks_reach(port)
-        client = ipyparallel.Client(controller.client_file)
-        return Workers(cluster, controller, client)
+        ipp_client = ipyparallel.Client(controller.client_file)
+        return Workers(cluster, controller, ipp_client)
     except BaseException:
-        if client is not None:
-            client.close()
+        if ipp_client is not None:
+            ipp_client.close()
         if cluster is not None:
             cluster.stop()
         controller.stop()
