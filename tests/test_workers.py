@@ -242,6 +242,9 @@ def test_a_dtensor_program_cell_by_cell_trains_as_its_file_does(run_programs):
 def test_the_magics_start_run_pull_and_stop_workers_in_a_real_shell(ip, capsys):
     from IPython.core.error import UsageError
 
+    with pytest.raises(UsageError, match=r"'two': %dtf_workers start takes a number of workers"):
+        ip.run_line_magic("dtf_workers", "start two")
+    assert "workers" not in ip.user_ns  # nothing started
     ip.run_line_magic("dtf_workers", "start 2")
     try:
         workers = ip.user_ns["workers"]

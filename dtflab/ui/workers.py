@@ -41,9 +41,10 @@ class WorkersMagics(Magics):
 
         In [1]: %dtf_workers start 2
         In [2]: %dtf_workers start 2 --chief
-        In [3]: %dtf_workers status
-        In [4]: %dtf_workers restart worker:1
-        In [5]: %dtf_workers stop
+        In [3]: %dtf_workers start 2 --backend dask
+        In [4]: %dtf_workers status
+        In [5]: %dtf_workers restart worker:1
+        In [6]: %dtf_workers stop
         """
         words = _words(line)
         command = words[0] if words else "status"
@@ -138,8 +139,10 @@ class WorkersMagics(Magics):
         if running is not None:
             raise UsageError(f"workers are running already ({', '.join(running.tasks)}): "
                              f"%dtf_workers stop first")
-        count, chief = start_arguments(words)
-        workers = start_workers(count, chief=chief)
+        try:
+            workers = start_workers(**start_arguments(words))
+        except ValueError as exc:  # a backend's refusal: one line
+            raise UsageError(str(exc)) from None
         self.shell.user_ns[self.name] = workers
         print(f"{', '.join(workers.tasks)} ready, each with TF_CONFIG for its task; %%dtf_px "
               f"runs a cell on them")
@@ -151,14 +154,22 @@ def _words(line: str) -> list[str]:
     return line.partition("#")[0].split()
 
 
-def start_arguments(words: list[str]) -> tuple[int, bool]:
-    """``(workers, chief)`` of ``%dtf_workers start [N] [--chief]``; UsageError otherwise."""
-    chief = "--chief" in words
-    counts = [word for word in words if word != "--chief"]
-    if len(counts) > 1 or counts and not counts[0].isdigit() or counts and int(counts[0]) < 1:
-        raise UsageError(f"{' '.join(counts)!r}: give the number of workers, e.g. "
-                         f"%dtf_workers start 2")
-    return (int(counts[0]) if counts else 2), chief
+def start_arguments(words: list[str]) -> dict:
+    """``start_workers``'s arguments from ``%dtf_workers start [N] [--chief] [--backend dask]
+    [--scheduler ADDRESS]``; UsageError naming what it cannot read."""
+    found, words = {"workers": 2, "chief": False}, list(words)
+    while words:
+        word = words.pop(0)
+        if word == "--chief":
+            found["chief"] = True
+        elif word in ("--backend", "--scheduler") and words:
+            found[word[2:]] = words.pop(0)
+        elif word.isdigit() and int(word) >= 1:
+            found["workers"] = int(word)
+        else:
+            raise UsageError(f"{word!r}: %dtf_workers start takes a number of workers, --chief, "
+                             f"--backend dask and --scheduler ADDRESS, e.g. %dtf_workers start 2")
+    return found
 
 
 def _to_workers(lines: list[str]) -> list[str]:
