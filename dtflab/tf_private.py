@@ -110,6 +110,23 @@ def patient_coordination(cluster_spec, heartbeat_s: float) -> None:
         heartbeat_timeout_in_ms=int(heartbeat_s * 1000), coordinated_jobs=jobs)
 
 
+def abort_collectives(message: str) -> bool:
+    """Fail the collective ops this process waits in, and every later one, with ``message``
+    (UNAVAILABLE), as MultiWorkerMirroredStrategy's own health check does when a peer dies;
+    callable from any thread. False where TensorFlow's eager context does not exist yet. The
+    process's collectives stay aborted: its strategy must be built anew in a new process."""
+    if not eager_context_created():
+        return False
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import errors
+
+    try:
+        context.context().abort_collective_ops(errors.UNAVAILABLE, message)
+    except AttributeError as exc:
+        raise _moved("abort_collective_ops", "releasing a worker stuck in a collective", exc) from None
+    return True
+
+
 def set_cpp_log_level(level: int) -> bool:
     """Set the least severity of TensorFlow's C++ log lines in this process (0 INFO, 1 WARNING,
     2 ERROR), as ``TF_CPP_MIN_LOG_LEVEL`` does at start; False where that cannot be done.

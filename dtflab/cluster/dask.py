@@ -88,12 +88,13 @@ class DaskCluster(Cluster):
         worker = self._roles[job, index]
         self._client.run(remote.kill_task, self._id, job, index, workers=[worker])
 
-    def interrupt(self, job: str, index: int | None = None) -> bool:
+    def interrupt(self, job: str, index: int | None = None, signal_number: int = 2) -> bool:
         """Interrupt one task's program on its Dask worker (SIGINT: a ``KeyboardInterrupt`` in
-        its Python; the process runs on). False where it does not run."""
+        its Python; the process runs on), or send it ``signal_number``. False where it does
+        not run."""
         job, index = self._task(job, index)
         worker = self._roles[job, index]
-        return self._client.run(remote.interrupt_task, self._id, job, index,
+        return self._client.run(remote.interrupt_task, self._id, job, index, signal_number,
                                 workers=[worker])[worker]
 
     def _start_task(self, job: str, index: int) -> None:

@@ -71,9 +71,10 @@ def kill_task(cluster_id: str, job: str, index: int, dask_worker=None) -> bool:
     return True
 
 
-def interrupt_task(cluster_id: str, job: str, index: int, dask_worker=None) -> bool:
+def interrupt_task(cluster_id: str, job: str, index: int, signal_number: int,
+                   dask_worker=None) -> bool:
     task = _hosted.get(cluster_id, {}).get((job, index))
-    return task is not None and task.interrupt()
+    return task is not None and task.interrupt(signal_number)
 
 
 def stop_tasks(cluster_id: str, dask_worker=None) -> dict:

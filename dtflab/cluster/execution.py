@@ -3,9 +3,9 @@ comes, labelled ``[worker:0]``; an error once per worker (once in all where ever
 the same, a syntax error say) with what the others were doing; a worker that died named with its
 last lines; the kernel's interrupt passed on to the workers. ``Workers.run`` makes one.
 
-What it cannot do: free a worker stuck in TensorFlow's C++ (a collective waiting for a peer
-that failed) before TensorFlow's own timeout; the interrupt reaches it when control returns to
-Python. Display outputs (plots) are shown once the worker's cell ends, not as they come.
+A worker still running after a failure elsewhere is interrupted (``KeyboardInterrupt``, which
+reaches Python only between TensorFlow's ops), then, still running, released: its collectives
+are aborted (``Workers.release``), which ends a wait for the failed peer for good.
 """
 
 from __future__ import annotations
@@ -28,26 +28,37 @@ def compiled(code: str) -> None:
     compile(TransformerManager().transform_cell(code), "<cell>", "exec")
 
 
+def _in_the_cell(bundle: dict) -> None:
+    from IPython.display import display
+
+    display(bundle.get("data", {}), metadata=bundle.get("metadata") or {}, raw=True)
+
+
 class Execution:
     """What ``tasks`` made of one cell: ``outputs`` (``{task: text}``), ``results`` (each
     one's last expression's value, as text), ``errors`` (``{task: "Name: value"}``), ``states``
-    (``{task: "done" | "error" | "interrupted" | "died" | "waiting" | "stuck"}``)."""
+    (``{task: "done" | "error" | "interrupted" | "died" | "waiting" | "released" | "stuck"}``)."""
 
     def __init__(self, workers, tasks: list[str], result):
         self.workers, self.tasks, self._result = workers, tasks, result
         self._children = dict(zip(tasks, result._children))
         self._metadata = dict(zip(tasks, result._metadata))  # filled as the output comes
         self._shown = dict.fromkeys(tasks, 0)
+        self._displayed = dict.fromkeys(tasks, 0)
+        self.displays: dict[str, list[dict]] = {task: [] for task in tasks}  # mime bundles
         self.outputs = dict.fromkeys(tasks, "")
         self.results: dict[str, str] = {}
         self.errors: dict[str, str] = {}
         self.states: dict[str, str] = {}
 
-    def follow(self, *, show=None, timeout: float | None = None) -> "Execution":
-        """Show the output as it comes and wait for every task (or ``timeout`` seconds)."""
+    def follow(self, *, show=None, display=None, timeout: float | None = None) -> "Execution":
+        """Show the output as it comes and wait for every task (or ``timeout`` seconds):
+        ``show`` takes text (default: printed), ``display`` a worker's display output, a mime
+        bundle (default: IPython's ``display``, raw)."""
         show = show or (lambda text: print(text, end="", flush=True))
+        self._display = display or _in_the_cell
         deadline = None if timeout is None else time.monotonic() + timeout
-        failed_at = released_at = None
+        failed_at = interrupted_at = released_at = None
         try:
             while self._pending():
                 self._stream(show)
@@ -55,7 +66,11 @@ class Execution:
                 now = time.monotonic()
                 if failed_at is None and self._failed():
                     failed_at = now
-                if released_at is None and failed_at is not None and now - failed_at > GRACE_S:
+                if interrupted_at is None and failed_at is not None and now - failed_at > GRACE_S:
+                    self._interrupt_waiting(show)
+                    interrupted_at = now
+                if released_at is None and interrupted_at is not None \
+                        and now - interrupted_at > GRACE_S:
                     self._release(show)
                     released_at = now
                 if released_at is not None and now - released_at > GRACE_S:
@@ -104,6 +119,12 @@ class Execution:
         for task in self.tasks:
             metadata = self._metadata[task]
             text = (metadata.get("stdout") or "") + (metadata.get("stderr") or "")
+            bundles = metadata.get("outputs") or []
+            for bundle in bundles[self._displayed[task]:]:
+                show(f"[{task}] shows:\n")
+                self.displays[task].append(bundle)
+                self._display(bundle)
+            self._displayed[task] = len(bundles)
             # whole lines only, but at the end: each one labelled once
             end = len(text) if final else text.rfind("\n", self._shown[task]) + 1
             if end > self._shown[task]:
@@ -122,29 +143,42 @@ class Execution:
                 show(f"[dtflab] {task} died: {how}\n[dtflab] its variables are lost: "
                      f"workers.restart({task!r}) starts it anew\n")
 
-    def _release(self, show) -> None:
-        waiting = self._pending()
-        failed = self._failed()
+    def _interrupt_waiting(self, show) -> None:
+        waiting, failed = self._pending(), self._failed()
         show(f"[dtflab] {', '.join(failed)} failed {GRACE_S:.0f} s ago; {', '.join(waiting)} "
-             f"still running (waiting for {'it' if len(failed) == 1 else 'them'} in a "
-             f"collective?): interrupted\n")
+             f"still running (waiting for {'it' if len(failed) == 1 else 'them'}?): "
+             f"interrupted\n")
         for task in waiting:
             self.states[task] = "waiting"
         self.workers.interrupt(waiting)
 
+    def _release(self, show) -> None:
+        """Still running after the interrupt: inside TensorFlow's C++, where a KeyboardInterrupt
+        does not reach (a collective waiting for the peer that failed): its collectives are
+        aborted, which ends the wait with an error."""
+        waiting, failed = self._pending(), self._failed()
+        show(f"[dtflab] {', '.join(waiting)} waits inside TensorFlow, in a collective for "
+             f"{', '.join(failed)}: released (its collectives are aborted; restart the "
+             f"strategy's workers to build it again)\n")
+        for task in waiting:
+            self.states[task] = "released"
+        self.workers.release(waiting)
+
     def _stuck(self, show) -> None:
-        """Interrupted, and still running: inside TensorFlow's C++, which a KeyboardInterrupt
-        reaches only when it returns (a collective waiting for a peer never does)."""
+        """Interrupted (or released), and still running: inside TensorFlow's C++, which a
+        KeyboardInterrupt reaches only when it returns (a collective waiting for a peer never
+        does)."""
         stuck, failed = self._pending(), self._failed()
         for task in stuck:
             self.states[task] = "stuck"
         waited = f"for {', '.join(failed)}" if failed else "for a peer"
         show(f"[dtflab] {', '.join(stuck)} did not stop: waiting inside TensorFlow (in a "
-             f"collective, {waited}?); %dtf_workers restart {stuck[0]} ends it (its variables "
-             f"are lost; restart every worker of a strategy to build it again)\n")
+             f"collective, {waited}?); workers.release() aborts its collectives, "
+             f"%dtf_workers restart {stuck[0]} ends it (its variables are lost)\n")
 
     def _collect(self, show) -> None:
-        shown_errors: dict[str, list[str]] = {}
+        shown_errors: dict[str, list[str]] = {}  # one traceback, and every task that raised it
+        texts: dict[str, str] = {}
         for task in self.tasks:
             child = self._children[task]
             if not child.done():
@@ -160,15 +194,20 @@ class Execution:
                     show(f"[{task}] Out: {value}\n")
                 continue
             name = getattr(error, "ename", type(error).__name__)
-            if name == "KeyboardInterrupt" and self.states.get(task) in ("interrupted", "waiting"):
-                continue
+            if name == "KeyboardInterrupt" and self.states.get(task) in ("interrupted", "waiting") \
+                    or self.states.get(task) == "released":
+                continue  # said when it was interrupted or released
             self.states[task] = "error"
             self.errors[task] = f"{name}: {getattr(error, 'evalue', error)}"
             lines = list(getattr(error, "render_traceback", lambda: [str(error)])())
             if lines and re.fullmatch(r"\[\d+:\w+\]", lines[0].strip()):
                 lines = lines[1:]  # ipyparallel's engine number: the label says which worker
-            shown_errors.setdefault("\n".join(lines), []).append(task)
-        for traceback, tasks in shown_errors.items():
+            # the same error, whatever cell number each worker is at
+            same = re.sub(r"In\s*\[\d+\]", "In[ ]", "\n".join(lines))
+            texts.setdefault(same, "\n".join(lines))
+            shown_errors.setdefault(same, []).append(task)
+        for same, tasks in shown_errors.items():
+            traceback = texts[same]
             others = {task: self.states[task] for task in self.tasks if task not in tasks}
             said = "; ".join(f"{task} {state}" for task, state in others.items())
             show(f"[{', '.join(tasks)}]\n{traceback}\n" + (f"[dtflab] meanwhile: {said}\n"

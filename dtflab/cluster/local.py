@@ -87,11 +87,11 @@ class LocalCluster(Cluster):
     def _kill_task(self, job: str, index: int) -> None:
         self._tasks[job, index].kill()
 
-    def interrupt(self, job: str, index: int | None = None) -> bool:
+    def interrupt(self, job: str, index: int | None = None, signal_number: int = 2) -> bool:
         """Interrupt one task's program (SIGINT: a ``KeyboardInterrupt`` in its Python; the
-        process runs on). False where it does not run."""
+        process runs on), or send it ``signal_number``. False where it does not run."""
         job, index = self._task(job, index)
-        return self._tasks[job, index].interrupt()
+        return self._tasks[job, index].interrupt(signal_number)
 
     def _start_task(self, job: str, index: int) -> None:
         # The old process's port is free as soon as it is gone, but another program may grab

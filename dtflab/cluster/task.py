@@ -140,13 +140,13 @@ class Task:
                 self.state = TaskState.EXITED
         return code
 
-    def interrupt(self) -> bool:
-        """SIGINT to the process: a ``KeyboardInterrupt`` in a program's Python (it runs on).
-        False where it does not run."""
+    def interrupt(self, signal_number: int = signal.SIGINT) -> bool:
+        """SIGINT to the process: a ``KeyboardInterrupt`` in a program's Python (it runs on);
+        or ``signal_number``. False where it does not run."""
         pid = self.pid
         if pid is None:
             return False
-        os.kill(pid, signal.SIGINT)
+        os.kill(pid, signal_number)
         return True
 
     def kill(self) -> None:

@@ -94,10 +94,12 @@ class Workers:
 
     # -- what a learner does ---------------------------------------------------------------
 
-    def run(self, code: str, targets=None, *, show=None, timeout: float | None = None):
+    def run(self, code: str, targets=None, *, show=None, display=None,
+            timeout: float | None = None):
         """Run ``code`` on ``targets`` (None: every worker; ``"worker:1"``, ``"worker:0,2"`` or
         a list) and wait for it; returns the :class:`~dtflab.cluster.execution.Execution`,
-        whose output ``show`` (a callable taking text) receives as it comes (default: printed).
+        whose output ``show`` (a callable taking text) receives as it comes (default: printed),
+        and each display (a plot, a table) ``display`` (default: IPython's).
         KeyboardInterrupt (the kernel's stop button) interrupts the workers and returns."""
         from dtflab.cluster.execution import Execution, compiled
 
@@ -105,7 +107,8 @@ class Workers:
         compiled(code)  # a syntax error is raised here, once, not once per worker
         result = self.client[[self._engines[task] for task in chosen]].execute(
             code, silent=False, block=False)
-        return Execution(self, chosen, result).follow(show=show, timeout=timeout)
+        return Execution(self, chosen, result).follow(show=show, display=display,
+                                                      timeout=timeout)
 
     def pull(self, name: str, targets=None) -> dict:
         """``{task: value}`` of the expression ``name`` on each of ``targets`` (None: every
@@ -126,6 +129,13 @@ class Workers:
         """Interrupt what ``targets`` run (SIGINT: ``KeyboardInterrupt`` there); the workers go
         on. Returns the tasks signalled."""
         return [task for task in self.targets(targets) if self.cluster.interrupt(task)]
+
+    def release(self, targets=None) -> list[str]:
+        """Abort the collectives of ``targets`` (a worker waiting in one for a peer that failed
+        is freed, with an error that says so); their strategy cannot be used again, restart
+        them. Returns the tasks signalled."""
+        return [task for task in self.targets(targets)
+                if self.cluster.interrupt(task, signal_number=engine_program.RELEASE)]
 
     def restart(self, task: str) -> None:
         """Start ``task``'s worker anew (after it died): its variables are lost."""

@@ -8,11 +8,18 @@ started them (``launch``, ``spawn``, ``forkserver``, ``dtflab.cluster``). The fo
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
 #: Set in a forked child: its parent is the fork server, not the owner.
 forked = False
+
+
+def _no_signals() -> None:
+    """A watcher thread takes no signal sent to the process: each goes to a thread of the
+    program's (a persistent worker waits for one in a thread of its own)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
 
 
 def exit_with_parent() -> None:
@@ -22,6 +29,7 @@ def exit_with_parent() -> None:
     parent = os.getppid()
 
     def stdin_closed():
+        _no_signals()
         try:
             while os.read(0, 4096):  # the raw fd: no lock that would block interpreter exit
                 pass
@@ -30,6 +38,7 @@ def exit_with_parent() -> None:
         os._exit(0)
 
     def parent_changed():
+        _no_signals()
         while os.getppid() == parent:
             time.sleep(0.25)
         os._exit(0)
