@@ -4,6 +4,7 @@ matched against the same program run from a file; the magics through a real IPyt
 
 import _thread
 import re
+import shutil
 import textwrap
 import threading
 import time
@@ -198,27 +199,36 @@ def test_tensorflows_custom_loop_cell_by_cell_trains_as_the_program_does(workers
         assert cell_losses == losses[task]
 
 
-@pytest.fixture(scope="module")
-def keras_workers():
-    """Two workers of their own: TensorFlow configures its collectives once a process, and the
-    other tests' workers built a strategy already."""
-    with dtflab.start_workers(2, cwd=str(TUTORIALS)) as started:
-        yield started
+def epoch_losses(text: str) -> list[str]:
+    """The loss Keras printed at the end of each epoch (the last ``loss:`` before the next)."""
+    return [re.findall(r"loss: (\d+\.\d+)", epoch)[-1] for epoch in text.split("Epoch ")[1:]]
 
 
-def test_tensorflows_keras_tutorial_fits_cell_by_cell_with_each_workers_progress(keras_workers):
-    # TensorFlow's "Multi-worker training with Keras" main.py, cell by cell (its lines unchanged
-    # but for fewer epochs and steps)
-    workers = keras_workers
-    lines, show = collected()
-    for cell in cells_of(TUTORIALS / "main.py"):
-        cell = cell.replace("epochs=3, steps_per_epoch=70", "epochs=2, steps_per_epoch=8")
-        run = workers.run(cell, show=show)
-        assert set(run.states.values()) == {"done"}, (cell, plain(lines)[-2000:])
-    text = plain(lines)
-    for task in workers.tasks:
-        assert re.search(rf"\[{task}\] .*Epoch 2/2", text), text[-2000:]
-    assert workers.pull("num_workers") == {"worker:0": 2, "worker:1": 2}
+def test_tensorflows_keras_tutorial_fits_cell_by_cell_as_its_file_does(run_programs, tmp_path):
+    # TensorFlow's "Multi-worker training with Keras" (main.py and mnist_setup.py, fewer epochs
+    # and steps), from its file and then cell by cell, each after the same seed: same losses
+    shutil.copy(TUTORIALS / "mnist_setup.py", tmp_path)
+    main = (TUTORIALS / "main.py").read_text()
+    (tmp_path / "main.py").write_text(main.replace("epochs=3, steps_per_epoch=70",
+                                                   "epochs=2, steps_per_epoch=8"))
+    seed = "import tensorflow as tf\ntf.keras.utils.set_random_seed(1)\n"
+    (tmp_path / "seeded.py").write_text(seed + "import runpy\nrunpy.run_path('main.py', "
+                                               "run_name='__main__')\n")
+    from_file = run_programs("seeded.py", workers=2, cwd=str(tmp_path), timeout=120)
+    assert from_file.wait(timeout=240) == {"worker:0": 0, "worker:1": 0}
+    with dtflab.start_workers(2, cwd=str(tmp_path)) as workers:
+        workers.run(seed)
+        lines, show = collected()
+        for cell in cells_of(tmp_path / "main.py"):
+            run = workers.run(cell, show=show)
+            assert set(run.states.values()) == {"done"}, (cell, plain(lines)[-2000:])
+        assert workers.pull("num_workers") == {"worker:0": 2, "worker:1": 2}
+    for task in ("worker:0", "worker:1"):
+        mine = "".join(line[len(f"[{task}] "):] for line in plain(lines).splitlines(True)
+                       if line.startswith(f"[{task}] "))
+        assert re.search(r"^Epoch 2/2", mine, re.M), mine  # each worker's progress, labelled
+        assert epoch_losses(mine) == epoch_losses(from_file.logs(task)), (mine, task)
+        assert len(epoch_losses(mine)) == 2
 
 
 def main_as_cells(path: Path) -> list[str]:
