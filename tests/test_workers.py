@@ -262,8 +262,32 @@ def test_a_dtensor_program_cell_by_cell_trains_as_its_file_does(run_programs):
         assert re.findall(rf"\[{task}\] step \d loss (\S+)", plain(lines)) == losses[task]
 
 
+def free(ports: list[int]) -> list[int]:
+    """Those of ``ports`` that this process can listen on now on 127.0.0.1 (as a server does,
+    past the closed connections' TIME_WAIT)."""
+    import socket
+
+    found = []
+    for port in ports:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+                found.append(port)
+            except OSError:
+                pass
+    return found
+
+
 def test_the_magics_start_run_pull_and_stop_workers_in_a_real_shell(ip, capsys):
     from IPython.core.error import UsageError
+
+    from dtflab import tf_private
+
+    # TensorFlow at work in the kernel first (its eager context made): the workers start from
+    # the fork server, a process of their own, and are not touched by it
+    ip.run_cell("import tensorflow as tf\nkernel_sum = float(tf.constant(1.0) + 1)")
+    assert ip.user_ns["kernel_sum"] == 2.0 and tf_private.eager_context_created()
 
     with pytest.raises(UsageError, match=r"'two': %dtf_workers start takes a number of workers"):
         ip.run_line_magic("dtf_workers", "start two")
@@ -290,10 +314,16 @@ def test_the_magics_start_run_pull_and_stop_workers_in_a_real_shell(ip, capsys):
                 ip.run_line_magic("dtf_workers", line)
         with pytest.raises(UsageError, match="no worker 'worker:5'"):
             ip.run_cell_magic("dtf_px", "worker:5", "pass")
+        with pytest.raises(UsageError, match=r"^'missing' cannot be read on worker:1 \(NameError: "
+                                             r"name 'missing' is not defined\); run the cell that "
+                                             r"makes it there first, e.g. %%dtf_px worker:1$"):
+            ip.run_line_magic("dtf_pull", "missing worker:1")
+        ports = list(workers.controller.ports)
         pids = [info.pid for info in workers.cluster.tasks] + [workers.controller.process.pid]
     finally:
         ip.run_line_magic("dtf_workers", "stop")
     assert "workers" not in ip.user_ns
+    assert free(ports) == ports  # no port held
     assert not [pid for pid in pids if psutil.pid_exists(pid)
                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     with pytest.raises(UsageError, match="no persistent workers are running"):

@@ -115,9 +115,18 @@ class Workers:
         worker). The value must be picklable (a tensor: ``.numpy()`` it first)."""
         from ipyparallel import interactive
 
+        from ipyparallel.error import CompositeError
+
         chosen = self.targets(targets)
-        values = self.client[[self._engines[task] for task in chosen]].apply_sync(
-            interactive(_evaluate), name)
+        try:
+            values = self.client[[self._engines[task] for task in chosen]].apply_sync(
+                interactive(_evaluate), name)
+        except CompositeError as error:
+            failed = {self._task_of(info["engine_id"]): f"{ename}: {evalue}"
+                      for ename, evalue, _, info in error.elist}
+            task, why = next(iter(failed.items()))
+            raise ValueError(f"{name!r} cannot be read on {', '.join(failed)} ({why}); run the "
+                             f"cell that makes it there first, e.g. %%dtf_px {task}") from None
         return dict(zip(chosen, values))
 
     def push(self, values: dict, targets=None) -> None:
@@ -149,6 +158,8 @@ class Workers:
         """End the workers, their cluster and the controller."""
         try:
             self.client.close()
+            for port in self.controller.ports:
+                self.cluster.stop_letting_tasks_reach(port)
         finally:
             try:
                 self.cluster.stop()
@@ -193,6 +204,10 @@ class Workers:
         how = (f"exit code {info.exit_code}" if info.exit_code is not None else info.state.value)
         tail = "\n".join(self.cluster.logs(task).strip().splitlines()[-LAST_LINES:])
         return False, f"{how}, " + (f"its last lines:\n{tail}" if tail else "it logged nothing")
+
+    def _task_of(self, engine: int) -> str:
+        return next((task for task, known in self._engines.items() if known == engine),
+                    f"engine {engine}")
 
     def _registered(self, tasks: list[str]) -> None:
         """Wait until each of ``tasks`` has an engine, and learn which is whose."""
@@ -247,6 +262,8 @@ def start_workers(workers=2, *, chief: bool = False, backend: str | None = None,
         if ipp_client is not None:
             ipp_client.close()
         if cluster is not None:
+            for port in controller.ports:  # those let through, and the rest: a no-op
+                cluster.stop_letting_tasks_reach(port)
             cluster.stop()
         controller.stop()
         raise
