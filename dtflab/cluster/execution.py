@@ -145,24 +145,25 @@ class Execution:
 
     def _interrupt_waiting(self, show) -> None:
         waiting, failed = self._pending(), self._failed()
-        show(f"[dtflab] {', '.join(failed)} failed {GRACE_S:.0f} s ago; {', '.join(waiting)} "
-             f"still running (waiting for {'it' if len(failed) == 1 else 'them'}?): "
-             f"interrupted\n")
-        for task in waiting:
-            self.states[task] = "waiting"
-        self.workers.interrupt(waiting)
+        self._act(waiting, "waiting", self.workers.interrupt, show,
+                  f"{', '.join(failed)} failed {GRACE_S:.0f} s ago; {', '.join(waiting)} still "
+                  f"running (waiting for {'it' if len(failed) == 1 else 'them'}?): interrupted")
 
     def _release(self, show) -> None:
         """Still running after the interrupt: inside TensorFlow's C++, where a KeyboardInterrupt
         does not reach (a collective waiting for the peer that failed): its collectives are
         aborted, which ends the wait with an error."""
         waiting, failed = self._pending(), self._failed()
-        show(f"[dtflab] {', '.join(waiting)} waits inside TensorFlow, in a collective for "
-             f"{', '.join(failed)}: released (its collectives are aborted; restart the "
-             f"strategy's workers to build it again)\n")
-        for task in waiting:
-            self.states[task] = "released"
-        self.workers.release(waiting)
+        self._act(waiting, "released", self.workers.release, show,
+                  f"{', '.join(waiting)} waits inside TensorFlow, in a collective for "
+                  f"{', '.join(failed)}: released (its collectives are aborted; restart the "
+                  f"strategy's workers to build it again)")
+
+    def _act(self, tasks: list[str], state: str, act, show, said: str) -> None:
+        show(f"[dtflab] {said}\n")
+        for task in tasks:
+            self.states[task] = state
+        act(tasks)
 
     def _stuck(self, show) -> None:
         """Interrupted (or released), and still running: inside TensorFlow's C++, which a
