@@ -114,7 +114,6 @@ class Workers:
         """``{task: value}`` of the expression ``name`` on each of ``targets`` (None: every
         worker). The value must be picklable (a tensor: ``.numpy()`` it first)."""
         from ipyparallel import interactive
-
         from ipyparallel.error import CompositeError
 
         chosen = self.targets(targets)
