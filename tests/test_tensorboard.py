@@ -195,6 +195,15 @@ def test_the_magic_opens_tensorboard_in_the_notebook_through_the_server_proxy(ip
     assert f"proxy/{board.port}/" in page and "jupyter-config-data" in page
 
 
+def test_stopping_tensorboard_removes_its_log_file(tmp_path):
+    train.single(PROBLEM, steps=3, logdir=tmp_path)
+    board = dtflab.tensorboard(tmp_path)
+    log = Path(board._log.name)
+    assert log.exists()
+    board.stop()
+    assert gone(board.process.pid) and not log.exists()
+
+
 def test_tensorboard_ends_with_the_program_that_started_it(tmp_path):
     history = train.single(PROBLEM, steps=3, logdir=tmp_path)
     assert history.logdir

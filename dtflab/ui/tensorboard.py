@@ -64,20 +64,23 @@ class TensorBoard:
                     return self
             except OSError:
                 time.sleep(0.3)
-        self.stop()
+        self.stop(keep_log=True)
         tail = Path(self._log.name).read_text(errors="replace").strip().splitlines()[-3:]
         raise RuntimeError(f"TensorBoard on {self.logdir} did not start ("
                            f"{'exited' if self.process.returncode else 'no answer'}): "
                            f"{' / '.join(tail) or 'no output'}; see {self._log.name}")
 
-    def stop(self) -> None:
-        """End the server (also at the kernel's exit)."""
+    def stop(self, *, keep_log: bool = False) -> None:
+        """End the server (also at the kernel's exit), and remove its log file unless
+        ``keep_log`` (a failed start names it)."""
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
         if self.process.stdin:
             self.process.stdin.close()
         self._log.close()
+        if not keep_log:
+            Path(self._log.name).unlink(missing_ok=True)
         _servers.pop(self.logdir, None)
 
     def _repr_html_(self) -> str:
