@@ -20,7 +20,9 @@ IMPORTED = re.compile(r"^\s*from (dtflab(?:\.train)?) import \(?([\w, ]+)", re.M
 MAGIC = re.compile(r"^\s*%%?(dtf_\w+)", re.M)
 MAGIC_CLASSES = {"dtf_cluster": ("dtflab.magics", "ClusterMagics"), "dtf_run": ("dtflab.magics", "RunMagics"),
                  "dtf_trace": ("dtflab.magics", "TraceMagics"),
-                 "dtf_solution": ("dtflab.exercises", "SolutionMagics")}
+                 "dtf_solution": ("dtflab.exercises", "SolutionMagics"),
+                 **{magic: ("dtflab.ui.workers", "WorkersMagics")
+                    for magic in ("dtf_workers", "dtf_px", "dtf_pull", "dtf_autopx")}}
 
 
 def inventory(site: str) -> set[str]:
