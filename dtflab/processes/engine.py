@@ -65,8 +65,8 @@ def main(argv=None) -> None:
     release_on(RELEASE)
     from ipyparallel.engine.app import IPEngine
 
-    # no nanny: the kernel signals the task's process itself (its pid is the cluster's), and a
-    # nanny would be one more process to outlive a killed task
+    # no nanny: the cluster signals the task's process itself (Cluster.interrupt, here or on
+    # its Dask worker), and a nanny would be one more process to outlive a killed task
     IPEngine.launch_instance(["--log-level=ERROR", "--IPEngine.enable_nanny=False",
                               "--IPEngine.out_stream_factory=dtflab.processes.engine_output.PythonOutput"])
 
