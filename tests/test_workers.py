@@ -300,6 +300,8 @@ def test_the_magics_start_run_pull_and_stop_workers_in_a_real_shell(ip, capsys):
                          "print('index', index)")
         out = capsys.readouterr().out
         assert "[worker:0] index 0" in out and "[worker:1] index 1" in out
+        ip.run_line_magic("dtf_workers", "status")
+        assert capsys.readouterr().out == "worker:0: running\nworker:1: running\n"
         ip.run_cell_magic("dtf_px", "worker:1", "index = index + 100")
         assert ip.run_line_magic("dtf_pull", "index worker:1") == 101
         assert ip.run_line_magic("dtf_pull", "index") == {"worker:0": 0, "worker:1": 101}

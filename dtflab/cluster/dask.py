@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 import uuid
@@ -88,7 +89,7 @@ class DaskCluster(Cluster):
         worker = self._roles[job, index]
         self._client.run(remote.kill_task, self._id, job, index, workers=[worker])
 
-    def interrupt(self, job: str, index: int | None = None, signal_number: int = 2) -> bool:
+    def interrupt(self, job: str, index: int | None = None, signal_number: int = signal.SIGINT) -> bool:
         """Interrupt one task's program on its Dask worker (SIGINT: a ``KeyboardInterrupt`` in
         its Python; the process runs on), or send it ``signal_number``. False where it does
         not run."""

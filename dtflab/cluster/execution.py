@@ -18,6 +18,8 @@ import time
 GRACE_S = 10.0
 #: Seconds between looks at the workers' output.
 POLL_S = 0.1
+#: Seconds between looks at whether the workers' processes still run.
+DEATH_S = 1.0
 
 
 def compiled(code: str) -> None:
@@ -43,10 +45,9 @@ class Execution:
         self.workers, self.tasks, self._result = workers, tasks, result
         self._children = dict(zip(tasks, result._children))
         self._metadata = dict(zip(tasks, result._metadata))  # filled as the output comes
-        self._shown = dict.fromkeys(tasks, 0)
-        self._displayed = dict.fromkeys(tasks, 0)
+        self.outputs = dict.fromkeys(tasks, "")  # what was shown of each one's text
         self.displays: dict[str, list[dict]] = {task: [] for task in tasks}  # mime bundles
-        self.outputs = dict.fromkeys(tasks, "")
+        self._looked_s = float("-inf")  # when the processes were last looked at
         self.results: dict[str, str] = {}
         self.errors: dict[str, str] = {}
         self.states: dict[str, str] = {}
@@ -103,14 +104,13 @@ class Execution:
                 if not self._children[task].done() and self.states.get(task) != "died"]
 
     def _error(self, task: str):
-        """The worker's error (ipyparallel's RemoteError), once its cell ended with one."""
-        from ipyparallel.error import RemoteError
-
+        """The worker's error (ipyparallel's RemoteError, an exception it returns rather than
+        raises), once its cell ended with one."""
         child = self._children[task]
         if not child.done():
             return None
         error = child.exception() or child.result()
-        return error if isinstance(error, (RemoteError, BaseException)) else None
+        return error if isinstance(error, BaseException) else None
 
     def _failed(self) -> list[str]:
         return [task for task in self.tasks if self._error(task) is not None]
@@ -119,29 +119,31 @@ class Execution:
         for task in self.tasks:
             metadata = self._metadata[task]
             text = (metadata.get("stdout") or "") + (metadata.get("stderr") or "")
-            bundles = metadata.get("outputs") or []
-            for bundle in bundles[self._displayed[task]:]:
+            for bundle in (metadata.get("outputs") or [])[len(self.displays[task]):]:
                 show(f"[{task}] shows:\n")
                 self.displays[task].append(bundle)
                 self._display(bundle)
-            self._displayed[task] = len(bundles)
             # whole lines only, but at the end: each one labelled once
-            end = len(text) if final else text.rfind("\n", self._shown[task]) + 1
-            if end > self._shown[task]:
-                new = text[self._shown[task]:end]
-                self._shown[task] = end
+            shown = len(self.outputs[task])
+            end = len(text) if final else text.rfind("\n", shown) + 1
+            if end > shown:
+                new = text[shown:end]
                 self.outputs[task] += new
                 lines = new.splitlines(keepends=True)
                 show("".join(f"[{task}] {line}" for line in lines)
                      + ("" if new.endswith("\n") else "\n"))
 
     def _died(self, show) -> None:
+        now = time.monotonic()
+        if now - self._looked_s < DEATH_S:
+            return
+        self._looked_s = now
+        running = self.workers.running()
         for task in self._pending():
-            alive, how = self.workers.alive(task)
-            if not alive:
+            if task not in running:
                 self.states[task] = "died"
-                show(f"[dtflab] {task} died: {how}\n[dtflab] its variables are lost: "
-                     f"workers.restart({task!r}) starts it anew\n")
+                show(f"[dtflab] {task} died: {self.workers.ended(task)}\n[dtflab] its variables "
+                     f"are lost: workers.restart({task!r}) starts it anew\n")
 
     def _interrupt_waiting(self, show) -> None:
         waiting, failed = self._pending(), self._failed()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -87,7 +88,7 @@ class LocalCluster(Cluster):
     def _kill_task(self, job: str, index: int) -> None:
         self._tasks[job, index].kill()
 
-    def interrupt(self, job: str, index: int | None = None, signal_number: int = 2) -> bool:
+    def interrupt(self, job: str, index: int | None = None, signal_number: int = signal.SIGINT) -> bool:
         """Interrupt one task's program (SIGINT: a ``KeyboardInterrupt`` in its Python; the
         process runs on), or send it ``signal_number``. False where it does not run."""
         job, index = self._task(job, index)

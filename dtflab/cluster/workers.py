@@ -54,15 +54,15 @@ class Controller:
             start_new_session=True)
         engine_file = self.folder / "security" / "ipcontroller-engine.json"
         deadline = time.monotonic() + timeout
-        while not (engine_file.exists() and (self.folder / "security" /
-                                             "ipcontroller-client.json").exists()):
+        self.engine_info = None
+        while self.engine_info is None:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 tail = (self.folder / "controller.log").read_text(errors="replace")[-600:]
                 self.stop()
                 raise RuntimeError(f"the workers' controller did not start: {tail.strip()}")
             time.sleep(0.1)
-        time.sleep(0.2)  # written, not only created
-        self.engine_info = json.loads(engine_file.read_text())
+            if _written(Path(self.client_file)) is not None:  # the kernel needs its file too
+                self.engine_info = _written(engine_file)
 
     @property
     def client_file(self) -> str:
@@ -194,15 +194,19 @@ class Workers:
             chosen.append(task)
         return chosen
 
-    def alive(self, task: str) -> tuple[bool, str]:
-        """Whether ``task``'s process runs; where it does not, how it ended and its last log
-        lines (what TensorFlow's C++ and the process wrote to its file descriptors)."""
+    def running(self) -> set[str]:
+        """The workers whose process runs now (one read of the cluster's states: no memory
+        figures, one round trip on Dask)."""
+        return {task for task, state in self.cluster.states(programs_only=True).items()
+                if state.value == "running"}
+
+    def ended(self, task: str) -> str:
+        """How ``task``'s process ended, and its last log lines (what TensorFlow's C++ and the
+        process wrote to its file descriptors)."""
         info = next(info for info in self.cluster.tasks if info.name == task)
-        if info.state.value == "running":
-            return True, ""
         how = (f"exit code {info.exit_code}" if info.exit_code is not None else info.state.value)
         tail = "\n".join(self.cluster.logs(task).strip().splitlines()[-LAST_LINES:])
-        return False, f"{how}, " + (f"its last lines:\n{tail}" if tail else "it logged nothing")
+        return f"{how}, " + (f"its last lines:\n{tail}" if tail else "it logged nothing")
 
     def _task_of(self, engine: int) -> str:
         return next((task for task, known in self._engines.items() if known == engine),
@@ -220,12 +224,20 @@ class Workers:
             missing = [task for task in tasks if task not in self._engines]
             if not missing:
                 return
-            dead = [task for task in missing if not self.alive(task)[0]]
+            dead = sorted(set(missing) - self.running())
             if dead or time.monotonic() > deadline:
-                why = (f"{dead[0]} ended, {self.alive(dead[0])[1]}" if dead else
+                why = (f"{dead[0]} ended, {self.ended(dead[0])}" if dead else
                        f"{', '.join(missing)} did not register in {REGISTER_TIMEOUT_S:.0f} s")
                 raise RuntimeError(f"the persistent workers did not start ({why})")
             time.sleep(0.2)
+
+
+def _written(path: Path) -> dict | None:
+    """The JSON in ``path`` once the controller has written it whole (None before)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):  # not there yet, or half written
+        return None
 
 
 def _evaluate(name):  # sent to a worker as code: its globals there are the worker's namespace

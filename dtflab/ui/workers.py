@@ -70,9 +70,9 @@ class WorkersMagics(Magics):
             print(f"{words[1]} started anew: its variables are gone; run the cells that "
                   f"made them again")
             return None
+        alive = running.running()
         for task in running.tasks:
-            alive, _ = running.alive(task)
-            print(f"{task}: {'running' if alive else 'ended'}")
+            print(f"{task}: {'running' if task in alive else 'ended, ' + running.ended(task)}")
         return None
 
     @cell_magic
