@@ -51,6 +51,7 @@ consumer has read it; the transient peak, measured only) and TensorFlow's own bu
 from __future__ import annotations
 
 from dtflab.train.formulas import transformer as shape_formulas
+from dtflab.train.formulas.transformer import block_matrices, block_parameters
 from dtflab.train.layouts.layout import PRECISIONS
 
 FLOAT32 = 4
@@ -60,34 +61,59 @@ BYTES = dict(zip(PRECISIONS, (4, 2, 2)))  # the layout names them
 
 
 def activation_bytes(blocks: int, d_model: int, heads: int, sequence: int, batch: int,
-                     vocabulary: int, *, recompute: str = "none",
-                     precision: str = "float32") -> dict[str, int]:
+                     vocabulary: int, *, recompute: str = "none", precision: str = "float32",
+                     kv_heads: int | None = None, hidden: int | None = None,
+                     activation: str = "gelu") -> dict[str, int]:
     """Bytes the forward keeps for the backward: ``{"per_block", "outside", "weight_copies",
     "total"}`` (see the module's docstring)."""
     s, b, d, a, v = sequence, batch, d_model, heads, vocabulary
     p = BYTES[precision]
-    per_block = {"none": p * (16 * s * b * d + a * s * s * b) + FLOAT32 * 2 * s * b,
-                 "selective": p * 16 * s * b * d + FLOAT32 * 2 * s * b,
+    kept = block_elements(d, a, s, b, kv_heads, hidden, activation)
+    per_block = {"none": p * (kept + a * s * s * b) + FLOAT32 * 2 * s * b,
+                 "selective": p * kept + FLOAT32 * 2 * s * b,
                  "full": p * s * b * d}[recompute]
     outside = p * s * b * (v + 2 * d) + FLOAT32 * s * b * (v + 2)
     weight_copies = 0
     if precision != "float32":
-        block = 12 * d * d + (13 * d if recompute == "full" else 0)
+        choices = dict(heads=heads, kv_heads=kv_heads, hidden=hidden, activation=activation)
+        block = (block_parameters(d, **choices) if recompute == "full"
+                 else block_matrices(d, **choices))
         weight_copies = p * (v * d + blocks * block)
     return {"per_block": per_block, "outside": outside, "weight_copies": weight_copies,
             "total": blocks * per_block + outside + weight_copies}
+
+
+def block_elements(d: int, heads: int, s: int, b: int, kv_heads: int | None = None,
+                   hidden: int | None = None, activation: str = "gelu", ways: int = 1,
+                   whole: int = 4) -> int:
+    """Elements a block keeps besides the softmax and the norms' 1/std: 16·s·b·d for GPT-2's.
+    ``whole`` of them (the norms' normalised inputs and outputs, 4·s·b·d) stay whole under
+    ``ways``-way tensor parallelism; the queries and joined heads (2·s·b·d), the keys and
+    values (2·s·b·d·kv/a: a key/value head per ``heads / kv_heads`` query heads, one on each
+    worker where the ways outnumber them) and the MLP's (GELU's input and output, 2·s·b·h;
+    SwiGLU's gate, up and output, 3·s·b·h) are cut."""
+    kv = kv_heads or heads
+    hidden = hidden or 4 * d
+    keys = 2 * s * b * (d // heads) * max(kv // ways, 1)
+    mlp = (3 if activation == "swiglu" else 2) * s * b * hidden // ways
+    return whole * s * b * d + 2 * s * b * d // ways + keys + mlp
 
 
 def transformer_bytes(problem, batch: int | None = None, micro_batches: int = 1) -> dict[str, int]:
     """Bytes one device holds to train ``problem`` (a ``Transformer``) on ``batch`` sequences
     (default: its batch) in ``micro_batches`` micro-batches, by kind: ``parameters``,
     ``gradients``, ``optimizer``, ``activations``."""
+    if problem.experts:
+        raise ValueError(f"experts={problem.experts}: the one-device count is for a dense "
+                         f"transformer; the planner's (dtflab.plan) counts a mixture")
     n = shape_formulas.parameters(problem.blocks, problem.d_model, problem.vocabulary,
-                                  problem.sequence, problem.tied)
+                                  problem.sequence, problem.tied,
+                                  **shape_formulas.choices_of(problem))
     activations = activation_bytes(problem.blocks, problem.d_model, problem.heads,
                                    problem.sequence, (batch or problem.batch_size) // micro_batches,
                                    problem.vocabulary, recompute=problem.recompute,
-                                   precision=problem.precision)
+                                   precision=problem.precision, kv_heads=problem.kv_heads,
+                                   hidden=problem.hidden, activation=problem.activation)
     return {"parameters": FLOAT32 * n, "gradients": FLOAT32 * n,
             "optimizer": 2 * FLOAT32 * n + 2 * FLOAT32,
             "activations": activations["total"]}
@@ -116,12 +142,14 @@ def split_activation_bytes(problem, ways: int, sequence_parallel: bool = False) 
     s, b, d, a, t = problem.sequence, problem.batch_size, problem.d_model, problem.heads, ways
     p = FLOAT32
     softmax = a * s * s * b // t if problem.recompute == "none" else 0
+    choices = dict(kv_heads=problem.kv_heads, hidden=problem.hidden,
+                   activation=problem.activation)
     if sequence_parallel:
         norms = p * (2 * s * b * d // t + 2 * s * b * d) + FLOAT32 * 2 * s * b // t
     else:
         norms = p * 4 * s * b * d + FLOAT32 * 2 * s * b
-    per_block = norms + p * (12 * s * b * d // t + softmax)
+    per_block = norms + p * (block_elements(d, a, s, b, ways=t, whole=0, **choices) + softmax)
     whole = activation_bytes(problem.blocks, d, a, s, b, problem.vocabulary,
-                             recompute=problem.recompute)
+                             recompute=problem.recompute, **choices)
     return ([problem.blocks * per_block + whole["outside"]]
             + [problem.blocks * per_block] * (t - 1))

@@ -1,7 +1,9 @@
 """A mixture-of-experts layer in place of a block's MLP (Switch, GShard; Mixtral's top-2): a
-router sends each token to its ``top_k`` experts, each expert an MLP d -> 4d -> d of its own,
-and the token's output is the experts' outputs weighted by the router's probabilities (over
-the top k, renormalised when k > 1).
+router sends each token to its ``top_k`` experts, each expert an MLP d -> hidden -> d of its
+own (GELU or SwiGLU, as the dense MLP), and the token's output is the experts' outputs weighted
+by the router's probabilities (over the top k, renormalised when k > 1). **Shared experts**
+(DeepSeekMoE, Dai et al. 2024; Qwen's MoE) take every token, unrouted and unweighted: one
+MLP as wide as all of them, added to the routed experts' output.
 
 **Capacity**, per sequence (GShard's groups, one per sequence, so a data split by whole
 sequences routes every token as one process does): an expert takes at most
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from dtflab.train.problems import transformer_ops as ops
+from dtflab.train.problems import transformer_block as blocks
 
 
 def capacity(problem) -> int:
@@ -51,9 +53,19 @@ def route(tf, problem, m, router_w, router_b):
     return weight, routed, balance, first
 
 
-def expert_mlp(tf, tokens, fc_w, fc_b, out_w, out_b):
-    """One expert on its tokens [n, d]."""
-    return tf.matmul(ops.gelu(tf)(tf.matmul(tokens, fc_w) + fc_b), out_w) + out_b
+def expert_mlp(tf, problem, tokens, fc_w, fc_b, out_w, out_b):
+    """One expert on its tokens [n, d], with ``problem``'s activation (GELU or SwiGLU)."""
+    return tf.matmul(blocks.activate(tf, problem, tf.matmul(tokens, fc_w) + fc_b), out_w) + out_b
+
+
+def shared(tf, problem, m, weights: dict):
+    """The shared experts on every token of ``m`` (one MLP as wide as all of them; DeepSeek's
+    shared experts), or None without them."""
+    if not problem.shared_experts:
+        return None
+    with tf.name_scope("shared_experts"):
+        return blocks.mlp(tf, problem, m, *(weights[f"shared_{part}"]
+                                             for part in ("fc_w", "fc_b", "out_w", "out_b")))
 
 
 def taken_by(tf, routed, e):
@@ -61,10 +73,12 @@ def taken_by(tf, routed, e):
     return tf.where(tf.reshape(routed[..., e], [-1]) > 0)[:, 0]
 
 
-def mixture(tf, problem, m, weights):
-    """The layer on ``m`` [batch, sequence, d] in one place: ``(output, balance_loss, load)``,
-    load the tokens each expert took [experts] (dropped: top_k x tokens - their sum)."""
-    router_w, router_b, fc_w, fc_b, out_w, out_b = weights
+def mixture(tf, problem, m, weights: dict):
+    """The layer on ``m`` [batch, sequence, d] in one place, from the block's ``weights`` by
+    name: ``(output, balance_loss, load)``, load the tokens each expert took [experts]
+    (dropped: top_k x tokens - their sum); the shared experts' output added."""
+    router_w, router_b, fc_w, fc_b, out_w, out_b = (weights[name] for name in (
+        "router_w", "router_b", "experts_fc_w", "experts_fc_b", "experts_out_w", "experts_out_b"))
     d = problem.d_model
     with tf.name_scope("experts"):
         weight, routed, balance, _ = route(tf, problem, m, router_w, router_b)
@@ -77,11 +91,14 @@ def mixture(tf, problem, m, weights):
         for e in range(problem.experts):
             with tf.name_scope(f"expert{e}"):
                 index = taken_by(tf, routed, e)
-                y = expert_mlp(tf, tf.gather(flat, index), fc_w[e], fc_b[e], out_w[e], out_b[e])
+                y = expert_mlp(tf, problem, tf.gather(flat, index), fc_w[e], fc_b[e], out_w[e],
+                               out_b[e])
                 output += tf.scatter_nd(index[:, None], y * tf.gather(gate[:, e], index)[:, None],
                                         tf.shape(flat, out_type=tf.int64))
         load = tf.reduce_sum(routed, axis=[0, 1])
-    return tf.reshape(output, tf.shape(m)), balance, load
+        output = tf.reshape(output, tf.shape(m))
+        always = shared(tf, problem, m, weights)
+    return (output if always is None else output + always), balance, load
 
 
 def dense_only(problem, loop: str) -> None:

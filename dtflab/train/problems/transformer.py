@@ -42,6 +42,7 @@ import numpy as np
 from dtflab import checks
 from dtflab._quiet import import_tf
 from dtflab.train.problems import experts, text
+from dtflab.train.problems import transformer_block as block_parts
 from dtflab.train.problems import transformer_ops as ops
 from dtflab.train.problems.transformer_ops import LOSS_SCALE
 
@@ -72,6 +73,19 @@ class Transformer:
     capacity_factor: float = 1.25
     balance: float = 0.01
     skew: float = 0.0  # the router's first initial bias toward expert 0
+    # Today's choices (``problems.transformer_block``); the defaults are GPT-2's.
+    norm: str = "layer"  # or "rms"
+    positions: str = "learned"  # or "rotary"
+    kv_heads: int = 0  # key/value heads; 0: one per query head
+    activation: str = "gelu"  # or "swiglu"
+    hidden: int = 0  # the MLP's hidden width (each expert's); 0: 4 d
+    shared_experts: int = 0  # experts every token goes through, beside the routed ones
+
+    def __post_init__(self):
+        if not self.kv_heads:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if not self.hidden:
+            object.__setattr__(self, "hidden", 4 * self.d_model)
 
     @property
     def head_size(self) -> int:
@@ -85,22 +99,29 @@ class Transformer:
 
     def shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """Every parameter's name and shape, in the order the model uses them."""
-        d, v = self.d_model, self.vocabulary
-        found = [("wte", (v, d)), ("wpe", (self.sequence, d))]
+        d, v, h, E = self.d_model, self.vocabulary, self.hidden, self.experts
+        width = block_parts.mlp_width(self)
+        norms = lambda prefix: [(f"{prefix}_{part}", (d,)) for part in block_parts.norm_parts(self)]
+        qkv = (self.heads + 2 * self.kv_heads) * self.head_size
+
+        def dense(fc, out, count):  # an MLP (``count`` experts' widths as one)
+            return [(f"{fc}_w", (d, count * width)), (f"{fc}_b", (count * width,)),
+                    (f"{out}_w", (count * h, d)), (f"{out}_b", (d,))]
+
+        found = [("wte", (v, d))] + ([("wpe", (self.sequence, d))]
+                                     if self.positions == "learned" else [])
         for b in range(1, self.blocks + 1):
-            found += [(f"h{b}_ln1_scale", (d,)), (f"h{b}_ln1_bias", (d,)),
-                      (f"h{b}_qkv_w", (d, 3 * d)), (f"h{b}_qkv_b", (3 * d,)),
-                      (f"h{b}_proj_w", (d, d)), (f"h{b}_proj_b", (d,)),
-                      (f"h{b}_ln2_scale", (d,)), (f"h{b}_ln2_bias", (d,))]
-            if self.experts:
-                E = self.experts
+            found += [*norms(f"h{b}_ln1"), (f"h{b}_qkv_w", (d, qkv)), (f"h{b}_qkv_b", (qkv,)),
+                      (f"h{b}_proj_w", (d, d)), (f"h{b}_proj_b", (d,)), *norms(f"h{b}_ln2")]
+            if E:
                 found += [(f"h{b}_router_w", (d, E)), (f"h{b}_router_b", (E,)),
-                          (f"h{b}_experts_fc_w", (E, d, 4 * d)), (f"h{b}_experts_fc_b", (E, 4 * d)),
-                          (f"h{b}_experts_out_w", (E, 4 * d, d)), (f"h{b}_experts_out_b", (E, d))]
-            else:
-                found += [(f"h{b}_fc_w", (d, 4 * d)), (f"h{b}_fc_b", (4 * d,)),
-                          (f"h{b}_out_w", (4 * d, d)), (f"h{b}_out_b", (d,))]
-        found += [("lnf_scale", (d,)), ("lnf_bias", (d,))]
+                          (f"h{b}_experts_fc_w", (E, d, width)), (f"h{b}_experts_fc_b", (E, width)),
+                          (f"h{b}_experts_out_w", (E, h, d)), (f"h{b}_experts_out_b", (E, d))]
+            if not E:
+                found += dense(f"h{b}_fc", f"h{b}_out", 1)
+            elif self.shared_experts:
+                found += dense(f"h{b}_shared_fc", f"h{b}_shared_out", self.shared_experts)
+        found += norms("lnf")
         if not self.tied:
             found.append(("lm_head", (d, v)))
         return found
@@ -177,11 +198,14 @@ class Transformer:
         return self.blocks
 
     def unit_work(self) -> list[int]:
-        """Each block's multiply-adds per token (its matrices' 12 d^2 and the attention's 2 s d
-        at most), the first with the embedding's and the last with the output layer's V d:
-        what a balanced pipeline cut evens out."""
+        """Each block's multiply-adds per token (its matrices', 12 d^2 for GPT-2's, a token's
+        experts' only, and the attention's 2 s d at most), the first with the embedding's and
+        the last with the output layer's V d: what a balanced pipeline cut evens out."""
         d, v = self.d_model, self.vocabulary
-        work = [12 * d * d + 2 * self.sequence * d] * self.blocks
+        mlp = (block_parts.mlp_width(self) + self.hidden) * d
+        mlps = (self.top_k + self.shared_experts) * mlp + d * self.experts if self.experts else mlp
+        attention = d * (self.heads + 2 * self.kv_heads) * self.head_size + d * d
+        work = [attention + mlps + 2 * self.sequence * d] * self.blocks
         work[0] += v * d
         work[-1] += v * d
         return work
@@ -211,18 +235,21 @@ class Transformer:
         if first == 1:
             with tf.name_scope("embedding"):
                 h = ops.dense(tf, tf.one_hot(h, self.vocabulary, dtype=compute), named["wte"])
-                h = h + named["wpe"]
+                if self.positions == "learned":
+                    h = h + named["wpe"]
         for b in range(first, last + 1):
             with tf.name_scope(f"block{b}"):
-                weights = [named[name] for name, _ in self.shapes() if name.startswith(f"h{b}_")]
+                parts = [name[len(f"h{b}_"):] for name in named if name.startswith(f"h{b}_")]
+                weights = [named[f"h{b}_{part}"] for part in parts]
                 if self.recompute == "full":
-                    h = ops.recomputed(tf, lambda h, *w, b=b: self.block(tf, b, h, w))(h, *weights)
+                    h = ops.recomputed(tf, lambda h, *w, parts=parts: self.block(
+                        tf, h, dict(zip(parts, w))))(h, *weights)
                 else:
-                    h = self.block(tf, b, h, weights)
+                    h = self.block(tf, h, dict(zip(parts, weights)))
         if last < self.blocks:
             return h
         with tf.name_scope("output"):
-            h = self.layer_norm(tf, named["lnf_scale"], named["lnf_bias"], h)
+            h = self.normalise(tf, block_parts.norm_weights(self, named, "lnf"), h)
             out = tf.transpose(named["wte"]) if self.tied else named["lm_head"]
             logits = ops.dense(tf, h, out)
             return logits if compute == tf.float32 else ops.to_float32(tf, logits, self.loss_scale)
@@ -239,50 +266,36 @@ class Transformer:
         kept: what ``recompute="full"`` does to a block."""
         return ops.recomputed(import_tf(), function)
 
-    def block(self, tf, b, h, weights):
-        """Block ``b`` on the residual stream ``h``, with its weights in :meth:`shapes`'
-        order."""
-        (ln1_scale, ln1_bias, qkv_w, qkv_b, proj_w, proj_b,
-         ln2_scale, ln2_bias, *rest) = weights
-        h = h + self.attention(tf, self.layer_norm(tf, ln1_scale, ln1_bias, h, "ln1"),
-                               qkv_w, qkv_b, proj_w, proj_b)
-        m = self.layer_norm(tf, ln2_scale, ln2_bias, h, "ln2")
+    def block(self, tf, h, weights: dict):
+        """A block on the residual stream ``h``, with its weights by name (``qkv_w``)."""
+        w = weights
+        a = self.normalise(tf, block_parts.norm_weights(self, w, "ln1"), h, "ln1")
+        h = h + self.attention(tf, a, w["qkv_w"], w["qkv_b"], w["proj_w"], w["proj_b"])
+        m = self.normalise(tf, block_parts.norm_weights(self, w, "ln2"), h, "ln2")
         if not self.experts:
-            return h + self.mlp(tf, m, *rest)
-        output, balance, load = experts.mixture(tf, self, m, rest)
+            return h + self.mlp(tf, m, w["fc_w"], w["fc_b"], w["out_w"], w["out_b"])
+        output, balance, load = experts.mixture(tf, self, m, w)
         tf.compat.v1.add_to_collection(BALANCE, balance)
         tf.compat.v1.add_to_collection(LOAD, load)
         return h + output
 
-    @staticmethod
-    def layer_norm(tf, scale, bias, h, name="lnf"):
-        with tf.name_scope(name):
-            return ops.layer_norm(tf)(h, scale, bias)
+    def normalise(self, tf, weights, h, name="lnf"):
+        """``h`` normalised (LayerNorm or RMSNorm) with ``weights``: scale (and bias)."""
+        return block_parts.normalise(tf, self, weights, h, name)
 
-    def attention(self, tf, a, qkv_w, qkv_b, proj_w, proj_b, heads: int | None = None):
-        """Causal multi-head self-attention on a block's normalised input ``a``. Tensor
-        parallelism gives a worker ``heads`` of the heads (its columns of ``qkv_w``, its rows of
-        ``proj_w``) and ``proj_b=None``: the bias is added once, after the workers' sum."""
-        s, size = self.sequence, self.head_size
-        heads = heads or self.heads
-        with tf.name_scope("attention"):
-            qkv = ops.dense(tf, a, qkv_w) + qkv_b
-            q, k, v = (tf.transpose(tf.reshape(part, [-1, s, heads, size]), [0, 2, 1, 3])
-                       for part in tf.split(qkv, 3, axis=-1))
-            core = ops.attention_core(tf, s, size, a.dtype)
-            out = (ops.recomputed(tf, core) if self.recompute == "selective" else core)(q, k, v)
-            joined = tf.reshape(tf.transpose(out, [0, 2, 1, 3]), [-1, s, heads * size])
-            projected = ops.dense(tf, joined, proj_w)
-            return projected if proj_b is None else projected + proj_b
+    def attention(self, tf, a, qkv_w, qkv_b, proj_w, proj_b, heads: int | None = None,
+                  kv_heads: int | None = None, positions=None):
+        """Causal self-attention on a block's normalised input ``a``. Tensor parallelism gives a
+        worker ``heads`` of the query heads and ``kv_heads`` of the key/value heads (its columns
+        of ``qkv_w``, its rows of ``proj_w``) and ``proj_b=None``: the bias is added once,
+        after the workers' sum (``problems.transformer_block``)."""
+        return block_parts.attention(tf, self, a, qkv_w, qkv_b, proj_w, proj_b, heads, kv_heads,
+                                positions)
 
-    @staticmethod
-    def mlp(tf, m, fc_w, fc_b, out_w, out_b):
+    def mlp(self, tf, m, fc_w, fc_b, out_w, out_b):
         """The block's MLP on its normalised input ``m``; ``out_b=None`` leaves the output's
         bias to be added after tensor parallelism's sum."""
-        with tf.name_scope("mlp"):
-            hidden = ops.gelu(tf)(ops.dense(tf, m, fc_w) + fc_b)
-            output = ops.dense(tf, hidden, out_w)
-            return output if out_b is None else output + out_b
+        return block_parts.mlp(tf, self, m, fc_w, fc_b, out_w, out_b)
 
     def loss(self, output, t):
         """The sum over sequences of each sequence's mean cross-entropy per token; with
@@ -312,7 +325,9 @@ def transformer(blocks: int = 2, d_model: int = 64, heads: int = 4, sequence: in
                 learning_rate: float = 0.003, recompute: str = "none",
                 precision: str = "float32", experts: int = 0, top_k: int = 1,
                 capacity_factor: float = 1.25, balance: float = 0.01,
-                skew: float = 0.0) -> Transformer:
+                skew: float = 0.0, norm: str = "layer", positions: str = "learned",
+                kv_heads: int | None = None, activation: str = "gelu", hidden: int | None = None,
+                shared_experts: int = 0) -> Transformer:
     """A decoder-only transformer on dtflab's generated text (see ``problems.transformer``).
 
     In [1]: problem = train.transformer(blocks=2, d_model=64, heads=4, sequence=32)
@@ -325,6 +340,16 @@ def transformer(blocks: int = 2, d_model: int = 64, heads: int = 4, sequence: in
     ``capacity_factor`` x top_k x sequence / E of a sequence's tokens an expert, a balance
     loss weighted by ``balance``, and ``skew`` added to the router's initial bias toward
     expert 0 (a router that starts unbalanced; ``problems.experts``).
+
+    Today's blocks (``problems.transformer_block``), GPT-2's by default: ``norm="rms"``
+    (RMSNorm), ``positions="rotary"``, ``kv_heads`` fewer than ``heads`` (grouped-query
+    attention; 1 is multi-query), ``activation="swiglu"`` with its ``hidden`` width (default
+    8d/3 rounded up to a multiple of 8, as Llama's rule; 4d for GELU), ``tied=False``, and
+    ``shared_experts`` beside ``experts`` (DeepSeek's). Llama 3's block, small:
+
+    In [3]: llama = train.transformer(heads=4, kv_heads=2, norm="rms", positions="rotary",
+       ...:                           activation="swiglu", tied=False)
+
     The defaults (0.1 M parameters) train in a few seconds a hundred steps here; the loss
     falls from ln(23) = 3.1 nats to about 1.3 in 200 steps.
     """
@@ -360,11 +385,14 @@ def transformer(blocks: int = 2, d_model: int = 64, heads: int = 4, sequence: in
         if recompute == "full" or precision != "float32":
             raise ValueError(f"experts={experts}: a mixture of experts trains in float32 with "
                              f"recompute 'none' or 'selective'; use precision='float32'")
+    choices = block_parts.checked_choices(d_model, heads, norm, positions, kv_heads, activation,
+                                          hidden, experts, shared_experts)
     name = f"transformer_{blocks}x{d_model}_h{heads}_s{sequence}"
     if experts:
-        name += f"_e{experts}k{top_k}"
+        name += f"_e{experts}k{top_k}" + (f"s{shared_experts}" if shared_experts else "")
+    name += block_parts.named(choices, heads, d_model)
     name += "".join(f"_{lever}" for lever, usual in ((recompute, "none"), (precision, "float32"))
                     if lever != usual)
     return Transformer(name, blocks, d_model, heads, sequence, vocabulary, batch_size, tied,
                        float(learning_rate), recompute, precision, experts, top_k,
-                       float(capacity_factor), float(balance), float(skew))
+                       float(capacity_factor), float(balance), float(skew), **choices)

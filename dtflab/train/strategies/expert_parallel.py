@@ -7,7 +7,9 @@ attention, LayerNorms, the router), routes its tokens, and sends each expert the
 (**dispatch**, an all-to-all: the tokens for worker j's experts go to worker j); each expert
 runs on the tokens every worker sent it, one matrix multiply, and sends each worker its outputs
 back (**combine**, the second all-to-all), where they are weighted by the router's gates and
-added to the residual stream. Backward, the same two all-to-alls carry the gradients. The
+added to the residual stream. Shared experts (``shared_experts=``) are copied like the
+attention: each worker runs them on its own tokens, nothing crosses for them but their
+gradients' sum. Backward, the same two all-to-alls carry the gradients. The
 copies' gradients are summed over the workers (all pairs, as ``train.combined``'s data axis);
 an expert's gradient stays where the expert is.
 
@@ -27,6 +29,7 @@ from dtflab._quiet import import_tf
 from dtflab.train.layouts.layout import Layout, said_as
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.problems import Transformer, experts as moe
+from dtflab.train.problems.transformer_block import norm_weights
 from dtflab.train.run.graphs import TrainGraph, straggler
 from dtflab.train.run.options import RunOptions, takes_options
 from dtflab.train.run.sessions import train_graph
@@ -59,6 +62,7 @@ def expert_graph(problem, devices, seed: int, slow: dict | None = None) -> Train
                         copies[w][name] = tf.compat.v1.get_variable(name, initializer=value)
         view = [{name: problem.compute_view(v) for name, v in copy.items()} for copy in copies]
         h, targets, routed, gates, flat, balances = {}, {}, {}, {}, {}, {w: [] for w in range(W)}
+        always = {}  # worker -> its shared experts' output, on its own tokens
         for w, device in enumerate(devices):
             with tf.device(home), tf.name_scope(f"batch_for_worker{w}"):
                 sliced = [ids[w * per:(w + 1) * per] for ids in (x, t)]
@@ -73,9 +77,10 @@ def expert_graph(problem, devices, seed: int, slow: dict | None = None) -> Train
                 c = {name[len(f"h{b}_"):]: v for name, v in view[w].items()
                      if name.startswith(f"h{b}_")}
                 with tf.device(device), tf.name_scope(f"worker{w}/block{b}"):
-                    a = problem.layer_norm(tf, c["ln1_scale"], c["ln1_bias"], h[w], "ln1")
+                    a = problem.normalise(tf, norm_weights(problem, c, "ln1"), h[w], "ln1")
                     h[w] += problem.attention(tf, a, c["qkv_w"], c["qkv_b"], c["proj_w"], c["proj_b"])
-                    m = problem.layer_norm(tf, c["ln2_scale"], c["ln2_bias"], h[w], "ln2")
+                    m = problem.normalise(tf, norm_weights(problem, c, "ln2"), h[w], "ln2")
+                    always[w] = moe.shared(tf, problem, m, c)
                     weight, routed[w], balance, _ = moe.route(tf, problem, m, c["router_w"],
                                                                c["router_b"])
                     balances[w].append(balance)
@@ -97,7 +102,7 @@ def expert_graph(problem, devices, seed: int, slow: dict | None = None) -> Train
                                 split[owner, part] = tf.unstack(
                                     problem.compute_view(held[f"h{b}", part][owner]))
                         weights = [split[owner, part][local] for part in EXPERT_PARTS]
-                        y = moe.expert_mlp(tf, tf.concat(sent, axis=0), *weights)
+                        y = moe.expert_mlp(tf, problem, tf.concat(sent, axis=0), *weights)
                         back = tf.split(y, tf.stack([tf.shape(s)[0] for s in sent]), num=W)
                 for w, device in enumerate(devices):
                     with tf.device(device), tf.name_scope(f"worker{w}/block{b}/combine{e}"):
@@ -108,6 +113,8 @@ def expert_graph(problem, devices, seed: int, slow: dict | None = None) -> Train
             for w, device in enumerate(devices):
                 with tf.device(device):
                     h[w] += tf.reshape(outputs[w], tf.shape(h[w]))
+                    if always[w] is not None:
+                        h[w] += always[w]
                     counted.append(tf.reduce_sum(routed[w], axis=[0, 1]))
             with tf.device(home):
                 loads.append(tf.stack(counted))
