@@ -5,6 +5,7 @@ traced steps in each loop's tests. ``costs`` (the other loops' formulas) names t
 
 from __future__ import annotations
 
+from dtflab.train.formulas.transformer import mlp_parameters
 from dtflab.train.layouts import ring
 
 
@@ -24,7 +25,10 @@ def transformer_tensor_parallel_bytes(ways: int, problem) -> list[dict]:
       copy's gradient, A;
     - worker 0 lends each other worker, per block, the two LayerNorms' scales and biases and
       the projection's bias (and the MLP's output bias, but the last block's): ``6L - 1``
-      float32 vectors of d_model, whose gradients come back.
+      float32 vectors of d_model, whose gradients come back (RMSNorm has no bias: ``4L - 1``);
+    - with fewer key/value heads than ways, each head's key and value columns of the qkv
+      (and their biases) are lent by the first worker that copies it to the others, per
+      block, and their gradients come back (:func:`lent_keys_bytes`).
 
     It leaves out gRPC's framing, the requests for each tensor and the optimizer's scalars."""
     k, sent = ways, [{"forward": 0, "backward": 0} for _ in range(ways)]
@@ -32,7 +36,7 @@ def transformer_tensor_parallel_bytes(ways: int, problem) -> list[dict]:
         return sent
     blocks, d = problem.blocks, problem.d_model
     a = problem.batch_size * problem.sequence * d * (4 if problem.precision == "float32" else 2)
-    vectors = (6 * blocks - 1) * d * 4
+    vectors = (_lent_vectors(problem) * blocks - 1) * d * 4
     for worker in sent:
         worker["forward"] += (2 * blocks - 1) * (k - 1) * a
         worker["backward"] += (2 * blocks - 1) * (k - 1) * a
@@ -41,6 +45,29 @@ def transformer_tensor_parallel_bytes(ways: int, problem) -> list[dict]:
     for worker in sent[1:]:
         worker["forward"] += a
         worker["backward"] += a + vectors
+    return lent_keys_bytes(ways, problem, sent)
+
+
+def _lent_vectors(problem) -> int:
+    """The vectors of d_model worker 0 lends a tensor-parallel block: both norms' parameters
+    (LayerNorm's scale and bias, RMSNorm's scale) and the two output biases."""
+    return 2 * (2 if getattr(problem, "norm", "layer") == "layer" else 1) + 2
+
+
+def lent_keys_bytes(ways: int, problem, sent: list[dict]) -> list[dict]:
+    """``sent`` with the key and value heads' bytes added, where ``ways`` outnumber them
+    (``graphs.tensor_parallel_blocks``): per block, the first of each head's ``ways / kv``
+    workers sends the others its key and value columns of the qkv and their biases,
+    2 x (d_model + 1) x head size float32, and each sends their gradient back."""
+    kv = getattr(problem, "kv_heads", problem.heads)
+    if ways <= kv:
+        return sent
+    copies = ways // kv
+    columns = 2 * (problem.d_model + 1) * problem.head_size * 4 * problem.blocks
+    for worker in range(ways):
+        if worker % copies:
+            sent[worker - worker % copies]["forward"] += columns
+            sent[worker]["backward"] += columns
     return sent
 
 
@@ -63,7 +90,7 @@ def transformer_sequence_parallel_bytes(ways: int, problem) -> list[dict]:
         return sent
     blocks, d = problem.blocks, problem.d_model
     a = problem.batch_size * problem.sequence * d * (4 if problem.precision == "float32" else 2)
-    vectors = 6 * blocks * d * 4
+    vectors = _lent_vectors(problem) * blocks * d * 4
     for worker in sent:
         worker["forward"] += 4 * blocks * (k - 1) * a / k
         worker["backward"] += 4 * blocks * (k - 1) * a / k
@@ -72,7 +99,7 @@ def transformer_sequence_parallel_bytes(ways: int, problem) -> list[dict]:
     for worker in sent[1:]:
         worker["forward"] += a / k
         worker["backward"] += a / k + vectors
-    return sent
+    return lent_keys_bytes(ways, problem, sent)
 
 
 def context_parallel_bytes(problem, ways: int, cut: str) -> list[dict]:
@@ -81,7 +108,8 @@ def context_parallel_bytes(problem, ways: int, cut: str) -> list[dict]:
 
     - Keys and values round the ring: per block, every hop of a chunk of n positions
       (:func:`~dtflab.train.layouts.ring.hops`) sends its keys and values,
-      2 x batch x n x d_model floats, forward; their gradient comes back from each worker that
+      2 x batch x n x d_model floats (with grouped-query attention, kv_heads x head size
+      instead of d_model), forward; their gradient comes back from each worker that
       attends to the chunk to the one before it that does
       (:func:`~dtflab.train.layouts.ring.gradient_hops`). The naive cut's chunks travel only
       as far as the last worker that attends to them, so its ring is a chain, busiest from the
@@ -95,7 +123,7 @@ def context_parallel_bytes(problem, ways: int, cut: str) -> list[dict]:
     sent = [{"forward": 0, "backward": 0} for _ in range(ways)]
     if ways == 1:
         return sent
-    per_position = 2 * problem.batch_size * problem.d_model * 4
+    per_position = 2 * problem.batch_size * problem.kv_heads * problem.head_size * 4
     for source, _, (start, stop) in ring.hops(cut, ways, problem.sequence):
         sent[source]["forward"] += problem.blocks * per_position * (stop - start)
     for source, _, (start, stop) in ring.gradient_hops(cut, ways, problem.sequence):
@@ -148,7 +176,7 @@ def expert_parallel_bytes(problem, routed) -> list[dict]:
       **combine**: each expert's worker sends each output back to the token's worker. Backward,
       the gradients cross the other way: each worker sends what it received, forward, back.
     - the copies' gradients: each worker sends the others its gradient of every variable but
-      the experts (4 x that many parameters bytes each);
+      the routed experts (4 x that many parameters bytes each; the shared experts are copies);
     - worker 0 sends each other worker its slice's tokens and targets (int32, int64), and each
       other worker sends worker 0 its tokens per expert (float32, the report).
 
@@ -166,7 +194,8 @@ def expert_parallel_bytes(problem, routed) -> list[dict]:
                     sent[owner]["forward"] += crossing   # combine
                     sent[w]["backward"] += crossing      # combine's gradient
                     sent[owner]["backward"] += crossing  # dispatch's gradient
-    copied = 4 * (problem.parameter_count - problem.blocks * E * (8 * d * d + 5 * d))
+    expert = mlp_parameters(d, problem.hidden, problem.activation)
+    copied = 4 * (problem.parameter_count - problem.blocks * E * expert)
     positions = problem.batch_size // W * problem.sequence
     for w in range(W):
         sent[w]["backward"] += (W - 1) * copied

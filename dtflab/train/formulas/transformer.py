@@ -43,9 +43,7 @@ def block_parameters(d_model: int, *, heads: int = 1, kv_heads: int | None = Non
     (a token's top k)."""
     d = d_model
     kv = (kv_heads or heads) * d // heads
-    hidden = hidden or 4 * d
-    gates = 2 if activation == "swiglu" else 1
-    mlp = lambda count: gates * d * count * hidden + gates * count * hidden + count * hidden * d + d
+    mlp = lambda count: mlp_parameters(d, count * (hidden or 4 * d), activation)
     attention = d * (d + 2 * kv) + d + 2 * kv + d * d + d
     norms = 2 * d * (2 if norm == "layer" else 1)
     if not experts:
@@ -53,6 +51,13 @@ def block_parameters(d_model: int, *, heads: int = 1, kv_heads: int | None = Non
     routed = experts if active is None else active
     shared = mlp(shared_experts) if shared_experts else 0
     return norms + attention + d * experts + experts + routed * mlp(1) + shared
+
+
+def mlp_parameters(d_model: int, hidden: int, activation: str = "gelu") -> int:
+    """An MLP's (or one expert's) parameters: d·h + h + h·d + d with GELU, SwiGLU's gate and up
+    2·d·h + 2·h + h·d + d."""
+    gates = 2 if activation == "swiglu" else 1
+    return gates * d_model * hidden + gates * hidden + hidden * d_model + d_model
 
 
 def training_flops_per_token(blocks: int, d_model: int, vocabulary: int, sequence: int,

@@ -21,10 +21,18 @@ from dtflab.train.layouts.ring import relation
 def attend(tf, queries: dict, held: list[dict], size: int):
     """One worker's attention output for each of its query chunks: ``queries[chunk]`` is
     [batch, heads, length, size]; ``held[r]`` maps each key chunk the worker holds in round
-    r to its ``(k, v)``. Blocks are folded in round order with an online softmax."""
+    r to its ``(k, v)``, [batch, kv heads, length, size]. Blocks are folded in round order
+    with an online softmax. With fewer key/value heads than query heads (grouped-query
+    attention), each group's queries are stacked along the sequence against their one key and
+    value head, as ``transformer_ops.attention_core`` does."""
     scale = 1.0 / math.sqrt(size)
     outputs = {}
     for query, q in queries.items():
+        heads, length = q.shape[1], query[1] - query[0]
+        kv = next(iter(held[0].values()))[0].shape[1]
+        groups = heads // kv
+        if groups > 1:
+            q = tf.reshape(q, [-1, kv, groups * length, size])
         state = None  # running (maximum, sum, weighted values)
         for r, pieces in enumerate(held):
             for key, (k, v) in pieces.items():
@@ -34,9 +42,8 @@ def attend(tf, queries: dict, held: list[dict], size: int):
                 name = f"q{query[0]}_k{key[0]}_{kind}"
                 scores = tf.matmul(q, k, transpose_b=True, name=f"{name}_scores") * scale
                 if kind == "causal":
-                    length = query[1] - query[0]
                     future = np.triu(np.ones([length, length], np.float32), 1) * -1e9
-                    scores = scores + tf.constant(future)
+                    scores = scores + tf.constant(np.tile(future, (groups, 1)))
                 top = tf.stop_gradient(tf.reduce_max(scores, axis=-1, keepdims=True))
                 if state is not None:
                     top = tf.maximum(state[0], top)
@@ -47,5 +54,6 @@ def attend(tf, queries: dict, held: list[dict], size: int):
                     decay = tf.exp(state[0] - top)
                     total, values = state[1] * decay + total, state[2] * decay + values
                 state = (top, total, values)
-        outputs[query] = state[2] / state[1]
+        out = state[2] / state[1]
+        outputs[query] = tf.reshape(out, [-1, heads, length, size]) if groups > 1 else out
     return outputs

@@ -46,6 +46,7 @@ import numpy as np
 
 from dtflab import names
 from dtflab._quiet import import_tf
+from dtflab.train.problems.transformer_block import norm_parts, norm_weights
 from dtflab.train.run.graphs import TrainGraph, straggler
 
 
@@ -81,7 +82,8 @@ def blocks_loss(problem, x, t, stages, initial: dict, slow: dict | None = None,
     tf = import_tf()
     slow = slow or {}
     k, d = len(stages[0][0]), problem.d_model
-    heads = problem.heads // k
+    heads, kv_heads = problem.heads // k, max(problem.kv_heads // k, 1)
+    copies = k // problem.kv_heads  # workers a key/value head is copied on (0: it is split)
     variables = {}
 
     def variable(name, value, device):
@@ -99,14 +101,14 @@ def blocks_loss(problem, x, t, stages, initial: dict, slow: dict | None = None,
         """Each worker's input to a half-block of block ``b`` and the LayerNorm's scale and
         bias, which the half-block applies; under sequence parallelism, each piece's LayerNorm
         ``norm``, gathered, and no scale or bias."""
-        scale_bias = [whole[f"{norm}_scale"], whole[f"{norm}_bias"]]
+        scale_bias = norm_weights(problem, whole, norm)
         if not sequence_parallel:
             return streams, scale_bias
         pieces, gathered = {}, {}
         for device in devices:
             with tf.device(device), tf.name_scope(f"block{b}/{norm}_on_{_task(device)}"):
-                pieces[device] = half_block(lambda h, scale, bias: problem.layer_norm(
-                    tf, scale, bias, h, norm))(streams[device], *map(compute, scale_bias))
+                pieces[device] = half_block(lambda h, *weights: problem.normalise(
+                    tf, list(weights), h, norm))(streams[device], *map(compute, scale_bias))
         for device in devices:
             with tf.device(device), tf.name_scope(f"block{b}/{norm}_gathered_on_{_task(device)}"):
                 gathered[device] = tf.concat([pieces[other] for other in devices], axis=1)
@@ -121,7 +123,8 @@ def blocks_loss(problem, x, t, stages, initial: dict, slow: dict | None = None,
 
         def function(h, *weights):
             if norm:
-                h = problem.layer_norm(tf, *weights[:2], h, f"ln{1 + (kind == 'mlp')}")
+                h = problem.normalise(tf, list(weights[:len(norm)]), h,
+                                      f"ln{1 + (kind == 'mlp')}")
             return core(h, *weights[len(norm):])
 
         partials = []
@@ -130,12 +133,32 @@ def blocks_loss(problem, x, t, stages, initial: dict, slow: dict | None = None,
                     variable(f"h{b}_{bias}_part{j}", own[bias][columns(j)], device),
                     variable(f"h{b}_{second}_part{j}", own[second][rows(j), :], device)]
             with tf.device(device), tf.name_scope(f"block{b}/{kind}_worker{j}"):
-                partials.append(half_block(function)(inputs[device],
-                                                     *(compute(v) for v in (*norm, *mine))))
+                weights = [compute(v) for v in (*norm, *mine)]
+                if kind == "attention" and copies:  # its key/value head, lent by its owner
+                    lent = [compute(v) for v in lent_keys(b, j, devices, own)]
+                    weights[-3:-1] = [tf.concat([held, borrowed], axis=-1)
+                                      for held, borrowed in zip(weights[-3:-1], lent)]
+                partials.append(half_block(function)(inputs[device], *weights))
         return partials
 
+    def lent_keys(b, j, devices, own):
+        """Where the tensor ways outnumber the key/value heads, worker j's head's key and value
+        columns of ``qkv_w`` and ``qkv_b``: one variable a head, on the first of the workers
+        that copy it; the others read it, and their gradients are summed into it (Megatron
+        keeps a copy each and sums their gradients)."""
+        g = j // copies
+        owner = devices[g * copies]
+        columns = np.concatenate([problem.heads * size + g * size + np.arange(size) + part
+                                  * problem.kv_heads * size for part in range(2)])
+        found = []
+        for name, value in (("qkv_w", own["qkv_w"][:, columns]), ("qkv_b", own["qkv_b"][columns])):
+            name = f"h{b}_{name}_keys{g}"
+            found.append(variables[name] if name in variables else variable(name, value, owner))
+        return found
+
     def attention(a, qkv_w, qkv_b, proj_w):
-        return problem.attention(tf, a, qkv_w, qkv_b, proj_w, None, heads=heads)
+        return problem.attention(tf, a, qkv_w, qkv_b, proj_w, None, heads=heads,
+                                 kv_heads=kv_heads)
 
     def mlp(m, fc_w, fc_b, out_w):
         return problem.mlp(tf, m, fc_w, fc_b, out_w, None)
@@ -145,16 +168,24 @@ def blocks_loss(problem, x, t, stages, initial: dict, slow: dict | None = None,
             return _scattered_sums(tf, partials, bias, streams, devices, compute, scope)
         return _sums(tf, partials, bias, streams, where, compute, scope)
 
-    width, hidden = heads * problem.head_size, 4 * d // k
+    size = problem.head_size
+    width, hidden = heads * size, problem.hidden // k
 
-    def heads_of(j):  # worker j's heads' columns of q (of k and v: d and 2d further)
+    def heads_of(j):  # worker j's query heads' columns of q
         return np.arange(j * width, (j + 1) * width)
 
-    def qkv_of(j):
-        return np.concatenate([heads_of(j) + part * d for part in range(3)])
+    def qkv_of(j):  # and of its key and value heads, after the d of q (lent where copied)
+        if copies:
+            return heads_of(j)
+        keys = problem.heads * size + np.arange(j * kv_heads * size, (j + 1) * kv_heads * size)
+        return np.concatenate([heads_of(j), keys, keys + problem.kv_heads * size])
 
     def units_of(j):  # worker j's hidden units of the MLP
         return np.arange(j * hidden, (j + 1) * hidden)
+
+    def gates_of(j):  # and its columns of the first matrix: SwiGLU's of gate and of up
+        gates = 2 if problem.activation == "swiglu" else 1
+        return np.concatenate([units_of(j) + part * problem.hidden for part in range(gates)])
 
     first_home, last_home = stages[0][0][0], stages[-1][0][0]
     with tf.device(first_home):
@@ -179,15 +210,15 @@ def blocks_loss(problem, x, t, stages, initial: dict, slow: dict | None = None,
             own = {name[len(f"h{b}_"):]: value for name, value in initial.items()
                    if name.startswith(f"h{b}_")}
             whole = {name: variable(f"h{b}_{name}", own[name], home)
-                     for name in ("ln1_scale", "ln1_bias", "proj_b", "ln2_scale", "ln2_bias",
-                                  "out_b")}
+                     for name in (*(f"ln{n}_{part}" for n in (1, 2) for part in
+                                    norm_parts(problem)), "proj_b", "out_b")}
             partials = shares(b, devices, own, inputs(b, devices, streams, "ln1", whole),
                               "attention", ("qkv_w", "qkv_b", "proj_w"), qkv_of, heads_of,
                               attention)
             streams = summed(partials, whole["proj_b"], devices, streams, devices,
                              f"block{b}/attention")
             partials = shares(b, devices, own, inputs(b, devices, streams, "ln2", whole), "mlp",
-                              ("fc_w", "fc_b", "out_w"), units_of, units_of, mlp)
+                              ("fc_w", "fc_b", "out_w"), gates_of, units_of, mlp)
             final = b == problem.blocks and not sequence_parallel
             streams = summed(partials, whole["out_b"], devices, streams,
                              [home] if final else devices, f"block{b}/mlp")

@@ -18,6 +18,8 @@ Ops are named ``block{b}/ring_attention_on_worker{m}/q{start}_k{start}_{full|cau
 
 from __future__ import annotations
 
+import numpy as np
+
 from dtflab import checks, names
 from dtflab._quiet import import_tf
 from dtflab.train.formulas import split_bytes
@@ -31,6 +33,7 @@ from dtflab.train.run.options import RunOptions, takes_options
 from dtflab.train.run.sessions import train_graph
 from dtflab.train.graphs import ring_attention
 from dtflab.train.problems.experts import dense_only
+from dtflab.train.problems.transformer_block import norm_weights
 
 
 def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = None) -> TrainGraph:
@@ -39,7 +42,8 @@ def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = Non
     tf = import_tf()
     slow, home, c = slow or {}, devices[0], len(devices)
     pieces = ring.chunks(cut, c, problem.sequence)
-    heads, size, d = problem.heads, problem.head_size, problem.d_model
+    heads, kv, size, d = problem.heads, problem.kv_heads, problem.head_size, problem.d_model
+    rotary = problem.positions == "rotary"
     graph = tf.Graph()
     with graph.as_default():
         with tf.device(home):
@@ -55,16 +59,21 @@ def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = Non
                 with tf.control_dependencies(straggler(slow, device)):
                     read[device] = {name: tf.identity(v, name=name) for name, v in variables.items()}
                 tokens, targets[device] = (tf.identity(ids) for ids in mine)
-                wpe = read[device]["wpe"]
-                h[device] = (ops.dense(tf, tf.one_hot(tokens, problem.vocabulary),
-                                       read[device]["wte"])
-                             + tf.concat([wpe[a:b] for a, b in pieces[m]], axis=0))
+                h[device] = ops.dense(tf, tf.one_hot(tokens, problem.vocabulary),
+                                      read[device]["wte"])
+                if not rotary:
+                    wpe = read[device]["wpe"]
+                    h[device] += tf.concat([wpe[a:b] for a, b in pieces[m]], axis=0)
 
-        def split(tensor, m):  # [batch, n, d] -> {chunk: [batch, heads, length, size]}
+        def split(tensor, m, count, turn=False):
+            """[batch, n, count x size] -> {chunk: [batch, count, length, size]}; ``turn``: by
+            rotary positions, at the chunk's place in the sequence."""
             found, at = {}, 0
             for a, b in pieces[m]:
-                part = tf.reshape(tensor[:, at:at + b - a], [-1, b - a, heads, size])
+                part = tf.reshape(tensor[:, at:at + b - a], [-1, b - a, count, size])
                 found[a, b], at = tf.transpose(part, [0, 2, 1, 3]), at + b - a
+                if turn and rotary:
+                    found[a, b] = ops.rotary(tf, np.arange(a, b), size)(found[a, b])
             return found
 
         for b in range(1, problem.blocks + 1):
@@ -73,11 +82,12 @@ def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = Non
             q, held = {}, {}  # held[device][r]: {key chunk: (k, v)} in round r
             for m, device in enumerate(devices):
                 with tf.device(device), tf.name_scope(f"block{b}/qkv_on_{_task(device)}"):
-                    a = problem.layer_norm(tf, w[device]["ln1_scale"], w[device]["ln1_bias"],
-                                           h[device], "ln1")
-                    qkv = tf.split(ops.dense(tf, a, w[device]["qkv_w"]) + w[device]["qkv_b"], 3, -1)
-                    q[device] = split(qkv[0], m)
-                    ks, vs = split(qkv[1], m), split(qkv[2], m)
+                    a = problem.normalise(tf, norm_weights(problem, w[device], "ln1"), h[device],
+                                          "ln1")
+                    qkv = tf.split(ops.dense(tf, a, w[device]["qkv_w"]) + w[device]["qkv_b"],
+                                   [heads * size, kv * size, kv * size], -1)
+                    q[device] = split(qkv[0], m, heads, turn=True)
+                    ks, vs = split(qkv[1], m, kv, turn=True), split(qkv[2], m, kv)
                     held[device] = [{chunk: (ks[chunk], vs[chunk]) for chunk in ks}]
             for r in range(1, c):  # each worker takes what its left neighbour held last round
                 for m, device in enumerate(devices):
@@ -95,15 +105,15 @@ def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = Non
                                             for chunk in sorted(out, key=pieces[m].index)], 1)
                         h[device] += (ops.dense(tf, joined, w[device]["proj_w"])
                                       + w[device]["proj_b"])
-                        n = problem.layer_norm(tf, w[device]["ln2_scale"], w[device]["ln2_bias"],
-                                               h[device], "ln2")
+                        n = problem.normalise(tf, norm_weights(problem, w[device], "ln2"),
+                                              h[device], "ln2")
                         h[device] += problem.mlp(tf, n, w[device]["fc_w"], w[device]["fc_b"],
                                                  w[device]["out_w"], w[device]["out_b"])
         losses = []
         for device in devices:
             with tf.device(device), tf.name_scope(f"output_on_{_task(device)}"):
                 own = read[device]
-                out = problem.layer_norm(tf, own["lnf_scale"], own["lnf_bias"], h[device])
+                out = problem.normalise(tf, norm_weights(problem, own, "lnf"), h[device])
                 logits = ops.dense(tf, out, tf.transpose(own["wte"]) if problem.tied
                                    else own["lm_head"])
                 per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(
