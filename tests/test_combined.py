@@ -1,5 +1,5 @@
 """The forms combined on real task servers: data x tensor (2 x 2) and data x tensor x pipeline
-(2 x 2 x 2) train as one process does, and a traced step's bytes, split by the layout's axes,
+(2 x 2 x 2), GPT-2's block and Llama's, train as one process does, and a traced step's bytes, split by the layout's axes,
 are each axis's formula (the transport's count too, with gRPC's framing)."""
 
 import pytest
@@ -25,11 +25,16 @@ def mesh():
         yield c
 
 
-@pytest.mark.parametrize("layout", [train.Layout(data=2, tensor=2),
-                                    train.Layout(data=2, tensor=2, pipeline=2)],
-                         ids=["data-2-tensor-2", "data-2-tensor-2-pipeline-2"])
-def test_the_forms_combined_train_as_one_process_and_send_each_axis_formula(mesh, layout):
-    problem = train.transformer(**PROBLEM)
+@pytest.mark.parametrize("layout, shape", [
+    (train.Layout(data=2, tensor=2), PROBLEM),
+    (train.Layout(data=2, tensor=2, pipeline=2), PROBLEM),
+    # Llama's block, its one key/value head copied on both tensor ways
+    (train.Layout(data=2, tensor=2, pipeline=2), dict(PROBLEM, kv_heads=1, norm="rms",
+                                                     positions="rotary", activation="swiglu",
+                                                     tied=False))],
+    ids=["data-2-tensor-2", "data-2-tensor-2-pipeline-2", "llama-data-2-tensor-2-pipeline-2"])
+def test_the_forms_combined_train_as_one_process_and_send_each_axis_formula(mesh, layout, shape):
+    problem = train.transformer(**shape)
     alone = train.single(problem, steps=6, seed=4)
     wire = train.WireBytes(after_step=2, steps=3)
     run = train.combined(problem, mesh, layout, steps=6, seed=4, trace_step=1, callbacks=[wire])

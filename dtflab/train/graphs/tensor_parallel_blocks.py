@@ -83,7 +83,8 @@ def blocks_loss(problem, x, t, stages, initial: dict, slow: dict | None = None,
     slow = slow or {}
     k, d = len(stages[0][0]), problem.d_model
     heads, kv_heads = problem.heads // k, max(problem.kv_heads // k, 1)
-    copies = k // problem.kv_heads  # workers a key/value head is copied on (0: it is split)
+    # the workers a key/value head is copied on (0: the heads are split)
+    copies = k // problem.kv_heads if k > problem.kv_heads else 0
     variables = {}
 
     def variable(name, value, device):
@@ -135,9 +136,7 @@ def blocks_loss(problem, x, t, stages, initial: dict, slow: dict | None = None,
             with tf.device(device), tf.name_scope(f"block{b}/{kind}_worker{j}"):
                 weights = [compute(v) for v in (*norm, *mine)]
                 if kind == "attention" and copies:  # its key/value head, lent by its owner
-                    lent = [compute(v) for v in lent_keys(b, j, devices, own)]
-                    weights[-3:-1] = [tf.concat([held, borrowed], axis=-1)
-                                      for held, borrowed in zip(weights[-3:-1], lent)]
+                    weights += [compute(v) for v in lent_keys(b, j, devices, own)]
                 partials.append(half_block(function)(inputs[device], *weights))
         return partials
 
@@ -156,7 +155,9 @@ def blocks_loss(problem, x, t, stages, initial: dict, slow: dict | None = None,
             found.append(variables[name] if name in variables else variable(name, value, owner))
         return found
 
-    def attention(a, qkv_w, qkv_b, proj_w):
+    def attention(a, qkv_w, qkv_b, proj_w, *lent):
+        if lent:  # the query columns, then the lent key/value head's
+            qkv_w, qkv_b = [qkv_w, lent[0]], [qkv_b, lent[1]]
         return problem.attention(tf, a, qkv_w, qkv_b, proj_w, None, heads=heads,
                                  kv_heads=kv_heads)
 

@@ -279,7 +279,8 @@ class Layout:
             if hidden % self.tensor:
                 raise ValueError(f"tensor={self.tensor}: {problem.name}'s MLP of {hidden} hidden "
                                  f"units does not split into {self.tensor} equal slices; use "
-                                 f"tensor={_divisor(hidden, self.tensor)}, or "
+                                 f"tensor={_divisor(math.gcd(hidden, problem.heads), self.tensor)}"
+                                 f", or "
                                  f"train.transformer(hidden={self.tensor * -(-hidden // self.tensor)})")
             if problem.sequence % self.context:
                 raise ValueError(f"context={self.context}: the sequence of {problem.sequence} "

@@ -47,14 +47,18 @@ def attention(tf, problem, a, qkv_w, qkv_b, proj_w, proj_b, heads: int | None = 
               kv_heads: int | None = None, positions=None):
     """Causal self-attention on a block's normalised input ``a`` ([batch, n, d]), for ``heads``
     query heads and ``kv_heads`` key/value heads (default: all of each), whose columns of
-    ``qkv_w`` are [queries | keys | values]; rotary positions are ``positions`` (default 0 to
+    ``qkv_w`` are [queries | keys | values] (or a list of such pieces, with ``qkv_b``'s);
+    rotary positions are ``positions`` (default 0 to
     n - 1; context parallelism passes each piece's). ``proj_b=None`` leaves the output's bias
     to be added after tensor parallelism's sum."""
     size = problem.head_size
     heads, kv_heads = heads or problem.heads, kv_heads or problem.kv_heads
     n = a.shape[1]
     with tf.name_scope("attention"):
-        qkv = ops.dense(tf, a, qkv_w) + qkv_b
+        if isinstance(qkv_w, list):  # the columns in pieces (a lent key/value head): no copy
+            qkv = tf.concat([ops.dense(tf, a, w) for w in qkv_w], -1) + tf.concat(qkv_b, -1)
+        else:
+            qkv = ops.dense(tf, a, qkv_w) + qkv_b
         q, k, v = (tf.transpose(tf.reshape(part, [-1, n, count, size]), [0, 2, 1, 3])
                    for part, count in zip(
                        tf.split(qkv, [heads * size, kv_heads * size, kv_heads * size], axis=-1),
