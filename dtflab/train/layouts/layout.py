@@ -268,14 +268,14 @@ class Layout:
                                  f"do not split into {self.tensor} equal groups; use "
                                  f"tensor={_divisor(problem.heads, self.tensor)}, or heads "
                                  f"divisible by {self.tensor}")
-            kv = getattr(problem, "kv_heads", problem.heads)
+            kv = getattr(problem, "kv_heads", None) or problem.heads
             if kv % self.tensor and self.tensor % kv:
                 fits = sorted({_divisor(kv, self.tensor), kv})
                 raise ValueError(f"tensor={self.tensor}: {problem.name}'s {kv} key/value heads "
                                  f"neither split over {self.tensor} ways nor copy evenly onto "
                                  f"them; use tensor={' or '.join(map(str, fits))} (a divisor or "
                                  f"a multiple of kv_heads)")
-            hidden = getattr(problem, "hidden", 4 * problem.d_model)
+            hidden = getattr(problem, "hidden", None) or 4 * problem.d_model
             if hidden % self.tensor:
                 raise ValueError(f"tensor={self.tensor}: {problem.name}'s MLP of {hidden} hidden "
                                  f"units does not split into {self.tensor} equal slices; use "
