@@ -136,3 +136,37 @@ def test_in_16_bits_the_line_says_the_activations_hold_the_weights_copies():
     copies = 2 * (32 * (12 * 4096**2 + 13 * 4096) + 32000 * 4096)
     assert f"16-bit copies of the weights the backward multiplies by ({copies / 1e9:.3g} GB" in planner.line.value
     assert planner.predicted["activations"] > as_float32  # the case the line explains
+
+
+def test_todays_presets_have_their_published_parameter_counts_and_the_menu_sets_their_blocks():
+    for name, (source, published) in device_memory.SOURCES.items():
+        plan = device_memory.Plan(**device_memory.PRESETS[name])
+        count = device_memory.stage_parameters(plan, True, True)["total"]
+        print(f"{name}: {count / 1e9:.3f} B, published {published / 1e9:.3g} B ({source})")
+        assert abs(count / published - 1) < 0.005, name
+    planner = dtflab.memory_planner("Llama 3 70B", budget_gb=80)
+    assert (planner.plan.kv_heads, planner.plan.activation, planner.plan.norm,
+            planner.plan.tied) == (8, "swiglu", "rms", False)
+    planner.preset.value = "GPT-2 small (124 M)"  # back to GPT-2's block, as the menu does
+    assert (planner.plan.kv_heads, planner.plan.hidden, planner.plan.activation) == (12, 3072,
+                                                                                    "gelu")
+    planner.fields["d_model"].value = 1536  # the MLP's width follows d_model: 4 d
+    assert planner.plan.hidden == 4 * 1536
+    planner.preset.value = "Mixtral 8x7B"
+    assert (planner.plan.experts, planner.plan.top_k) == (8, 2)
+    # grouped-query attention keeps less: 8 key/value heads of 64 against one per query head
+    llama = device_memory.Plan(**device_memory.PRESETS["Llama 3 70B"])
+    every_head = device_memory.Plan(**{**device_memory.PRESETS["Llama 3 70B"], "kv_heads": 64})
+    assert (device_memory.per_device(llama)["activations"]
+            < device_memory.per_device(every_head)["activations"])
+
+
+@pytest.mark.slow
+def test_llamas_block_is_predicted_as_a_traced_step_holds_it():
+    planner = dtflab.memory_planner(budget_gb=0.004, blocks=2, d_model=64, heads=4, kv_heads=2,
+                                    hidden=96, activation="swiglu", norm="rms",
+                                    positions="rotary", tied=False, sequence=32, batch=8,
+                                    recompute="selective", precision="bfloat16")
+    planner.measure()
+    print(planner.line.value)
+    assert planner.errors and all(abs(error) <= 0.01 for error in planner.errors.values())

@@ -55,11 +55,28 @@ def percent(share: float) -> str:
     return "0.00%" if text in ("+0.00%", "-0.00%") else text
 
 
+#: What the preset menu sets besides a preset's own fields: GPT-2's block (0 key/value heads:
+#: one per query head; a hidden width of 0: 4 d_model), tied, no experts.
+BLOCK_DEFAULTS = dict(tied=True, kv_heads=0, hidden=0, activation="gelu", norm="layer",
+                      positions="learned", experts=0, top_k=1, shared_experts=0)
+#: The fields that make a model's shape (what a preset sets).
+SHAPE = ("blocks", "d_model", "heads", "sequence", "vocabulary", "batch", *BLOCK_DEFAULTS)
+
+
+def _shown(plan: device_memory.Plan, name: str) -> int:
+    """A count field's value as its control shows it: 0 where it is the default (key/value
+    heads as many as the query heads, a hidden width of 4 d_model), so it follows them."""
+    default = {"kv_heads": plan.heads, "hidden": 4 * plan.d_model}.get(name)
+    value = getattr(plan, name)
+    return 0 if value == default else value
+
+
 def preset_of(plan: device_memory.Plan) -> str:
-    """The preset whose shape ``plan`` has (as the menu sets it, tied unless it says), or
-    ``YOUR_OWN``."""
+    """The preset whose shape ``plan`` has (as the menu sets it: :data:`BLOCK_DEFAULTS` unless
+    it says), or ``YOUR_OWN``."""
     for name, shape in device_memory.PRESETS.items():
-        if all(getattr(plan, field) == value for field, value in {"tied": True, **shape}.items()):
+        preset = device_memory.Plan(**{**BLOCK_DEFAULTS, **shape})
+        if all(getattr(plan, field) == getattr(preset, field) for field in SHAPE):
             return name
     return YOUR_OWN
 
@@ -94,6 +111,15 @@ class MemoryPlanner:
         fields["zero"] = w.ToggleButtons(options=list(ZERO_STAGES), value=self.plan.zero,
                                          description="ZeRO stage")
         fields["tied"] = w.Checkbox(value=self.plan.tied, description="tied output layer")
+        # the block's choices (0 key/value heads: one per query head; hidden 0: 4 d_model)
+        for name, low in (("kv_heads", 0), ("hidden", 0), ("experts", 0), ("top_k", 1),
+                          ("shared_experts", 0)):
+            fields[name] = w.BoundedIntText(value=_shown(self.plan, name), min=low, max=10**7,
+                                            description=name, layout=w.Layout(width="190px"))
+        for name, options in (("activation", ("gelu", "swiglu")), ("norm", ("layer", "rms")),
+                              ("positions", ("learned", "rotary"))):
+            fields[name] = w.ToggleButtons(options=list(options), value=getattr(self.plan, name),
+                                           description=name)
         for control in fields.values():
             control.style.description_width = "initial"
         self.fields = fields
@@ -153,7 +179,8 @@ class MemoryPlanner:
                 problem = train.transformer(plan.blocks, plan.d_model, plan.heads,
                                             plan.sequence, plan.vocabulary,
                                             plan.batch // plan.data, tied=plan.tied,
-                                            recompute=plan.recompute, precision=plan.precision)
+                                            recompute=plan.recompute, precision=plan.precision,
+                                            **plan.choices())
             except ValueError as error:  # a vocabulary under the text's, a sequence too long
                 self.status = f"cannot measure this shape here: {error}"
                 self._draw()
@@ -190,6 +217,9 @@ class MemoryPlanner:
                 w.HBox([self.preset, self.budget, self.measure_button]),
                 w.HBox([f["blocks"], f["d_model"], f["heads"]]),
                 w.HBox([f["sequence"], f["vocabulary"], f["batch"]]),
+                w.HBox([f["kv_heads"], f["hidden"], f["experts"]]),
+                w.HBox([f["top_k"], f["shared_experts"]]),
+                f["activation"], f["norm"], f["positions"],
                 w.HBox([f["data"], f["tensor"], f["pipeline"]]),
                 f["micro_batches"], f["precision"], f["recompute"], f["zero"], f["tied"],
                 BokehModel(self.figure), self.line], layout=w.Layout(width="760px"))
@@ -232,7 +262,7 @@ class MemoryPlanner:
         if self._updating:  # the menu following the fields (_apply), not a learner's choice
             return
         if change["new"] in device_memory.PRESETS:
-            shape = {"tied": True, **device_memory.PRESETS[change["new"]]}
+            shape = {**BLOCK_DEFAULTS, **device_memory.PRESETS[change["new"]]}
             try:
                 self.set(**shape)
             except ValueError as error:  # the ways set do not split this shape
@@ -297,7 +327,9 @@ class MemoryPlanner:
         plan = self.plan
         return device_memory.memory.activation_bytes(
             plan.blocks, plan.d_model, plan.heads, plan.sequence, plan.batch // plan.data,
-            plan.vocabulary, recompute=plan.recompute, precision=plan.precision)["weight_copies"]
+            plan.vocabulary, recompute=plan.recompute, precision=plan.precision,
+            kv_heads=plan.kv_heads, hidden=plan.hidden,
+            activation=plan.activation)["weight_copies"]
 
 
 def memory_planner(preset: str | None = None, *, budget_gb: float = 80.0, **fields):
@@ -308,6 +340,6 @@ def memory_planner(preset: str | None = None, *, budget_gb: float = 80.0, **fiel
     start = {}
     if preset is not None:
         checks.one_of(preset, "preset", tuple(device_memory.PRESETS))
-        start.update(device_memory.PRESETS[preset])
+        start.update({**BLOCK_DEFAULTS, **device_memory.PRESETS[preset]})
     start.update(fields)
     return MemoryPlanner(device_memory.Plan(**start), budget_gb=budget_gb)

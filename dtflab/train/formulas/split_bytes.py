@@ -136,6 +136,34 @@ def context_parallel_bytes(problem, ways: int, cut: str) -> list[dict]:
     return sent
 
 
+def ulysses_bytes(problem, ways: int) -> list[dict]:
+    """Bytes each of ``ways`` workers sends the others in one step of
+    ``train.context_parallel(..., attention="ulysses")``, worker 0 first.
+
+    - Per block, each worker sends every other worker its n = s / c positions of that worker's
+      a / c query heads and of their key/value heads' keys and values (kv / c heads, or the
+      one they share where the ways outnumber the key/value heads), and each sends every other
+      its positions of its heads' outputs: (c - 1) x batch x n x size x (2 a / c + 2 kv_w)
+      floats forward, and as much backward (each tensor's gradient goes back the way it came).
+    - The parameters, tokens and targets as :func:`context_parallel_bytes` counts them.
+
+    It leaves out what :func:`context_parallel_bytes` leaves out."""
+    sent = [{"forward": 0, "backward": 0} for _ in range(ways)]
+    if ways == 1:
+        return sent
+    c, size = ways, problem.head_size
+    kv = problem.kv_heads // c if problem.kv_heads >= c else 1
+    n = problem.sequence // c
+    block = (c - 1) * problem.batch_size * n * size * (2 * problem.heads // c + 2 * kv) * 4
+    parameters = 4 * problem.parameter_count
+    tokens = problem.batch_size * n * (4 + 8)
+    for w, worker in enumerate(sent):
+        worker["forward"] += problem.blocks * block
+        worker["backward"] += problem.blocks * block + (parameters if w else 0)
+    sent[0]["forward"] += (ways - 1) * (parameters + tokens)
+    return sent
+
+
 def combined_bytes(problem, layout) -> dict[str, int]:
     """Bytes per step on each axis's links of ``train.combined`` (every link, both ways), for
     a transformer on ``layout`` (D data, T tensor, P pipeline ways), with B / D sequences a

@@ -67,6 +67,15 @@ class Plan(Layout):
     # own).
     experts: int = 0
     top_k: int = 1
+    # The block's choices (``train.transformer``'s; GPT-2's by default): key/value heads (0:
+    # one per query head), the MLP's hidden width (0: 4 d; each expert's), its activation,
+    # the norm, the positions, and shared experts beside the routed ones.
+    kv_heads: int = 0
+    hidden: int = 0
+    activation: str = "gelu"
+    norm: str = "layer"
+    positions: str = "learned"
+    shared_experts: int = 0
     dropout: bool = False
     regather: bool = False
     overlap: bool = False
@@ -74,7 +83,12 @@ class Plan(Layout):
 
     def __post_init__(self):
         from dtflab import checks
+        from dtflab.train.problems.transformer_block import checked_choices
 
+        if not self.kv_heads:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if not self.hidden:
+            object.__setattr__(self, "hidden", 4 * self.d_model)
         super().__post_init__()  # every way and choice
         for name in ("blocks", "d_model", "heads", "sequence", "vocabulary", "batch", "top_k",
                      "exchanges"):
@@ -85,6 +99,13 @@ class Plan(Layout):
                              f"into {self.heads} equal heads; use a heads that divides it")
         if self.top_k > max(self.experts, 1):
             raise ValueError(f"top_k={self.top_k}: at most experts={self.experts}")
+        checked_choices(self.d_model, self.heads, self.norm, self.positions, self.kv_heads,
+                        self.activation, self.hidden, self.experts, self.shared_experts)
+        if self.dropout and (self.kv_heads != self.heads or self.hidden != 4 * self.d_model
+                             or self.activation != "gelu"):
+            raise ValueError("dropout=True counts Megatron's GPT block as Korthikanti et al. "
+                             "do (a key/value head per query head, GELU of 4d); use "
+                             "dropout=False for grouped-query attention or SwiGLU")
         with said_as(False, batch_size="batch"):
             self.fits(_Shape(self))
         # the arithmetic below cuts the blocks evenly, as Megatron does
@@ -118,6 +139,22 @@ class Plan(Layout):
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def choices(self) -> dict:
+        """The block's choices, as ``train.transformer`` and ``formulas`` take them."""
+        return {name: getattr(self, name) for name in (
+            "kv_heads", "hidden", "activation", "norm", "positions", "shared_experts")}
+
+    @property
+    def gates(self) -> int:
+        """Columns of the MLP's first matrix per hidden unit: SwiGLU's gate and up, GELU's one."""
+        return 2 if self.activation == "swiglu" else 1
+
+    @property
+    def kv_columns(self) -> float:
+        """The key and value columns of the qkv on one device: the key/value heads split over
+        the tensor ways, or one head where the ways outnumber them (copied, as Megatron does)."""
+        return 2 * self.d_model // self.heads * max(self.kv_heads / self.tensor, 1)
+
 
 @dataclass(frozen=True)
 class _Shape:
@@ -134,27 +171,38 @@ class _Shape:
 
 def stage_parameters(plan: Plan, first: bool, last: bool) -> dict[str, int]:
     """Parameters on one device of a stage: ``{"total", "matrices"}`` (``matrices``: those a
-    backward multiplies by, whose 16-bit copies the forward keeps). With experts, a block's
-    MLP is E experts of 8 d² + 5 d, spread over the expert ways and split over the tensor
-    ways, and a router of d x E."""
-    d, v, t = plan.d_model, plan.vocabulary, plan.tensor
+    backward multiplies by, whose 16-bit copies the forward keeps). A block's qkv and MLP
+    columns are split over the tensor ways (a key/value head copied where the ways outnumber
+    them); with experts, a block's MLP is E experts (8 d² + 5 d each for GELU's 4d) spread
+    over the expert ways and split over the tensor ways, a router of d x E, and the shared
+    experts, split over the tensor ways."""
+    d, v, t, h, g = plan.d_model, plan.vocabulary, plan.tensor, plan.hidden, plan.gates
     blocks = plan.blocks // plan.pipeline
-    block_matrices = 12 * d * d // t
-    block = block_matrices + (3 * d + 4 * d) // t + 2 * d + 4 * d  # split biases; whole ones
+    qkv = d // t + plan.kv_columns
+    norms = 2 * d * (2 if plan.norm == "layer" else 1)
+    attention_matrices = d * qkv + d * d // t
+    attention = attention_matrices + qkv + d + norms  # its bias split, the projection's whole
     if plan.experts:
         mine = plan.experts // plan.expert
-        block_matrices = 4 * d * d // t + mine * 8 * d * d // t + d * plan.experts
-        block = block_matrices + 3 * d // t + 4 * d + mine * (4 * d // t + d) + plan.experts
+        mlps = mine + plan.shared_experts  # routed here, and shared: widths of h each
+        block_matrices = attention_matrices + mlps * (g + 1) * d * h // t + d * plan.experts
+        block = (block_matrices + attention - attention_matrices
+                 + mlps * g * h // t + (mine + (1 if plan.shared_experts else 0)) * d
+                 + plan.experts)
+    else:
+        block_matrices = attention_matrices + (g + 1) * d * h // t
+        block = block_matrices + attention - attention_matrices + g * h // t + d
     total, matrices = blocks * block, blocks * block_matrices
     embedding = math.ceil(v / t) * d
     if first:
-        total += embedding + plan.sequence * d
+        total += embedding + (plan.sequence * d if plan.positions == "learned" else 0)
     if last:
-        total += 2 * d
+        total += norms // 2
         if not plan.tied or not first:  # the output layer, or the tied embedding's copy
             total += embedding
         matrices += embedding
-    return {"total": total, "matrices": matrices, "blocks": blocks, "block": block}
+    return {"total": int(total), "matrices": int(matrices), "blocks": blocks,
+            "block": int(block), "block_matrices": int(block_matrices)}
 
 
 def block_activations(plan: Plan) -> float:
@@ -171,7 +219,10 @@ def block_activations(plan: Plan) -> float:
     worker keeps the keys and values it received, 2·(c - 1)·s/c·b·d / t (Megatron passes them
     round the ring again in the backward: not counted with ``dropout``); experts keep their
     MLP's share k times, and each taken token's gathered input and scattered output (dtflab's
-    dispatch)."""
+    dispatch), and the shared experts their MLP's. Grouped-query attention keeps kv/a of the
+    keys and values (a head on each device where the tensor ways outnumber them), SwiGLU of
+    width h its gate, up and output, 3·s·b·h where GELU of 4d keeps 8·s·b·d
+    (:func:`cut_elements`)."""
     s, b, d, a, t = plan.sequence / plan.context, plan.micro_batch, plan.d_model, plan.heads, \
         plan.tensor
     p = memory.BYTES[plan.precision]
@@ -190,14 +241,27 @@ def block_activations(plan: Plan) -> float:
     gathered = 2 * s * b * d / t if plan.regather else 2 * s * b * d
     norms = (p * (2 * s * b * d / t + gathered) + f32 * 2 * s * b / t) if sp else \
         (p * 4 * s * b * d + f32 * 2 * s * b)
-    mlp = 8 * s * b * d / t * (plan.top_k if plan.experts else 1)
+    attention, mlp = cut_elements(plan, s * b)
     # a mixture also keeps, for each token an expert took, the gathered input its expert
     # multiplied and the weighted output the combine scattered back
     dispatch = 2 * plan.top_k * s * b * d if plan.experts else 0.0
     softmax = a * s * full_s * b / t if plan.recompute == "none" else 0.0
     # the received keys and values, for the backward: (c - 1) of c pieces of the sequence
-    ring = 2 * (plan.context - 1) * s * b * d / t
-    return norms + p * (4 * s * b * d / t + mlp + dispatch + softmax + ring)
+    ring = (plan.context - 1) * s * b * plan.kv_columns
+    return norms + p * (attention + mlp + dispatch + softmax + ring)
+
+
+def cut_elements(plan: Plan, rows: float) -> tuple[float, float]:
+    """Elements a block keeps on one device for ``rows`` positions between its matrices, which
+    the tensor ways cut: the attention's (queries and joined heads, 2·d/t a row; keys and
+    values, :attr:`Plan.kv_columns`) and the MLP's (GELU's input and output, SwiGLU's gate,
+    up and output: (gates + 1)·h/t a row; a mixture's k experts' and its shared experts')."""
+    d, t = plan.d_model, plan.tensor
+    attention = rows * (2 * d / t + plan.kv_columns)
+    mlp = rows * (plan.gates + 1) * plan.hidden / t
+    if plan.experts:
+        mlp *= plan.top_k + plan.shared_experts
+    return attention, mlp
 
 
 def stage_activations(plan: Plan, first: bool, last: bool) -> int:
@@ -210,9 +274,9 @@ def stage_activations(plan: Plan, first: bool, last: bool) -> int:
     levers = (plan.context, plan.experts, plan.sequence_parallel, plan.chunks, plan.dropout,
               plan.regather)
     if levers == (1, 0, False, 1, False, False):  # the memory planner's own count, unchanged
-        per_block = {"none": p * (4 * s * b * d + (12 * s * b * d + a * s * s * b) // t)
-                     + f32 * 2 * s * b,
-                     "selective": p * (4 * s * b * d + 12 * s * b * d // t) + f32 * 2 * s * b,
+        cut = sum(cut_elements(plan, s * b))
+        per_block = {"none": p * (4 * s * b * d + cut + a * s * s * b / t) + f32 * 2 * s * b,
+                     "selective": p * (4 * s * b * d + cut) + f32 * 2 * s * b,
                      "full": p * s * b * d}[plan.recompute]
     else:
         per_block = block_activations(plan)
@@ -229,10 +293,11 @@ def stage_activations(plan: Plan, first: bool, last: bool) -> int:
         kept += in_flight * p * s * b * v  # the one-hot tokens
     if last:
         kept += p * s * b * 2 * d + f32 * s * b * (v + 2)  # residual, final LN, the loss's
-    if plan.precision != "float32":
-        block_extra = 13 * d * parameters["blocks"] if plan.recompute == "full" else 0
-        kept += p * (parameters["matrices"] + block_extra)
-    return kept
+    if plan.precision != "float32":  # the 16-bit copies; full recomputation reads every one
+        block_extra = parameters["block"] - parameters["block_matrices"]
+        kept += p * (parameters["matrices"]
+                     + (block_extra * parameters["blocks"] if plan.recompute == "full" else 0))
+    return int(kept)
 
 
 def per_device(plan: Plan) -> dict[str, int]:
@@ -253,9 +318,13 @@ def per_device(plan: Plan) -> dict[str, int]:
     return max(found, key=lambda held: held["total"])
 
 
-#: Shapes a learner may start from: this laptop's, GPT-2 small as published, and GPT-shaped
-#: models of Llama 2's two sizes (its blocks, width, heads, vocabulary and sequence; a GELU MLP
-#: of 4d where Llama has SwiGLU, so 6.7 B and 65 B parameters here).
+#: Llama's block: RMSNorm, rotary positions, SwiGLU, an untied output layer.
+LLAMA = dict(norm="rms", positions="rotary", activation="swiglu", tied=False)
+
+#: Shapes a learner may start from: this laptop's, GPT-2 small as published, GPT-shaped models
+#: of Llama 2's two sizes (a GELU MLP of 4d where Llama has SwiGLU), and today's models as
+#: published: each name's source is in :data:`SOURCES`. The batch is a shape's, in sequences:
+#: plan a real run's with ``batch=``.
 PRESETS = {
     "dtflab default (0.1 M)": dict(blocks=2, d_model=64, heads=4, sequence=32, vocabulary=23,
                                     batch=16),
@@ -265,4 +334,33 @@ PRESETS = {
                              vocabulary=32000, batch=8, tied=False),
     "GPT, 80 x 8192 (65 B)": dict(blocks=80, d_model=8192, heads=64, sequence=4096,
                               vocabulary=32000, batch=8, tied=False),
+    "Llama 3 8B": dict(blocks=32, d_model=4096, heads=32, kv_heads=8, hidden=14336,
+                       sequence=8192, vocabulary=128256, batch=8, **LLAMA),
+    "Llama 3 70B": dict(blocks=80, d_model=8192, heads=64, kv_heads=8, hidden=28672,
+                        sequence=8192, vocabulary=128256, batch=8, **LLAMA),
+    "Llama 3 405B": dict(blocks=126, d_model=16384, heads=128, kv_heads=8, hidden=53248,
+                         sequence=8192, vocabulary=128256, batch=8, **LLAMA),
+    "Mixtral 8x7B": dict(blocks=32, d_model=4096, heads=32, kv_heads=8, hidden=14336,
+                         sequence=32768, vocabulary=32000, batch=8, experts=8, top_k=2,
+                         **LLAMA),
+    "Qwen1.5-MoE-A2.7B (shared experts)": dict(
+        blocks=24, d_model=2048, heads=16, hidden=1408, sequence=8192, vocabulary=151936,
+        batch=8, experts=60, top_k=4, shared_experts=4, **LLAMA),
+}
+
+#: Where each preset's shape comes from, and its published parameter count (a check).
+SOURCES = {
+    "GPT-2 small (124 M)": ("Radford et al. 2019, Table 2; Hugging Face gpt2 config.json", 124e6),
+    "Llama 3 8B": ("Dubey et al. 2024, The Llama 3 Herd of Models, Table 3; "
+                   "meta-llama/Meta-Llama-3-8B config.json", 8.03e9),
+    "Llama 3 70B": ("Dubey et al. 2024, Table 3; meta-llama/Meta-Llama-3-70B config.json",
+                    70.6e9),
+    "Llama 3 405B": ("Dubey et al. 2024, Table 3; meta-llama/Llama-3.1-405B config.json",
+                     405.9e9),
+    "Mixtral 8x7B": ("Jiang et al. 2024, Mixtral of Experts, Table 1 (46.7 B parameters, "
+                     "12.9 B active)", 46.7e9),
+    "Qwen1.5-MoE-A2.7B (shared experts)": (
+        "Qwen/Qwen1.5-MoE-A2.7B config.json (60 experts of 1,408, top 4; one shared expert "
+        "of 5,632 = 4 x 1,408, its sigmoid gate left out; DeepSeekMoE's shared experts, Dai et "
+        "al. 2024); the model card's 14.3 B parameters", 14.3e9),
 }

@@ -94,7 +94,10 @@ def base_plan(model, **overrides) -> shapes.Plan:
         fields = dict(blocks=model.blocks, d_model=model.d_model, heads=model.heads,
                       sequence=model.sequence, vocabulary=model.vocabulary,
                       batch=model.batch_size, precision=model.precision, tied=model.tied,
-                      experts=model.experts, top_k=model.top_k if model.experts else 1)
+                      experts=model.experts, top_k=model.top_k if model.experts else 1,
+                      kv_heads=model.kv_heads, hidden=model.hidden,
+                      activation=model.activation, norm=model.norm,
+                      positions=model.positions, shared_experts=model.shared_experts)
     else:
         raise ValueError(f"model={model!r}: plan a transformer: train.transformer(...), a "
                          f"preset's name ({', '.join(repr(n) for n in shapes.PRESETS)}) or a "

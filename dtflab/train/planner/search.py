@@ -75,8 +75,8 @@ def layouts(base: Plan, devices: int, hardware: Hardware, *, micro_batch_sizes=(
     found = []
     node = hardware.per_node
     for t in divisors(math.gcd(base.heads, devices)):
-        if t > node and node > 1:
-            continue
+        if t > node and node > 1 or base.hidden % t or (base.kv_heads % t and t % base.kv_heads):
+            continue  # past a node, or an MLP or key/value heads that do not split t ways
         for c in divisors(math.gcd(base.sequence, devices // t)):
             if t * c > node and node > 1 or c > 8:
                 continue

@@ -60,21 +60,26 @@ def block_ops(plan: Plan) -> list[tuple[str, str, float, float]]:
     sp = t if plan.sequence_parallel else 1  # what sequence parallelism cuts
     rows = s * b
     heads_s = b * a / t * s * full  # the scores of every head this device holds
+    qkv = d / t + plan.kv_columns  # the qkv's columns here
+    h = plan.hidden / t  # the MLP's hidden units here (each expert's)
+    g = plan.gates
+    k += plan.shared_experts  # the shared experts run on every token
     ops = [
         ("ln1", "vector", 8 * rows * d / sp, 2 * p * rows * d / sp),
-        ("qkv", "matrix", 2 * rows * d * 3 * d / t,
-         p * (rows * d + 3 * d * d / t + 3 * rows * d / t)),
-        ("scores", "matrix", 2 * b * s * full * d / t, p * (2 * rows * d / t + heads_s)),
+        ("qkv", "matrix", 2 * rows * d * qkv, p * (rows * d + d * qkv + rows * qkv)),
+        ("scores", "matrix", 2 * b * s * full * d / t,
+         p * (rows * d / t + b * full * plan.kv_columns / 2 + heads_s)),
         ("softmax", "vector", 5 * heads_s, 2 * p * heads_s),
-        ("values", "matrix", 2 * b * s * full * d / t, p * (heads_s + 2 * rows * d / t)),
+        ("values", "matrix", 2 * b * s * full * d / t,
+         p * (heads_s + b * full * plan.kv_columns / 2 + rows * d / t)),
         ("projection", "matrix", 2 * rows * d * d / t, p * (2 * rows * d / t + d * d / t)),
         ("residual1", "vector", rows * d / sp, 3 * p * rows * d / sp),
         ("ln2", "vector", 8 * rows * d / sp, 2 * p * rows * d / sp),
-        ("fc", "matrix", k * 2 * rows * d * 4 * d / t,
-         p * k * (rows * d + 4 * d * d / t + 4 * rows * d / t)),
-        ("gelu", "vector", k * 8 * rows * 4 * d / t, k * 2 * p * rows * 4 * d / t),
-        ("out", "matrix", k * 2 * rows * 4 * d * d / t,
-         p * k * (4 * rows * d / t + 4 * d * d / t + rows * d)),
+        ("fc", "matrix", k * 2 * rows * d * g * h,
+         p * k * (rows * d + g * d * h + g * rows * h)),
+        ("gelu" if g == 1 else "swiglu", "vector", k * 8 * rows * g * h,
+         k * p * rows * (g + 1) * h),
+        ("out", "matrix", k * 2 * rows * h * d, p * k * (rows * h + h * d + rows * d)),
         ("residual2", "vector", rows * d / sp, 3 * p * rows * d / sp),
     ]
     if plan.dropout:  # the attention's dropout and two bias-dropout-adds (1-byte masks)
@@ -153,7 +158,7 @@ def collective_seconds(plan: Plan, hardware: Hardware, forward_attention: float 
     c = plan.context
     if c > 1:
         link = hardware.link(c, stride=t)
-        hop = link.seconds(2 * s * b * d * p / t)
+        hop = link.seconds(s * b * plan.kv_columns * p)  # a piece's keys and values
         forward = (c - 1) * hop
         found["context"] = max(0.0, forward - forward_attention) + max(
             0.0, 2 * forward - 2 * forward_attention)

@@ -1,6 +1,7 @@
 """Context parallelism: a transformer's sequence cut into pieces on c worker tasks, each
 worker running every layer on its positions, attention by :mod:`~dtflab.train.graphs.
-ring_attention` (keys and values round the ring, an online softmax).
+ring_attention` (keys and values round the ring, an online softmax) or by
+:mod:`~dtflab.train.graphs.ulysses` (two all-to-alls swap the pieces for groups of heads).
 
 Everything but attention works position by position (the embedding, LayerNorms, the matrix
 multiplies, the MLP, the loss), so each worker computes it on its own positions alone. Worker
@@ -31,14 +32,20 @@ from dtflab.train.problems import transformer_ops as ops
 from dtflab.train.run.graphs import TrainGraph, straggler
 from dtflab.train.run.options import RunOptions, takes_options
 from dtflab.train.run.sessions import train_graph
-from dtflab.train.graphs import ring_attention
+from dtflab.train.graphs import ring_attention, ulysses
 from dtflab.train.problems.experts import dense_only
 from dtflab.train.problems.transformer_block import norm_weights
 
 
-def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = None) -> TrainGraph:
+#: What ``attention=`` takes.
+ATTENTION = ("ring", "ulysses")
+
+
+def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = None,
+                  attention: str = "ring") -> TrainGraph:
     """The training step with the sequence cut ``cut`` over ``devices``, worker 0 first (see
-    the module's docstring); ``slow[device]`` seconds are slept on that worker each step."""
+    the module's docstring), attention by ``attention`` (ring attention or Ulysses);
+    ``slow[device]`` seconds are slept on that worker each step."""
     tf = import_tf()
     slow, home, c = slow or {}, devices[0], len(devices)
     pieces = ring.chunks(cut, c, problem.sequence)
@@ -76,6 +83,20 @@ def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = Non
                     found[a, b] = ops.rotary(tf, np.arange(a, b), size)(found[a, b])
             return found
 
+        def ring_rounds(b, q, held):  # keys and values round the ring, then each worker's attention
+            for r in range(1, c):  # each worker takes what its left neighbour held last round
+                for m, device in enumerate(devices):
+                    left = held[devices[(m - 1) % c]][r - 1]
+                    with tf.device(device), tf.name_scope(f"block{b}/ring_on_{_task(device)}"):
+                        held[device].append({chunk: (tf.identity(k), tf.identity(v))
+                                             for chunk, (k, v) in left.items()})
+            outs = {}
+            for device in devices:
+                with tf.device(device):
+                    with tf.name_scope(f"block{b}/ring_attention_on_{_task(device)}"):
+                        outs[device] = ring_attention.attend(tf, q[device], held[device], size)
+            return outs
+
         for b in range(1, problem.blocks + 1):
             w = {device: {name[len(f"h{b}_"):]: v for name, v in read[device].items()
                           if name.startswith(f"h{b}_")} for device in devices}
@@ -89,16 +110,16 @@ def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = Non
                     q[device] = split(qkv[0], m, heads, turn=True)
                     ks, vs = split(qkv[1], m, kv, turn=True), split(qkv[2], m, kv)
                     held[device] = [{chunk: (ks[chunk], vs[chunk]) for chunk in ks}]
-            for r in range(1, c):  # each worker takes what its left neighbour held last round
-                for m, device in enumerate(devices):
-                    left = held[devices[(m - 1) % c]][r - 1]
-                    with tf.device(device), tf.name_scope(f"block{b}/ring_on_{_task(device)}"):
-                        held[device].append({chunk: (tf.identity(k), tf.identity(v))
-                                             for chunk, (k, v) in left.items()})
+            if attention == "ulysses":
+                with tf.name_scope(f"block{b}"):
+                    outs = ulysses.attend(tf, problem, devices, q,
+                                          {device: held[device][0] for device in devices},
+                                          problem.sequence)
+            else:
+                outs = ring_rounds(b, q, held)
             for m, device in enumerate(devices):
+                out = outs[device]
                 with tf.device(device):
-                    with tf.name_scope(f"block{b}/ring_attention_on_{_task(device)}"):
-                        out = ring_attention.attend(tf, q[device], held[device], size)
                     with tf.name_scope(f"block{b}/rest_on_{_task(device)}"):
                         joined = tf.concat([tf.reshape(tf.transpose(out[chunk], [0, 2, 1, 3]),
                                                        [-1, chunk[1] - chunk[0], d])
@@ -129,17 +150,21 @@ def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = Non
 
 @takes_options(RunOptions)
 def context_parallel(problem, cluster, *, ways: int | None = None, layout: Layout | None = None,
-                     cut: str = "zigzag", **options):
+                     cut: str | None = None, attention: str = "ring", **options):
     """Train ``problem`` (a ``Transformer``) with its sequence cut ``ways`` ways over the first
-    worker tasks, attention by ring attention (context parallelism).
+    worker tasks, attention by ring attention or DeepSpeed-Ulysses (context parallelism).
 
     In [1]: run = train.context_parallel(train.transformer(sequence=64), cluster, ways=2,
        ...:                              cut="naive", trace_step=3)
     In [2]: run.trace.show()      # the last worker busy in attention, the first idle
 
-    ``cut="naive"`` gives worker i the i-th of ``ways`` pieces; ``"zigzag"`` cuts 2 x ``ways``
-    pieces and gives worker i pieces i and 2 ways - 1 - i, which balances the causal mask's
-    work (:func:`dtflab.train.layouts.ring.work`). The sequence must cut into equal pieces.
+    ``cut="naive"`` gives worker i the i-th of ``ways`` pieces; ``"zigzag"`` (ring attention's
+    default) cuts 2 x ``ways`` pieces and gives worker i pieces i and 2 ways - 1 - i, which
+    balances the causal mask's work (:func:`dtflab.train.layouts.ring.work`). The sequence
+    must cut into equal pieces. ``attention="ulysses"`` swaps the pieces for groups of heads
+    around attention (:mod:`~dtflab.train.graphs.ulysses`; naive cut, the heads and the
+    key/value heads split over the ways or the latter copied onto them;
+    ``split_bytes.ulysses_bytes``).
     ``layout=train.Layout(context=c)`` says the same as ``ways=c`` (2 when left out). The
     losses are ``train.single``'s up to float rounding. ``history.details["bytes_formula"]``
     holds what :func:`dtflab.train.formulas.split_bytes.context_parallel_bytes` says each
@@ -153,23 +178,29 @@ def context_parallel(problem, cluster, *, ways: int | None = None, layout: Layou
         ways = layout.alone("context", "context_parallel")
         layout.without("context_parallel", micro_batches="runs the whole batch at once",
                        schedule="has no pipeline", zero="keeps whole copies")
+    checks.one_of(attention, "attention", ATTENTION)
+    cut = cut or ("zigzag" if attention == "ring" else "naive")
     checks.one_of(cut, "cut", ring.CUTS)
-    _check_problem(problem, ways, cut)
+    _check_problem(problem, ways, cut, attention)
     enough_workers(cluster, ways, "ways", "each piece of the sequence runs on a worker task")
     devices, slow_devices = worker_devices(cluster, ways, options.slow)
-    built = context_graph(problem, tuple(devices), cut, options.seed, slow_devices)
-    formula = split_bytes.context_parallel_bytes(problem, ways, cut)
-    return train_graph("context_parallel", f"context parallel ({ways} ways, {cut})", built,
+    built = context_graph(problem, tuple(devices), cut, options.seed, slow_devices, attention)
+    formula = (split_bytes.ulysses_bytes(problem, ways) if attention == "ulysses"
+               else split_bytes.context_parallel_bytes(problem, ways, cut))
+    name = (f"context parallel ({ways} ways, Ulysses)" if attention == "ulysses"
+            else f"context parallel ({ways} ways, {cut})")
+    return train_graph("context_parallel", name, built,
                        devices[0], problem, cluster, options, details={
                            "layout": layout,
                            "bytes_formula": {names.task(device): sent
                                              for device, sent in zip(devices, formula)},
                            "attention_work": {
                                names.task(device): pairs for device, pairs in
-                               zip(devices, ring.work(cut, ways, problem.sequence))}})
+                               zip(devices, ring.work(cut, ways, problem.sequence))}
+                           if attention == "ring" else {}})
 
 
-def _check_problem(problem, ways: int, cut: str) -> None:
+def _check_problem(problem, ways: int, cut: str, attention: str = "ring") -> None:
     if not isinstance(problem, Transformer):
         raise ValueError(f"context_parallel: {problem.name} has no sequence; it cuts a "
                          f"transformer's, e.g. train.transformer()")
@@ -183,6 +214,21 @@ def _check_problem(problem, ways: int, cut: str) -> None:
                          f"{problem.sequence} does not cut into {pieces} equal pieces; use a "
                          f"sequence divisible by {pieces}, e.g. train.transformer(sequence="
                          f"{pieces * -(-problem.sequence // pieces)}, ...)")
+    if attention != "ulysses":
+        return
+    if cut != "naive":
+        raise ValueError(f"cut={cut!r}: Ulysses attends whole sequences for each worker's heads, "
+                         f"so its work is even without a zig-zag cut; use cut='naive' (or "
+                         f"leave cut out)")
+    if problem.heads % ways:
+        raise ValueError(f"ways={ways}: Ulysses gives each worker heads/ways of "
+                         f"{problem.name}'s {problem.heads} heads; use ways="
+                         f"{max(k for k in range(1, ways + 1) if problem.heads % k == 0)}")
+    kv = problem.kv_heads
+    if kv % ways and ways % kv:
+        raise ValueError(f"ways={ways}: {problem.name}'s {kv} key/value heads neither split over "
+                         f"{ways} ways nor copy evenly onto them; use a divisor or a multiple "
+                         f"of {kv}")
 
 
 def _task(device: str) -> str:
