@@ -240,6 +240,44 @@ def test_ring_attention_passes_grouped_keys_and_trains_llamas_block_as_one_proce
     assert formula["worker:1"]["forward"] * 4 == full[1]["forward"]
 
 
+def bytes_by_worker(run) -> collections.Counter:
+    traced = collections.Counter()
+    for transfer in run.trace.transfers:
+        traced[names.short(transfer.src_device)] += transfer.nbytes
+    return traced
+
+
+@pytest.mark.slow
+def test_ulysses_trains_as_one_process_and_sends_less_than_the_ring_only_with_many_kv_heads(
+        split_cluster):
+    """DeepSpeed-Ulysses against ring attention on three workers: the same losses as one
+    process, each one's bytes its formula's in the trace. With a key/value head per query head
+    Ulysses sends less (its all-to-alls carry 1/3 of the heads); with one key/value head,
+    copied, the ring does (it carries only that head's keys and values), as measured at the
+    transport."""
+    sent = {}
+    for kv in (6, 1):
+        problem = train.transformer(blocks=2, d_model=48, heads=6, kv_heads=kv, sequence=96,
+                                    batch_size=4, positions="rotary")
+        alone = train.single(problem, steps=5, seed=4)
+        for attention in ("ulysses", "ring"):
+            wire = train.WireBytes(after_step=2, steps=2)
+            run = train.context_parallel(problem, split_cluster, ways=3, attention=attention,
+                                         steps=5, seed=4, trace_step=1, callbacks=[wire])
+            assert max_loss_diff(alone, run) <= TOLERANCE, (kv, attention)
+            formula = run.details["bytes_formula"]
+            if attention == "ulysses":
+                assert formula == dict(zip(("worker:0", "worker:1", "worker:2"),
+                                           split_bytes.ulysses_bytes(problem, 3)))
+            traced = bytes_by_worker(run)
+            for worker, predicted in formula.items():
+                assert abs(traced[worker] - sum(predicted.values())) <= 16, (kv, attention)
+            sent[kv, attention] = wire.per_step.sent_by()["worker:2"]
+    print(sent)
+    assert sent[6, "ulysses"] < sent[6, "ring"]
+    assert sent[1, "ring"] < sent[1, "ulysses"]
+
+
 @pytest.mark.slow
 def test_expert_parallelism_trains_shared_and_routed_experts_as_one_process(split_cluster):
     problem = train.transformer(**dict(DEEPSEEK, d_model=64, sequence=32))
@@ -279,6 +317,12 @@ def test_zero_and_all_reduce_train_llamas_block_as_one_process():
     (lambda: train.Layout(tensor=4).fits(train.transformer(hidden=90)),
      r"tensor=4: transformer_\w+'s MLP of 90 hidden units does not split into 4 equal slices; "
      r"use tensor=2, or train.transformer\(hidden=92\)"),
+    (lambda: train.context_parallel(train.transformer(heads=4, sequence=48), None, ways=3,
+                                    attention="ulysses"),
+     r"ways=3: Ulysses gives each worker heads/ways of transformer_\w+'s 4 heads; use ways=2"),
+    (lambda: train.context_parallel(train.transformer(), None, attention="ulysses",
+                                    cut="zigzag"),
+     r"cut='zigzag': Ulysses attends whole sequences.*use cut='naive'"),
     (lambda: train.memory(train.transformer(experts=4)),
      r"experts=4: the one-device count is for a dense transformer"),
 ])
