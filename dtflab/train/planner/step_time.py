@@ -230,9 +230,16 @@ def optimizer_seconds(plan: Plan, hardware: Hardware) -> float:
 
 def model_flops(plan: Plan) -> float:
     """The step's model FLOPs (Narayanan et al. 2021, Korthikanti et al. 2022 eq. 7): 72·B·L·
-    s·d²·(1 + s/(6d) + V/(12·d·L)), recomputation not counted: what MFU divides by."""
+    s·d²·(1 + s/(6d) + V/(12·d·L)) for GPT's block, recomputation not counted: what MFU divides
+    by. For other blocks the same count, 6·B·s·(L·M + d·V) + 12·B·L·s²·d, with M a block's
+    matrices a token multiplies by (grouped-query attention's smaller keys and values, SwiGLU's
+    three matrices; with experts, its top k and the shared ones, and the router)."""
     B, L, s, d, V = plan.batch, plan.blocks, plan.sequence, plan.d_model, plan.vocabulary
-    return 72 * B * L * s * d * d * (1 + s / (6 * d) + V / (12 * d * L))
+    attention = d * (d + 2 * d * plan.kv_heads // plan.heads) + d * d
+    mlp = (plan.gates + 1) * d * plan.hidden
+    if plan.experts:
+        mlp = (plan.top_k + plan.shared_experts) * mlp + d * plan.experts
+    return 6 * B * s * (L * (attention + mlp) + d * V) + 12 * B * L * s * s * d
 
 
 def mfu(plan: Plan, hardware: Hardware, seconds: float | None = None) -> float:
