@@ -14,6 +14,8 @@ reads the first ``sequence`` and predicts each next one. The model, GPT-2's shap
 - a final LayerNorm and the output layer: ``wte`` transposed (``tied=True``) or its own
   ``lm_head`` (d x vocabulary).
 
+Llama's and DeepSeek's blocks are choices of the same problem (``problems.transformer_block``).
+
 The loss of a batch is the sum over its sequences of each sequence's mean cross-entropy per
 token, so a batch's loss and gradients are the sums of its slices' (what data parallelism
 and gradient accumulation need) and the loss per example a loop reports is the mean loss per
@@ -113,13 +115,13 @@ class Transformer:
         for b in range(1, self.blocks + 1):
             found += [*norms(f"h{b}_ln1"), (f"h{b}_qkv_w", (d, qkv)), (f"h{b}_qkv_b", (qkv,)),
                       (f"h{b}_proj_w", (d, d)), (f"h{b}_proj_b", (d,)), *norms(f"h{b}_ln2")]
-            if E:
-                found += [(f"h{b}_router_w", (d, E)), (f"h{b}_router_b", (E,)),
-                          (f"h{b}_experts_fc_w", (E, d, width)), (f"h{b}_experts_fc_b", (E, width)),
-                          (f"h{b}_experts_out_w", (E, h, d)), (f"h{b}_experts_out_b", (E, d))]
             if not E:
                 found += dense(f"h{b}_fc", f"h{b}_out", 1)
-            elif self.shared_experts:
+                continue
+            found += [(f"h{b}_router_w", (d, E)), (f"h{b}_router_b", (E,)),
+                      (f"h{b}_experts_fc_w", (E, d, width)), (f"h{b}_experts_fc_b", (E, width)),
+                      (f"h{b}_experts_out_w", (E, h, d)), (f"h{b}_experts_out_b", (E, d))]
+            if self.shared_experts:
                 found += dense(f"h{b}_shared_fc", f"h{b}_shared_out", self.shared_experts)
         found += norms("lnf")
         if not self.tied:
