@@ -92,7 +92,9 @@ def forms(cluster) -> tuple[dict, dict]:
                                          callbacks=[wire], **go)
             found[f"context_{attention}_kv{kv}"] = measured(run, wire, run.details["bytes_formula"],
                                                            alone)
-    problem = train.transformer(**BASE, **LLAMA, experts=4, top_k=2, shared_experts=1)
+    # tests/test_expert_parallel.py's shape (d_model 128, 64 positions), with Llama's block
+    problem = train.transformer(**dict(BASE, d_model=128, sequence=64), **LLAMA, experts=4,
+                                top_k=2, shared_experts=1)
     wire = train.WireBytes(after_step=2, steps=4)
     run = train.expert_parallel(problem, cluster, workers=2, callbacks=[wire], **go)
     routed = run.details["per_step"]["routed"]
@@ -109,7 +111,9 @@ def forms(cluster) -> tuple[dict, dict]:
 
 def main() -> None:
     results = {"memory_max_rel_error": memory_errors()}
-    with dtflab.start_cluster(workers=2, inter_op_threads=2, intra_op_threads=1) as cluster:
+    # one inter-op thread a task: each worker's ops in one order, so what its forward holds when
+    # it ends is the same from run to run (tests/test_sequence_parallel.py's cluster)
+    with dtflab.start_cluster(workers=2, inter_op_threads=1, intra_op_threads=1) as cluster:
         results["forms"], results["tensor_parallel_activations_rel_error"] = forms(cluster)
     print(json.dumps(results))
 
