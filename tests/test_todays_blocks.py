@@ -302,6 +302,37 @@ def test_expert_parallelism_trains_shared_and_routed_experts_as_one_process(spli
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("shape, layout", [
+    (LLAMA, train.Layout(pipeline=2, micro_batches=2, schedule="1f1b")),
+    (dict(LLAMA, kv_heads=1), train.Layout(tensor=2)),
+    (LLAMA, train.Layout(context=2)),
+], ids=["pipeline", "tensor-copied-head", "context"])
+def test_the_planner_predicts_each_forms_bytes_by_kind_for_llamas_block(one_order, shape, layout):
+    """The planner's count for the fullest device (``device_memory.per_device``) against what
+    that device held in a traced step, kind by kind. What it leaves apart from dtflab's loops
+    (the tensor ways cut the embedding over the vocabulary, as Megatron does, where dtflab's
+    worker 0 holds it whole; a pipeline stage's boundary tensors: -2.7% to -5.4% of its
+    activations in four runs) keeps each within 8%. Expert
+    parallelism's activations follow the step's routing, which no count made before the run
+    knows (issue 53's open figure): not here."""
+    from dtflab.train.planner.device_memory import per_device
+    from dtflab.train.planner.predicted_run import plan_of
+
+    problem = train.transformer(**shape)
+    predicted = per_device(plan_of(problem, layout))
+    loop = {"pipeline": train.pipeline, "tensor": train.tensor_parallel,
+            "context": train.context_parallel}
+    form = next(name for name in loop if getattr(layout, name) > 1)
+    run = loop[form](problem, one_order, layout=layout, steps=3, seed=0, trace_step=1)
+    held = step_memory(run.trace.metadata)
+    kinds = ("parameters", "gradients", "optimizer", "activations")
+    fullest = max(held.values(), key=lambda device: sum(device[kind] for kind in kinds))
+    errors = {kind: predicted[kind] / fullest[kind] - 1 for kind in kinds}
+    print(form, {kind: f"{error:+.2%}" for kind, error in errors.items()})
+    assert all(abs(error) <= 0.08 for error in errors.values()), errors
+
+
+@pytest.mark.slow
 def test_zero_and_all_reduce_train_llamas_block_as_one_process():
     problem = train.transformer(**LLAMA)
     alone = train.single(problem, steps=4, seed=4)
