@@ -152,6 +152,8 @@ def test_todays_presets_have_their_published_parameter_counts_and_the_menu_sets_
                                                                                     "gelu")
     planner.fields["d_model"].value = 1536  # the MLP's width follows d_model: 4 d
     assert planner.plan.hidden == 4 * 1536
+    planner.set(d_model=1024, heads=8)  # as the control does, from code too
+    assert (planner.plan.hidden, planner.plan.kv_heads) == (4 * 1024, 8)
     planner.preset.value = "Mixtral 8x7B"
     assert (planner.plan.experts, planner.plan.top_k) == (8, 2)
     # grouped-query attention keeps less: 8 key/value heads of 64 against one per query head

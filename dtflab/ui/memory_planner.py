@@ -147,7 +147,9 @@ class MemoryPlanner:
     def set(self, **changes) -> MemoryPlanner:
         """Change the plan's fields (``tensor=4``, ``precision="bfloat16"``...) as the controls
         would; a bad value raises its one-line error and changes nothing."""
-        plan = dataclasses.replace(self.plan, **changes)
+        # a default width or key/value heads follows d_model and heads, as its control does
+        following = {name: _shown(self.plan, name) for name in ("kv_heads", "hidden")}
+        plan = dataclasses.replace(self.plan, **{**following, **changes})
         self._updating = True
         try:
             for name, value in changes.items():
