@@ -98,8 +98,7 @@ def main(quick: bool, rounds: int) -> None:
     import dtflab
     from dtflab import train
     from dtflab.train.planner import published
-    from dtflab.train.planner.op_costs import program_costs
-    from dtflab.train.planner.predicted_run import replica_step
+    from dtflab.train.planner.predicted_run import with_program_costs
 
     shapes = [dict(blocks=4, d_model=128, heads=4, sequence=64, batch_size=16)]
     if not quick:
@@ -118,7 +117,7 @@ def main(quick: bool, rounds: int) -> None:
                 start = time.perf_counter()
                 hardware = train.calibrate(cluster)
                 if any(r[3].data > 1 and r[3].tensor == r[3].pipeline == 1 for _, r in todo):
-                    hardware = program_costs(hardware, lambda p, h: replica_step(p, h).seconds)
+                    hardware = with_program_costs(hardware, cluster)
                 if workers == 2:
                     results.setdefault("calibration_s", []).append(
                         round(time.perf_counter() - start, 1))

@@ -213,24 +213,41 @@ def collectives_a_step(problem, zero: int, workers: int) -> int:
             3: (workers + 1) * tensors}[zero]
 
 
-def program_costs(hardware: Hardware, replica_seconds, *, steps: int = 14) -> Hardware:
+def forward_again(step_s: float, hardware: Hardware) -> float:
+    """What ZeRO 3 adds by running each block's forward again in its backward
+    (``train.sharded_data_parallel``): a third of a step of ``step_s`` (a forward is about a
+    third of a forward and a backward), its fixed cost a step left out."""
+    return (step_s - hardware.per_step_s) / 3
+
+
+def program_costs(hardware: Hardware, replica_seconds, *, steps: int = 14,
+                  threads: int | None = None) -> Hardware:
     """``hardware`` with the worker programs' costs in ``op_costs``: ``call``, what a worker
-    program's step pays beyond its graph (the step function's call, the batch, the report),
-    and ``collective``, one collective call between two worker programs. Timed from
-    ``train.all_reduce`` and ``train.zero(stage=1)`` of :data:`PROBE` on two workers (about
-    20 s on 2 cores): each one's median step, less ``replica_seconds(problem, hardware)`` (its
-    graph's simulated step, a copy a worker), solved for the two."""
+    program's step pays beyond its graph (the step function's call, the batch, the report);
+    ``collective``, one collective call between two worker programs after the backward
+    (all-reduce's pack, ZeRO 1's); ``collective_zero2``, one as ZeRO 2 makes it, inside the
+    backward, where each call waits for the other worker to reach it; ``collective_zero3``,
+    one of ZeRO 3's gathers and reduce-scatters, inside the forward and the backward. Timed
+    from ``train.all_reduce`` and ``train.zero(stage=1, 2, 3)`` of :data:`PROBE` on two
+    workers of ``threads`` threads each (about 15 s on 2 cores): each one's median step, less ``replica_seconds(problem,
+    hardware)`` (its graph's simulated step, a copy a worker; ZeRO 3 its forward again too),
+    solved for the four. The probe's bytes are too few to time: the ring's bytes are priced at
+    the transfer's rate."""
     from dtflab.train.problems import transformer
     from dtflab.train.strategies.all_reduce import all_reduce
     from dtflab.train.strategies.zero import zero
 
     problem = transformer(**PROBE)
     compute = replica_seconds(problem, hardware)
-    go = dict(workers=2, steps=steps, seed=0, watchdog=False)
-    rest = {0: all_reduce(problem, **go).median_step_s() - compute,
-            1: zero(problem, stage=1, **go).median_step_s() - compute}
+    go = dict(workers=2, steps=steps, seed=0, watchdog=False, threads=threads)
+    rest = {0: all_reduce(problem, **go).median_step_s() - compute}
+    for stage in (1, 2, 3):
+        rest[stage] = zero(problem, stage=stage, **go).median_step_s() - compute
+    rest[3] -= forward_again(compute, hardware)
     calls = {stage: collectives_a_step(problem, stage, 2) for stage in rest}
     collective = max((rest[1] - rest[0]) / (calls[1] - calls[0]), 0.0)
     call = max(rest[0] - calls[0] * collective, 0.0)
+    within = {f"collective_zero{stage}": (max((rest[stage] - call) / calls[stage], 0.0), 0.0)
+              for stage in (2, 3)}
     return replace(hardware, op_costs={**hardware.op_costs, "call": (call, 0.0),
-                                       "collective": (collective, 0.0)})
+                                       "collective": (collective, 0.0), **within})

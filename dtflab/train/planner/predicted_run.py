@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import statistics
 from dataclasses import dataclass, field
 
@@ -154,11 +155,22 @@ def plan_of(problem, layout: Layout) -> Plan:
     return dataclasses.replace(base_plan(problem), **fields)
 
 
-def replica_step(problem, hardware, workers: int = 2, seed: int = 0):
+def program_threads(cluster) -> int | None:
+    """The threads a worker program of a run on ``cluster`` gets (intra- and inter-op): one
+    where the cluster's tasks have one intra-op thread each (``start_cluster(...,
+    intra_op_threads=1)``), so the programs run as the calibration timed the tasks; else
+    None, TensorFlow's default (every core). On 2 cores, two programs of the default threads
+    stepped 10-36% slower than of one thread each (all-reduce and ZeRO 1 of 4 blocks, d_model
+    128 and 256)."""
+    return 1 if cluster.intra_op_threads == 1 else None
+
+
+def replica_step(problem, hardware, workers: int = 2, seed: int = 0,
+                 threads: int | None = None):
     """One copy of ``problem``'s graph a worker, each on its slice of the batch, every copy
-    simulated at once on the machine's cores with two inter-op threads (what a worker
-    program's step function runs before and between its collectives): an
-    ``executor.Predicted``."""
+    simulated at once on the machine's cores with ``threads`` inter-op threads (None:
+    TensorFlow's default, a thread a core) (what a worker program's step function runs
+    before and between its collectives): an ``executor.Predicted``."""
     from dtflab.train.graphs.one_replica import single_graph
 
     replica = dataclasses.replace(problem, batch_size=problem.batch_size // workers)
@@ -171,30 +183,30 @@ def replica_step(problem, hardware, workers: int = 2, seed: int = 0):
         op, name=f"w{i}/{op.name}", task=f"worker:{i}",
         inputs=tuple((f"w{i}/{name}", k) for name, k in op.inputs),
         after=tuple(f"w{i}/{name}" for name in op.after)) for i in range(workers) for op in one]
-    return executor.simulate(ops, hardware, threads=2)
+    return executor.simulate(ops, hardware, threads=threads or os.cpu_count())
 
 
 def program_prediction(problem, layout: Layout, machine, memory: dict, loop: str,
-                       seed: int = 0) -> Prediction:
+                       seed: int = 0, threads: int | None = None) -> Prediction:
     """A worker-program loop's step (all-reduce, ZeRO): :func:`replica_step`, then its
-    collective calls (``calibration.collectives_a_step``) at the measured cost a call and the
-    ring's bytes at the transfer's rate, and the program's own cost a step (``op_costs``'s
-    ``call`` and ``collective``: ``calibration.program_costs``); ZeRO 3's forward again.
-    What it cannot see: a collective that waits for a gradient still being computed (ZeRO 2
-    sends each as it is made, one at a time)."""
-    from dtflab.train.planner.op_costs import collectives_a_step
+    collective calls (``op_costs.collectives_a_step``) at the cost a call measured for its
+    stage and the ring's bytes at the transfer's rate, and the program's own cost a step
+    (``op_costs``'s ``call``, ``collective``, ``collective_zero2`` and ``collective_zero3``:
+    ``op_costs.program_costs``); ZeRO 3's forward again. What it cannot see: how much of a
+    collective inside the backward overlaps the gradients still being computed, beyond the
+    probe's share."""
+    from dtflab.train.planner.op_costs import collectives_a_step, forward_again
 
     d = layout.data
-    simulated = replica_step(problem, machine, d, seed)
+    simulated = replica_step(problem, machine, d, seed, threads)
     parameters = sum(value.size for _, value in problem.initial_values(seed))
     _, per_byte = machine.op_costs["transfer"]
     ring = (3 if layout.zero == 3 else 2) * (d - 1) / d * 4 * parameters * per_byte
     calls = collectives_a_step(problem, layout.zero, d)
-    parts = {**simulated.parts(), "collectives": calls * machine.op_costs["collective"][0] + ring,
+    each, _ = machine.op_costs.get(f"collective_zero{layout.zero}", machine.op_costs["collective"])
+    parts = {**simulated.parts(), "collectives": calls * each + ring,
              "call": machine.op_costs["call"][0]}
-    # ZeRO 3 runs each block's forward again in its backward (train.sharded_data_parallel):
-    # a forward is about a third of a forward and a backward
-    parts["recompute"] = (simulated.seconds - machine.per_step_s) / 3 if layout.zero == 3 else 0.0
+    parts["recompute"] = forward_again(simulated.seconds, machine) if layout.zero == 3 else 0.0
     seconds = simulated.seconds + parts["collectives"] + parts["call"] + parts["recompute"]
     parts["total"] = seconds
     return Prediction(loop, seconds, parts, memory,
@@ -202,13 +214,24 @@ def program_prediction(problem, layout: Layout, machine, memory: dict, loop: str
                       "costs a call and a collective")
 
 
+def with_program_costs(machine, cluster):
+    """``machine`` with the worker programs' costs (``op_costs.program_costs``), timed on
+    programs of the threads a run on ``cluster`` gives them (:func:`program_threads`)."""
+    from dtflab.train.planner.op_costs import program_costs
+
+    threads = program_threads(cluster)
+    return program_costs(machine, lambda p, h: replica_step(p, h, threads=threads).seconds,
+                         threads=threads)
+
+
 def run_layout(problem, cluster, layout, *, hardware="here", **options):
     """Train ``problem`` on ``cluster`` as ``layout`` says (a ``train.Layout``, or a plan's
     row: ``dtflab.plan(...).best``), the loop chosen from its ways (see ``loop_for``), with
     the step predicted before it runs on ``hardware`` (``"here"``: ``cluster`` calibrated
     once, about 20 s, and the worker programs' costs the first time one is predicted, about
-    25 s; or a Hardware) into ``history.prediction``. ``options`` are the loop's
-    (``steps``, ``trace_step``, ...)."""
+    15 s; or a Hardware) into ``history.prediction``. ``options`` are the loop's
+    (``steps``, ``trace_step``, ...); a worker program's ``threads`` are the cluster's
+    (:func:`program_threads`) unless given."""
     checks.cluster(cluster)
     layout = as_layout(layout)
     if not hasattr(problem, "d_model"):
@@ -222,10 +245,10 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
                          f"{workers} worker tasks; start one with "
                          f"dtflab.start_cluster(workers={layout.size})")
     machine = hardware_for(hardware, cluster)
+    if loop not in GRAPH_LOOPS:
+        options.setdefault("threads", program_threads(cluster))
     if loop not in GRAPH_LOOPS and "collective" not in machine.op_costs:
-        from dtflab.train.planner.op_costs import program_costs
-
-        machine = program_costs(machine, lambda p, h: replica_step(p, h).seconds)
+        machine = with_program_costs(machine, cluster)
         if hardware == "here":
             from dtflab.train.planner.plans import CALIBRATED
 
@@ -251,7 +274,7 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
             return strategy(problem, cluster=cluster, predict=predict, **keywords, **options)
         return strategy(problem, cluster, predict=predict, **keywords, **options)
     prediction = program_prediction(problem, layout, machine, memory, loop,
-                                    options.get("seed", 0))
+                                    options.get("seed", 0), options["threads"])
     history = strategy(problem, **keywords, **options)
     if hasattr(history, "prediction"):
         history.prediction = prediction

@@ -166,6 +166,7 @@ def train_in_programs(loop: Loop, problem, options: ProgramOptions, *, flags=Non
     history.reads["overlap_share"] = overlap_share
     history.details["report_port"] = reports.port
     history.details["layout"] = o.layout
+    history.details["threads"] = o.threads  # each worker's intra- and inter-op; None: every core
     history.details.update(details or {})
     if o.inputs is not None:
         history.details["inputs"] = o.inputs
