@@ -229,10 +229,10 @@ def program_costs(hardware: Hardware, replica_seconds, *, steps: int = 14,
     backward, where each call waits for the other worker to reach it; ``collective_zero3``,
     one of ZeRO 3's gathers and reduce-scatters, inside the forward and the backward. Timed
     from ``train.all_reduce`` and ``train.zero(stage=1, 2, 3)`` of :data:`PROBE` on two
-    workers of ``threads`` threads each (about 15 s on 2 cores): each one's median step, less ``replica_seconds(problem,
-    hardware)`` (its graph's simulated step, a copy a worker; ZeRO 3 its forward again too),
-    solved for the four. The probe's bytes are too few to time: the ring's bytes are priced at
-    the transfer's rate."""
+    workers of ``threads`` threads each (about 13 s on 2 cores): each one's median step,
+    less ``replica_seconds(problem, hardware)`` (its graph's simulated step, a copy a worker;
+    ZeRO 3 its forward again too), solved for the four. The probe's bytes are too few to
+    time: the ring's bytes are priced at the transfer's rate."""
     from dtflab.train.problems import transformer
     from dtflab.train.strategies.all_reduce import all_reduce
     from dtflab.train.strategies.zero import zero
