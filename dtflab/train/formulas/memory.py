@@ -94,7 +94,7 @@ def block_elements(d: int, heads: int, s: int, b: int, kv_heads: int | None = No
     SwiGLU's gate, up and output, 3·s·b·h) are cut."""
     kv = kv_heads or heads
     hidden = hidden or 4 * d
-    keys = 2 * s * b * (d // heads) * max(kv // ways, 1)
+    keys = 2 * s * b * (d // heads) * shape_formulas.kv_heads_per_worker(kv, ways)
     mlp = (3 if activation == "swiglu" else 2) * s * b * hidden // ways
     return whole * s * b * d + 2 * s * b * d // ways + keys + mlp
 

@@ -5,7 +5,7 @@ traced steps in each loop's tests. ``costs`` (the other loops' formulas) names t
 
 from __future__ import annotations
 
-from dtflab.train.formulas.transformer import mlp_parameters
+from dtflab.train.formulas.transformer import kv_heads_per_worker, mlp_parameters
 from dtflab.train.layouts import ring
 
 
@@ -152,7 +152,7 @@ def ulysses_bytes(problem, ways: int) -> list[dict]:
     if ways == 1:
         return sent
     c, size = ways, problem.head_size
-    kv = _kv_per_worker(problem.kv_heads, c)
+    kv = kv_heads_per_worker(problem.kv_heads, c)
     n = problem.sequence // c
     block = (c - 1) * problem.batch_size * n * size * (2 * problem.heads // c + 2 * kv) * 4
     parameters = 4 * problem.parameter_count
@@ -164,16 +164,11 @@ def ulysses_bytes(problem, ways: int) -> list[dict]:
     return sent
 
 
-def _kv_per_worker(kv_heads: int, ways: int) -> int:
-    """The key/value heads a Ulysses worker attends with: its share, or the one it copies."""
-    return kv_heads // ways if kv_heads >= ways else 1
-
-
 def ulysses_over_ring(heads: int, kv_heads: int, ways: int) -> float:
     """Ulysses' attention bytes over ring attention's (zig-zag cut), per block, each way:
     (a/c + kv_w)/kv, from (c - 1)·s·b·z·(2a/c + 2·kv_w) against (c - 1)·s·b·2·kv·z
     (:func:`ulysses_bytes`, :func:`context_parallel_bytes`)."""
-    return (heads / ways + _kv_per_worker(kv_heads, ways)) / kv_heads
+    return (heads / ways + kv_heads_per_worker(kv_heads, ways)) / kv_heads
 
 
 def combined_bytes(problem, layout) -> dict[str, int]:

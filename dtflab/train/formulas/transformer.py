@@ -32,6 +32,13 @@ def parameters(blocks: int, d_model: int, vocabulary: int, sequence: int,
             + (0 if tied else d * vocabulary))
 
 
+def kv_heads_per_worker(kv_heads: int, ways: int) -> int:
+    """The key/value heads one of ``ways`` workers attends with, where the heads are split
+    among them (tensor or Ulysses ways): its share, or the one head it copies where the ways
+    outnumber the heads."""
+    return max(kv_heads // ways, 1)
+
+
 def block_parameters(d_model: int, *, heads: int = 1, kv_heads: int | None = None,
                      hidden: int | None = None, activation: str = "gelu", norm: str = "layer",
                      experts: int = 0, shared_experts: int = 0, active: int | None = None,

@@ -247,12 +247,12 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
     machine = hardware_for(hardware, cluster)
     if loop not in GRAPH_LOOPS:
         options.setdefault("threads", program_threads(cluster))
-    if loop not in GRAPH_LOOPS and "collective" not in machine.op_costs:
-        machine = with_program_costs(machine, cluster)
-        if hardware == "here":
-            from dtflab.train.planner.plans import CALIBRATED
+        if "collective" not in machine.op_costs:
+            machine = with_program_costs(machine, cluster)
+            if hardware == "here":
+                from dtflab.train.planner.plans import CALIBRATED
 
-            CALIBRATED[cluster] = machine
+                CALIBRATED[cluster] = machine
     plan = plan_of(problem, layout)
     memory = per_device(plan)
     strategy = getattr(importlib.import_module(f"dtflab.train.strategies.{loop}"), loop)
