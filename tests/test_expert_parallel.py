@@ -2,13 +2,17 @@
 capacity and the balance loss, checked on the tokens each expert took; expert parallelism
 trains as one process does, its two all-to-alls send what the formula says for the step's
 routing (counted at the transport), and a skewed router shows as one busy expert worker in a
-traced step."""
+traced step; padded to capacity, what each worker holds and sends is counted before the
+run."""
 
 import numpy as np
 import pytest
 
 from dtflab import train
 from dtflab.train.formulas import split_bytes
+from dtflab.train.measure.memory import step_memory
+from dtflab.train.planner.device_memory import per_device
+from dtflab.train.planner.predicted_run import plan_of
 
 from conftest import max_loss_diff
 
@@ -93,6 +97,33 @@ def test_a_skewed_router_keeps_one_expert_worker_busy_and_the_other_idle(split_c
     assert max(busy) / np.mean(busy) >= 1.5 and busy[0] > busy[1]
 
 
+def test_experts_padded_to_capacity_hold_and_send_what_was_counted_before_the_run(split_cluster):
+    """Every token routed to expert 0 (worker 0's): padded to capacity, each worker still holds
+    what the planner counted before the run (``planner.device_memory``) and sends what the
+    formula counts without the routing; the losses are the unpadded model's."""
+    skewed = dict(MOE, top_k=1, skew=6.0, capacity_factor=4.0)
+    problem = train.transformer(**skewed, pad_to_capacity=True)
+    layout = train.Layout(data=2, expert=2)
+    predicted = per_device(plan_of(problem, layout))
+    unpadded = train.single(train.transformer(**skewed), steps=6, seed=0)
+    wire = train.WireBytes(after_step=2, steps=3)
+    run = train.expert_parallel(problem, split_cluster, layout=layout, steps=6, seed=0,
+                                trace_step=1, callbacks=[wire])
+    assert max_loss_diff(unpadded, run) <= TOLERANCE
+    taken = np.array(run.details["per_step"]["tokens_per_expert"][1])
+    assert (taken[:, 0] == 8 * 64).all()  # the traced step: every token on expert 0
+    kinds = ("parameters", "gradients", "optimizer", "activations")
+    for worker, held in step_memory(run.trace.metadata).items():
+        errors = {kind: predicted[kind] / held[kind] - 1 for kind in kinds}
+        print(worker, {kind: f"{error:+.2%}" for kind, error in errors.items()})
+        assert all(abs(error) <= 0.02 for error in errors.values()), (worker, errors)
+    counted = split_bytes.expert_parallel_bytes(problem, run.details["per_step"]["routed"][3])
+    for w, worker in enumerate(("worker:0", "worker:1")):
+        sent, expected = wire.per_step.sent_by()[worker], sum(counted[w].values())
+        print(f"{worker}: {sent / expected:.4f} of the formula")
+        assert expected <= sent <= 1.05 * expected
+
+
 def test_experts_that_do_not_split_and_bad_routing_are_refused_with_the_fix(split_cluster):
     with pytest.raises(ValueError, match=r"workers=3: transformer_2x128_h2_s64_e4k2's 4 experts "
                                          r"do not split evenly over 3 ways; use workers=2"):
@@ -102,6 +133,11 @@ def test_experts_that_do_not_split_and_bad_routing_are_refused_with_the_fix(spli
     with pytest.raises(ValueError, match=r"capacity_factor=0.2: below 1/experts = 0.25 an expert "
                                          r"takes no token; use capacity_factor=1.25"):
         train.transformer(experts=4, capacity_factor=0.2)
+    with pytest.raises(ValueError, match=r"pad_to_capacity=True pads a mixture's experts; use "
+                                         r"experts=4 \(or more\) with it"):
+        train.transformer(pad_to_capacity=True)
+    with pytest.raises(ValueError, match=r"pad_to_capacity='yes': use True"):
+        train.transformer(experts=4, pad_to_capacity="yes")
     with pytest.raises(ValueError, match=r"expert_parallel: transformer_2x64_h4_s32 has no "
                                          r"experts; use train.transformer\(experts=4"):
         train.expert_parallel(train.transformer(), split_cluster)

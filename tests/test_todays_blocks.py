@@ -314,7 +314,7 @@ def test_the_planner_predicts_each_forms_bytes_by_kind_for_llamas_block(one_orde
     worker 0 holds it whole; a pipeline stage's boundary tensors: -2.7% to -5.4% of its
     activations in four runs) keeps each within 8%. Expert
     parallelism's activations follow the step's routing, which no count made before the run
-    knows (issue 53's open figure): not here."""
+    knows, unless the experts are padded to capacity (test_expert_parallel)."""
     from dtflab.train.planner.device_memory import per_device
     from dtflab.train.planner.predicted_run import plan_of
 

@@ -5,6 +5,8 @@ traced steps in each loop's tests. ``costs`` (the other loops' formulas) names t
 
 from __future__ import annotations
 
+import math
+
 from dtflab.train.formulas.transformer import kv_heads_per_worker, mlp_parameters
 from dtflab.train.layouts import ring
 
@@ -210,6 +212,8 @@ def expert_parallel_bytes(problem, routed) -> list[dict]:
     - **dispatch**: each worker sends each token an expert on another worker took, d floats;
       **combine**: each expert's worker sends each output back to the token's worker. Backward,
       the gradients cross the other way: each worker sends what it received, forward, back.
+      With ``pad_to_capacity``, every expert's capacity x the worker's sequences rows cross,
+      whatever the routing.
     - the copies' gradients: each worker sends the others its gradient of every variable but
       the routed experts (4 x that many parameters bytes each; the shared experts are copies);
     - worker 0 sends each other worker its slice's tokens and targets (int32, int64), and each
@@ -218,13 +222,17 @@ def expert_parallel_bytes(problem, routed) -> list[dict]:
     It leaves out gRPC's framing, the losses and Adam's beta powers."""
     W, E, d = len(routed[0]), problem.experts, problem.d_model
     mine = E // W
+    slots = None
+    if problem.pad_to_capacity:  # an expert's capacity (problems.experts) x the slice
+        slots = math.ceil(problem.capacity_factor * problem.top_k * problem.sequence / E) \
+            * (problem.batch_size // W)
     sent = [{"forward": 0, "backward": 0} for _ in range(W)]
     for block in routed:
         for w, row in enumerate(block):
             for e, tokens in enumerate(row):
                 owner = e // mine
                 if owner != w:
-                    crossing = int(round(tokens)) * d * 4
+                    crossing = (slots or int(round(tokens))) * d * 4
                     sent[w]["forward"] += crossing       # dispatch
                     sent[owner]["forward"] += crossing   # combine
                     sent[w]["backward"] += crossing      # combine's gradient

@@ -67,6 +67,10 @@ class Plan(Layout):
     # own).
     experts: int = 0
     top_k: int = 1
+    # ``pad_to_capacity``: every expert computes its capacity's rows (``problems.experts``),
+    # ``capacity_factor`` x top_k x sequence / experts of each sequence's tokens
+    capacity_factor: float = 1.25
+    pad_to_capacity: bool = False
     # The block's choices (``train.transformer``'s; GPT-2's by default): key/value heads (0:
     # one per query head), the MLP's hidden width (0: 4 d; each expert's), its activation,
     # the norm, the positions, and shared experts beside the routed ones.
@@ -145,6 +149,17 @@ class Plan(Layout):
             "kv_heads", "hidden", "activation", "norm", "positions", "shared_experts")}
 
     @property
+    def routed(self) -> float:
+        """Rows the routed experts compute a token, on the device that holds them: top_k, as
+        if the router spread the tokens evenly (what it learns in the run is not known
+        before it); with ``pad_to_capacity``, every expert's capacity, experts x
+        ceil(capacity_factor x top_k x sequence / experts) / sequence, whatever the routing."""
+        if not self.pad_to_capacity:
+            return self.top_k
+        s = self.sequence
+        return self.experts * math.ceil(self.capacity_factor * self.top_k * s / self.experts) / s
+
+    @property
     def gates(self) -> int:
         """Columns of the MLP's first matrix per hidden unit: SwiGLU's gate and up, GELU's one."""
         return 2 if self.activation == "swiglu" else 1
@@ -218,8 +233,9 @@ def block_activations(plan: Plan) -> float:
     (ring attention keeps its own queries' scores) and, in dtflab's one graph, the fullest
     worker keeps the keys and values it received, 2·(c - 1)·s/c·b·d / t (Megatron passes them
     round the ring again in the backward: not counted with ``dropout``); experts keep their
-    MLP's share k times, and each taken token's gathered input and scattered output (dtflab's
-    dispatch), and the shared experts their MLP's. Grouped-query attention keeps kv/a of the
+    MLP's share k times (:attr:`Plan.routed`: an even routing, or every expert's capacity
+    padded), and each taken token's gathered input and scattered output (dtflab's dispatch),
+    and the shared experts their MLP's. Grouped-query attention keeps kv/a of the
     keys and values (a head on each device where the tensor ways outnumber them), SwiGLU of
     width h its gate, up and output, 3·s·b·h where GELU of 4d keeps 8·s·b·d
     (:func:`cut_elements`)."""
@@ -233,7 +249,7 @@ def block_activations(plan: Plan) -> float:
         if plan.recompute == "full":
             return 2 * s * b * d * p / 2
         softmax = 5 * a * full_s / (d * t) if plan.recompute == "none" else 0.0
-        mlp = 19 / t * s * b * d * (plan.top_k if plan.experts else 1)
+        mlp = 19 / t * s * b * d * (plan.routed if plan.experts else 1)
         rest = (15 / t if sp else 10 + 5 / t) * s * b * d
         return (rest + mlp + softmax * s * b * d) * p / 2
     if plan.recompute == "full":
@@ -244,7 +260,7 @@ def block_activations(plan: Plan) -> float:
     attention, mlp = cut_elements(plan, s * b)
     # a mixture also keeps, for each token an expert took, the gathered input its expert
     # multiplied and the weighted output the combine scattered back
-    dispatch = 2 * plan.top_k * s * b * d if plan.experts else 0.0
+    dispatch = 2 * plan.routed * s * b * d if plan.experts else 0.0
     softmax = a * s * full_s * b / t if plan.recompute == "none" else 0.0
     # the received keys and values, for the backward: (c - 1) of c pieces of the sequence
     ring = (plan.context - 1) * s * b * plan.kv_columns
@@ -260,7 +276,7 @@ def cut_elements(plan: Plan, rows: float) -> tuple[float, float]:
     attention = rows * (2 * d / t + plan.kv_columns)
     mlp = rows * (plan.gates + 1) * plan.hidden / t
     if plan.experts:
-        mlp *= plan.top_k + plan.shared_experts
+        mlp *= plan.routed + plan.shared_experts
     return attention, mlp
 
 

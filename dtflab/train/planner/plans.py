@@ -98,6 +98,9 @@ def base_plan(model, **overrides) -> shapes.Plan:
                       kv_heads=model.kv_heads, hidden=model.hidden,
                       activation=model.activation, norm=model.norm,
                       positions=model.positions, shared_experts=model.shared_experts)
+        if model.experts:
+            fields.update(capacity_factor=model.capacity_factor,
+                          pad_to_capacity=model.pad_to_capacity)
     else:
         raise ValueError(f"model={model!r}: plan a transformer: train.transformer(...), a "
                          f"preset's name ({', '.join(repr(n) for n in shapes.PRESETS)}) or a "

@@ -56,7 +56,7 @@ def block_ops(plan: Plan) -> list[tuple[str, str, float, float]]:
         plan.tensor
     full = plan.sequence
     p = memory.BYTES[plan.precision]
-    k = plan.top_k if plan.experts else 1
+    k = plan.routed if plan.experts else 1
     sp = t if plan.sequence_parallel else 1  # what sequence parallelism cuts
     rows = s * b
     heads_s = b * a / t * s * full  # the scores of every head this device holds
@@ -165,7 +165,7 @@ def collective_seconds(plan: Plan, hardware: Hardware, forward_attention: float 
     if plan.experts and plan.expert > 1:
         e = plan.expert
         link = hardware.link(e, stride=t * plan.context)
-        tokens = plan.top_k * s * b * d * p
+        tokens = plan.routed * s * b * d * p
         found["expert"] = 4 * link.seconds(tokens, (e - 1) / e)
     return found
 

@@ -10,7 +10,15 @@ sequences routes every token as one process does): an expert takes at most
 ``ceil(capacity_factor x top_k x sequence / experts)`` of a sequence's tokens, first choices
 first, then in position order; the rest are **dropped** by that expert (the residual carries
 the token on). An expert computes only the tokens it took: a skewed router makes one expert,
-and the worker that holds it, busier than the others.
+and the worker that holds it, busier than the others, and what it keeps for the backward
+follows the routing, which the router learns as the run goes.
+
+**Padded to capacity** (``pad_to_capacity=True``; GShard's and Switch's fixed expert buffers,
+Megatron-LM's ``--moe-pad-expert-input-to-capacity``): every expert computes capacity x
+sequences rows, the tokens it took and then copies of token 0 that its gate weighs 0. The
+losses are the unpadded ones; the work, the bytes that cross and the memory no longer depend
+on the routing, so they are known before the run, at the cost of the padding's compute
+(capacity_factor x top_k x tokens rows, against top_k x tokens at most).
 
 The **balance loss** (Switch Transformer's auxiliary loss), per sequence, ``experts x sum_e
 f_e x P_e`` with f_e the share of the sequence's tokens whose first choice is expert e and P_e
@@ -22,7 +30,30 @@ from __future__ import annotations
 
 import math
 
+from dtflab import checks
 from dtflab.train.problems import transformer_block as blocks
+
+
+def checked(experts: int, top_k: int, capacity_factor, pad_to_capacity, recompute: str,
+            precision: str) -> None:
+    """Refuse a mixture ``train.transformer`` cannot build, naming the value and the fix."""
+    if not experts:
+        if pad_to_capacity:
+            raise ValueError("pad_to_capacity=True pads a mixture's experts; use experts=4 (or "
+                             "more) with it, or leave it out")
+        return
+    checks.whole(experts, "experts", example=4)
+    checks.whole(top_k, "top_k", maximum=experts, example=min(2, experts))
+    if not isinstance(capacity_factor, (int, float)) or capacity_factor < 1 / experts:
+        raise ValueError(f"capacity_factor={capacity_factor!r}: below 1/experts = "
+                         f"{1 / experts:.3g} an expert takes no token; use "
+                         f"capacity_factor=1.25 (or more, to drop fewer)")
+    if not isinstance(pad_to_capacity, bool):
+        raise ValueError(f"pad_to_capacity={pad_to_capacity!r}: use True (every expert "
+                         f"computes its capacity's rows) or False")
+    if recompute == "full" or precision != "float32":
+        raise ValueError(f"experts={experts}: a mixture of experts trains in float32 with "
+                         f"recompute 'none' or 'selective'; use precision='float32'")
 
 
 def capacity(problem) -> int:
@@ -73,6 +104,23 @@ def taken_by(tf, routed, e):
     return tf.where(tf.reshape(routed[..., e], [-1]) > 0)[:, 0]
 
 
+def dispatched(tf, problem, routed, gate, e, sequences):
+    """``(index, weight)``: the flat indices of the tokens expert ``e`` took of ``sequences``
+    sequences (an int, or a scalar tensor) (:func:`taken_by`) and their gates (``gate``
+    [tokens, experts]); with ``pad_to_capacity``, both padded to capacity x sequences rows,
+    index 0 and gate 0."""
+    index = taken_by(tf, routed, e)
+    weight = tf.gather(gate[:, e], index)
+    if problem.pad_to_capacity:
+        slots = capacity(problem) * sequences
+        pad = [[0, slots - tf.shape(index)[0]]]  # never below 0: capacity caps each sequence
+        index, weight = tf.pad(index, pad), tf.pad(weight, pad)
+        if isinstance(slots, int):
+            index.set_shape([slots])
+            weight.set_shape([slots])
+    return index, weight
+
+
 def mixture(tf, problem, m, weights: dict):
     """The layer on ``m`` [batch, sequence, d] in one place, from the block's ``weights`` by
     name: ``(output, balance_loss, load)``, load the tokens each expert took [experts]
@@ -88,12 +136,13 @@ def mixture(tf, problem, m, weights: dict):
         # one unstack each: its gradient is one stack (indexing each expert made a full-size
         # gradient per expert)
         fc_w, fc_b, out_w, out_b = (tf.unstack(w) for w in (fc_w, fc_b, out_w, out_b))
+        sequences = tf.shape(m)[0]
         for e in range(problem.experts):
             with tf.name_scope(f"expert{e}"):
-                index = taken_by(tf, routed, e)
+                index, taken = dispatched(tf, problem, routed, gate, e, sequences)
                 y = expert_mlp(tf, problem, tf.gather(flat, index), fc_w[e], fc_b[e], out_w[e],
                                out_b[e])
-                output += tf.scatter_nd(index[:, None], y * tf.gather(gate[:, e], index)[:, None],
+                output += tf.scatter_nd(index[:, None], y * taken[:, None],
                                         tf.shape(flat, out_type=tf.int64))
         load = tf.reduce_sum(routed, axis=[0, 1])
         output = tf.reshape(output, tf.shape(m))

@@ -44,6 +44,7 @@ import numpy as np
 from dtflab import checks
 from dtflab._quiet import import_tf
 from dtflab.train.problems import experts, text
+from dtflab.train.problems.experts import checked as checked_mixture
 from dtflab.train.problems import transformer_block as block_parts
 from dtflab.train.problems import transformer_ops as ops
 from dtflab.train.problems.transformer_ops import LOSS_SCALE
@@ -82,6 +83,7 @@ class Transformer:
     activation: str = "gelu"  # or "swiglu"
     hidden: int = 0  # the MLP's hidden width (each expert's); 0: 4 d
     shared_experts: int = 0  # experts every token goes through, beside the routed ones
+    pad_to_capacity: bool = False  # every expert computes its capacity's rows (``experts``)
 
     def __post_init__(self):
         if not self.kv_heads:
@@ -329,7 +331,7 @@ def transformer(blocks: int = 2, d_model: int = 64, heads: int = 4, sequence: in
                 capacity_factor: float = 1.25, balance: float = 0.01,
                 skew: float = 0.0, norm: str = "layer", positions: str = "learned",
                 kv_heads: int | None = None, activation: str = "gelu", hidden: int | None = None,
-                shared_experts: int = 0) -> Transformer:
+                shared_experts: int = 0, pad_to_capacity: bool = False) -> Transformer:
     """A decoder-only transformer on dtflab's generated text (see ``problems.transformer``).
 
     In [1]: problem = train.transformer(blocks=2, d_model=64, heads=4, sequence=32)
@@ -341,7 +343,9 @@ def transformer(blocks: int = 2, d_model: int = 64, heads: int = 4, sequence: in
     with a mixture of E experts, each token sent to its ``top_k``, at most
     ``capacity_factor`` x top_k x sequence / E of a sequence's tokens an expert, a balance
     loss weighted by ``balance``, and ``skew`` added to the router's initial bias toward
-    expert 0 (a router that starts unbalanced; ``problems.experts``).
+    expert 0 (a router that starts unbalanced; ``problems.experts``). ``pad_to_capacity=True``
+    makes every expert compute its capacity's rows whatever the routing, so its work, bytes
+    and memory are known before the run (GShard's fixed buffers).
 
     Today's blocks (``problems.transformer_block``), GPT-2's by default: ``norm="rms"``
     (RMSNorm), ``positions="rotary"``, ``kv_heads`` fewer than ``heads`` (grouped-query
@@ -377,24 +381,17 @@ def transformer(blocks: int = 2, d_model: int = 64, heads: int = 4, sequence: in
                          f"learning_rate=0.003")
     checks.one_of(recompute, "recompute", RECOMPUTE)
     checks.one_of(precision, "precision", PRECISIONS)
-    if experts:
-        checks.whole(experts, "experts", example=4)
-        checks.whole(top_k, "top_k", maximum=experts, example=min(2, experts))
-        if not isinstance(capacity_factor, (int, float)) or capacity_factor < 1 / experts:
-            raise ValueError(f"capacity_factor={capacity_factor!r}: below 1/experts = "
-                             f"{1 / experts:.3g} an expert takes no token; use "
-                             f"capacity_factor=1.25 (or more, to drop fewer)")
-        if recompute == "full" or precision != "float32":
-            raise ValueError(f"experts={experts}: a mixture of experts trains in float32 with "
-                             f"recompute 'none' or 'selective'; use precision='float32'")
+    checked_mixture(experts, top_k, capacity_factor, pad_to_capacity, recompute, precision)
     choices = block_parts.checked_choices(d_model, heads, norm, positions, kv_heads, activation,
                                           hidden, experts, shared_experts)
     name = f"transformer_{blocks}x{d_model}_h{heads}_s{sequence}"
     if experts:
-        name += f"_e{experts}k{top_k}" + (f"s{shared_experts}" if shared_experts else "")
+        name += f"_e{experts}k{top_k}" + (f"s{shared_experts}" if shared_experts else "") \
+            + ("_padded" if pad_to_capacity else "")
     name += block_parts.named(choices, heads, d_model)
     name += "".join(f"_{lever}" for lever, usual in ((recompute, "none"), (precision, "float32"))
                     if lever != usual)
     return Transformer(name, blocks, d_model, heads, sequence, vocabulary, batch_size, tied,
                        float(learning_rate), recompute, precision, experts, top_k,
-                       float(capacity_factor), float(balance), float(skew), **choices)
+                       float(capacity_factor), float(balance), float(skew), **choices,
+                       pad_to_capacity=pad_to_capacity)

@@ -7,7 +7,8 @@ attention, LayerNorms, the router), routes its tokens, and sends each expert the
 (**dispatch**, an all-to-all: the tokens for worker j's experts go to worker j); each expert
 runs on the tokens every worker sent it, one matrix multiply, and sends each worker its outputs
 back (**combine**, the second all-to-all), where they are weighted by the router's gates and
-added to the residual stream. Shared experts (``shared_experts=``) are copied like the
+added to the residual stream (with ``pad_to_capacity``, every worker sends every expert its
+capacity's rows, whatever the routing). Shared experts (``shared_experts=``) are copied like the
 attention: each worker runs them on its own tokens, nothing crosses for them but their
 gradients' sum. Backward, the same two all-to-alls carry the gradients. The
 copies' gradients are summed over the workers (all pairs, as ``train.combined``'s data axis);
@@ -90,10 +91,11 @@ def expert_graph(problem, devices, seed: int, slow: dict | None = None) -> Train
             # gradient is one stack (indexing each expert made a full-size gradient per expert)
             for e in range(E):
                 owner, local = divmod(e, mine)
-                sent, index = [], {}
+                sent, index, taken = [], {}, {}
                 for w, device in enumerate(devices):
                     with tf.device(device), tf.name_scope(f"worker{w}/block{b}/dispatch{e}"):
-                        index[w] = moe.taken_by(tf, routed[w], e)
+                        index[w], taken[w] = moe.dispatched(tf, problem, routed[w], gates[w], e,
+                                                            per)
                         sent.append(tf.gather(flat[w], index[w]))
                 with tf.device(devices[owner]):
                     with tf.name_scope(f"block{b}/experts_on_worker{owner}/expert{e}"):
@@ -106,9 +108,8 @@ def expert_graph(problem, devices, seed: int, slow: dict | None = None) -> Train
                         back = tf.split(y, tf.stack([tf.shape(s)[0] for s in sent]), num=W)
                 for w, device in enumerate(devices):
                     with tf.device(device), tf.name_scope(f"worker{w}/block{b}/combine{e}"):
-                        outputs[w] += tf.scatter_nd(
-                            index[w][:, None], back[w] * tf.gather(gates[w][:, e], index[w])[:, None],
-                            tf.shape(flat[w], out_type=tf.int64))
+                        outputs[w] += tf.scatter_nd(index[w][:, None], back[w] * taken[w][:, None],
+                                                    tf.shape(flat[w], out_type=tf.int64))
             counted = []
             for w, device in enumerate(devices):
                 with tf.device(device):
