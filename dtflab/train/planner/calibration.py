@@ -11,8 +11,9 @@ of none, per op: its fixed cost included, as a run's ops pay it, and no tracing'
   and n = 32 to 1024 on one task alone (``matrix_rates``, what the executor's simulation
   prices a multiply at);
 - **memory bandwidth**: each task a chain of additions on a 64 MB tensor (read and written),
-  and the same on as many tasks as cores against one alone (``together``: what an op keeps of
-  its speed while the other cores are busy);
+  and, for it and a 512 x 512 multiply, one task alone against as many as cores at once,
+  timed in turn round after round (``together``: what an op keeps of its speed while the
+  other cores are busy);
 - **a transfer**: one task's tensor read by another, at 4 kB and 4 MB, less the same step with
   the tensor read where it was made: the time that grows with the bytes (one over the
   bandwidth) and the time that does not (the latency);
@@ -34,6 +35,7 @@ what a run's device gets. About 25 s on 2 cores.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import replace
@@ -79,9 +81,8 @@ def calibrate(cluster, *, repeats: int = 5) -> Hardware:
     together = {}
     if cpus() >= 2 and tasks >= 2:  # a second core: what an op keeps while the other runs one
         busy = devices[:min(tasks, int(cpus()))]
-        together = {"matrix": min(1.0, rates["float32"][512] * sharing / alone[512]),
-                    "memory": min(1.0, _memory_bandwidth(target, busy, repeats)
-                                  / _memory_bandwidth(target, devices[:1], repeats))}
+        together = {"matrix": _kept_together(target, busy, _multiply(512, "float32"), repeats),
+                    "memory": _kept_together(target, busy, _addition(), repeats)}
     latency, per_byte = _transfer(target, devices[:2], repeats)
     per_step = _per_step(cluster.target("worker", tasks - 1), devices[0], repeats)
     link = Link("this machine's loopback (gRPC)", 1 / per_byte, latency, 1.0)
@@ -105,42 +106,94 @@ def calibrate(cluster, *, repeats: int = 5) -> Hardware:
 
 
 
+def _chain_graph(devices, make, count: int):
+    """``(graph, fetch, init)``: each task in ``devices`` a chain of ``count`` ops, all run at
+    once. ``make(tf, i)`` is ``(start, step)``: the chain's first tensor and the op applied to
+    it."""
+    tf = import_tf()
+    graph = tf.Graph()
+    with graph.as_default():
+        outs = []
+        for i, device in enumerate(devices):
+            with tf.device(device):
+                h, step = make(tf, i)
+                for _ in range(count):
+                    h = step(h)
+                outs.append(tf.reduce_sum(tf.reshape(h, [-1])[:1]))
+        fetch = tf.add_n(outs)
+        init = tf.compat.v1.global_variables_initializer()
+    return graph, fetch, init
+
+
 def _chained(target, devices, make, repeats: int, chain: int = 8) -> float:
     """Seconds one op of a chain of ``chain`` takes, every task running its chain at once:
-    a step of chains less a step of none, over ``chain``. ``make(tf, i)`` is ``(start,
-    step)``: the chain's first tensor and the op applied to it."""
-    tf = import_tf()
+    a step of chains less a step of none, over ``chain`` (``make``: :func:`_chain_graph`)."""
     times = {}
     for count in (0, chain):
-        graph = tf.Graph()
-        with graph.as_default():
-            outs = []
-            for i, device in enumerate(devices):
-                with tf.device(device):
-                    h, step = make(tf, i)
-                    for _ in range(count):
-                        h = step(h)
-                    outs.append(tf.reduce_sum(tf.reshape(h, [-1])[:1]))
-            fetch = tf.add_n(outs)
-            init = tf.compat.v1.global_variables_initializer()
+        graph, fetch, init = _chain_graph(devices, make, count)
         with timing_session(target, graph) as session:
             session.run(init)
             times[count] = median_run(session, fetch, repeats)
     return max((times[chain] - times[0]) / chain, 1e-9)
 
 
+def _kept_together(target, busy, make, repeats: int, chain: int = 8) -> float:
+    """What an op keeps of its speed while every task in ``busy`` runs its chain at once (at
+    most 1): one op's time alone on ``busy[0]`` over its time among them. Each round times the
+    four steps (none and a chain, alone and together) one after another, and the median of
+    the rounds' ratios is kept, so the machine's drift between the two falls on both: timed
+    apart, a moment of another program's work beside one of them read as 0.54-1.0 between
+    calibrations minutes apart."""
+    import time
+
+    steps = {}
+    with contextlib.ExitStack() as stack:
+        for who, devices in (("alone", busy[:1]), ("together", busy)):
+            for count in (0, chain):
+                graph, fetch, init = _chain_graph(devices, make, count)
+                session = stack.enter_context(timing_session(target, graph))
+                session.run(init)
+                session.run(fetch)  # allocates and picks its kernels
+                steps[who, count] = (session, fetch)
+        ratios = []
+        for _ in range(2 * repeats):
+            took = {}
+            for key, (session, fetch) in steps.items():
+                start = time.perf_counter()
+                session.run(fetch)
+                took[key] = time.perf_counter() - start
+            alone = took["alone", chain] - took["alone", 0]
+            together = took["together", chain] - took["together", 0]
+            if alone > 0 and together > 0:
+                ratios.append(alone / together)
+    return min(1.0, statistics.median(ratios)) if ratios else 1.0
+
+
+def _multiply(n: int, precision: str):
+    """``make`` (:func:`_chain_graph`) of an n x n multiply in ``precision``."""
+    def make(tf, i):
+        w = tf.cast(tf.Variable(tf.random.normal([n, n], stddev=n ** -0.5, seed=i),
+                                name=f"w{i}"), precision)
+        return tf.cast(tf.Variable(tf.random.normal([n, n], seed=i + 7), name=f"a{i}"),
+                       precision), lambda h: tf.matmul(h, w)
+
+    return make
+
+
+def _addition(megabytes: int = 64):
+    """``make`` (:func:`_chain_graph`) of an addition on a ``megabytes`` tensor."""
+    elements = megabytes * 2 ** 20 // 4
+
+    def make(tf, i):
+        return tf.Variable(tf.zeros([elements]), name=f"x{i}") * 1.0, lambda h: h + 1.0
+
+    return make
+
+
 def _matmul_rates(target, devices, precision: str, repeats: int) -> dict[int, float]:
     """FLOP/s of an n x n multiply on every task at once, by n (its fixed cost included)."""
-    rates = {}
-    for n in SIZES:
-        def make(tf, i, n=n):
-            w = tf.cast(tf.Variable(tf.random.normal([n, n], stddev=n ** -0.5, seed=i),
-                                    name=f"w{i}"), precision)
-            return tf.cast(tf.Variable(tf.random.normal([n, n], seed=i + 7), name=f"a{i}"),
-                           precision), lambda h: tf.matmul(h, w)
-
-        rates[n] = 2 * n ** 3 / _chained(target, devices, make, repeats)
-    return rates
+    return {n: 2 * n ** 3 / _chained(target, devices, _multiply(n, precision), repeats)
+            for n in SIZES}
 
 
 def _matmul_rates_alone(target, device, repeats: int) -> dict[int, float]:
@@ -160,12 +213,7 @@ def _matmul_rates_alone(target, device, repeats: int) -> dict[int, float]:
 
 def _memory_bandwidth(target, devices, repeats: int, megabytes: int = 64) -> float:
     """Bytes a second an addition reads and writes on a 64 MB tensor, every task at once."""
-    elements = megabytes * 2 ** 20 // 4
-
-    def make(tf, i):
-        return tf.Variable(tf.zeros([elements]), name=f"x{i}") * 1.0, lambda h: h + 1.0
-
-    return 2 * 4 * elements / _chained(target, devices, make, repeats)
+    return 2 * megabytes * 2 ** 20 / _chained(target, devices, _addition(megabytes), repeats)
 
 
 def _transfer(target, pair, repeats: int) -> tuple[float, float]:
