@@ -141,11 +141,9 @@ def _kept_together(target, busy, make, repeats: int, chain: int = 8) -> float:
     """What an op keeps of its speed while every task in ``busy`` runs its chain at once (at
     most 1): one op's time alone on ``busy[0]`` over its time among them. Each round times the
     four steps (none and a chain, alone and together) one after another, and the median of
-    the rounds' ratios is kept, so the machine's drift between the two falls on both: timed
-    apart, a moment of another program's work beside one of them read as 0.54-1.0 between
-    calibrations minutes apart."""
-    import time
-
+    the rounds' ratios is kept, so the machine's drift between the two falls on both. What it
+    cannot remove: another program on the machine while it runs (a multiply's ratio read
+    0.54-1.0 timed apart, 0.53-0.98 paired, in the benchmark's rounds minutes apart)."""
     steps = {}
     with contextlib.ExitStack() as stack:
         for who, devices in (("alone", busy[:1]), ("together", busy)):
