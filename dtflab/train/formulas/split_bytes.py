@@ -5,8 +5,6 @@ traced steps in each loop's tests. ``costs`` (the other loops' formulas) names t
 
 from __future__ import annotations
 
-import math
-
 from dtflab.train.formulas.transformer import kv_heads_per_worker, mlp_parameters
 from dtflab.train.layouts import ring
 
@@ -223,9 +221,8 @@ def expert_parallel_bytes(problem, routed) -> list[dict]:
     W, E, d = len(routed[0]), problem.experts, problem.d_model
     mine = E // W
     slots = None
-    if problem.pad_to_capacity:  # an expert's capacity (problems.experts) x the slice
-        slots = math.ceil(problem.capacity_factor * problem.top_k * problem.sequence / E) \
-            * (problem.batch_size // W)
+    if problem.pad_to_capacity:  # an expert's capacity x the slice
+        slots = problem.expert_capacity * (problem.batch_size // W)
     sent = [{"forward": 0, "backward": 0} for _ in range(W)]
     for block in routed:
         for w, row in enumerate(block):

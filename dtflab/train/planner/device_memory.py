@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, fields
 
 from dtflab.train.formulas import memory
 from dtflab.train.layouts.layout import Layout, said_as
+from dtflab.train.problems.experts import capacity as expert_capacity
 
 KINDS = memory.KINDS
 
@@ -156,8 +157,7 @@ class Plan(Layout):
         ceil(capacity_factor x top_k x sequence / experts) / sequence, whatever the routing."""
         if not self.pad_to_capacity:
             return self.top_k
-        s = self.sequence
-        return self.experts * math.ceil(self.capacity_factor * self.top_k * s / self.experts) / s
+        return self.experts * expert_capacity(self) / self.sequence
 
     @property
     def gates(self) -> int:

@@ -57,7 +57,9 @@ def checked(experts: int, top_k: int, capacity_factor, pad_to_capacity, recomput
 
 
 def capacity(problem) -> int:
-    """The most tokens of one sequence an expert takes."""
+    """The most tokens of one sequence an expert takes: the one rule, read by the model, the
+    planner's ``Plan.routed`` (anything with the four fields) and the bytes' formula (through
+    ``Transformer.expert_capacity``)."""
     return math.ceil(problem.capacity_factor * problem.top_k * problem.sequence / problem.experts)
 
 

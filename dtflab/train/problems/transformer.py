@@ -17,9 +17,8 @@ reads the first ``sequence`` and predicts each next one. The model, GPT-2's shap
 Llama's and DeepSeek's blocks are choices of the same problem (``problems.transformer_block``).
 
 The loss of a batch is the sum over its sequences of each sequence's mean cross-entropy per
-token, so a batch's loss and gradients are the sums of its slices' (what data parallelism
-and gradient accumulation need) and the loss per example a loop reports is the mean loss per
-token, in nats.
+token, so a batch's loss and gradients are the sums of its slices' (what data parallelism and
+gradient accumulation need) and the loss per example a loop reports is the mean per token.
 
 Two memory levers are part of the problem, so every loop that trains it uses them:
 
@@ -98,6 +97,10 @@ class Transformer:
     @property
     def loss_scale(self) -> float:
         return LOSS_SCALE if self.precision == "float16" else 1.0
+
+    @property
+    def expert_capacity(self) -> int:  # of a sequence's tokens (the rule: experts.capacity)
+        return experts.capacity(self)
 
     # -- the parameters ------------------------------------------------------------------------
 
