@@ -243,3 +243,14 @@ def test_a_step_traced_alone_keeps_its_graph_and_every_tasks_profile(start_clust
     events = EventAccumulator(str(folder))
     events.Reload()
     assert events.Tags()["run_metadata"] == ["traced step"]
+
+
+def test_a_run_too_short_to_time_a_step_still_writes_its_files(start_cluster, tmp_path):
+    # CI-1129: a background Downpour run stopped after two steps a worker wrote no files and
+    # warned (its end asked for a median step, which is timed from a worker's fourth step on).
+    cluster = start_cluster(jobs="ps=1,worker=2")
+    history = train.async_parameter_server(PROBLEM, cluster, steps=2, logdir=tmp_path)
+    assert len(history.records) == 4 and len({record.worker for record in history.records}) == 2
+    with pytest.raises(ValueError, match="a step is measured from the fourth on"):
+        history.median_step_s()
+    assert history.logdir is not None and any(Path(history.logdir).rglob("events.out.tfevents.*"))

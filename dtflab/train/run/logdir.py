@@ -210,8 +210,10 @@ class RunLog(Callback):
         finals = {}
         if history.records:
             finals["final/loss"] = history.final_loss()
-            if history.steps > 3:
+            try:  # a worker's fourth step on: a background run stopped early may have none
                 finals["final/step_time_s"] = history.median_step_s()
+            except ValueError:
+                pass
         peaks = [kinds.get("peak", sum(kinds.values())) for kinds in memory.values()]
         if peaks:
             finals["final/peak_memory_bytes"] = max(peaks)

@@ -135,6 +135,7 @@ class SessionSteps:
         self._applied = 0  # steps whose update ran, as the servers count them
         self._waited = 0.0  # seconds this step waited for its batch
         self._first = True  # this session has not yet run a step: its graph is not yet placed
+        self._slow = False  # a step outlasted the operation timeout: every step gets longer
         self._prefetch = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dtflab-feed")
         self._upcoming = {0: self._prefetch.submit(feeds, 0)}
         self._stall = None  # the stall whose session the watchdog closed
@@ -182,7 +183,7 @@ class SessionSteps:
 
     def _run(self, step, feed) -> Update:
         tf = import_tf()
-        options = first_run_options(self.watch) if self._first else None
+        options = first_run_options(self.watch) if self._first or self._slow else None
         try:
             if step == self.trace_step:
                 fetched = self._traced(feed, options)
@@ -193,6 +194,13 @@ class SessionSteps:
             if stall_behind(error, stall, self.cluster, self.watch, "all") is not None:
                 raise Stalled(stall) from None
             job, index = failed_task(self.cluster, error)
+            if (job == UNKNOWN and self.watch is not None and self.session.sess_str
+                    and isinstance(error, tf.errors.DeadlineExceededError)):
+                # every task alive, the step slower than the operation timeout (CI-1129: a
+                # notebook starved beside the tests): a stall, recovered as the watchdog's are
+                self._slow = True
+                close_session(self.session, failed=True)
+                raise Stalled(self.watch.timed_out("all")) from None
             if job == UNKNOWN:  # every task alive and none named: not a task's failure
                 what = f"step {step} failed with every task alive ({describe(job, index, error)})"
                 self.history.failures.append(what)

@@ -141,6 +141,23 @@ class Watch:
         with self._lock:
             return self._current.get(worker)
 
+    def timed_out(self, worker: str) -> Stall:
+        """The stall of ``worker``'s step that TensorFlow's operation timeout ended with every
+        task alive, before the watchdog's bound (a starved machine, not a failed task): noted
+        as the watchdog notes one, for the loop to recover the same way."""
+        with self._lock:
+            stall = self._current.get(worker)
+            noted = stall is None
+            if noted:
+                step, began = self._began.get(worker, (0, time.monotonic()))
+                times = self._times.get(worker)
+                stall = Stall(worker, step, time.monotonic() - began, self.bound_s(worker),
+                              statistics.median(times) if times else None)
+                self._current[worker] = stall
+        if noted:
+            self.history.note_stall(stall)
+        return stall
+
     def waited_s(self, worker: str) -> float:
         """How long ``worker``'s step in progress has run (0 if none is)."""
         with self._lock:
