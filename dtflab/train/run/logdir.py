@@ -25,6 +25,7 @@ A step only queues its figures (1.1 us a step, 3.5 us a worker's report: measure
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib
 import os
 import re
@@ -207,13 +208,9 @@ class RunLog(Callback):
             self._scalars(device.replace(":", "-"), step, {f"memory/{k}": v for k, v in kinds.items()})
         for task, sent in _bytes_sent(history, self.callbacks).items():
             self._scalars(task.replace(":", "-"), step, sent)
-        finals = {}
-        if history.records:
-            finals["final/loss"] = history.final_loss()
-            try:  # a worker's fourth step on: a background run stopped early may have none
-                finals["final/step_time_s"] = history.median_step_s()
-            except ValueError:
-                pass
+        finals = {"final/loss": history.final_loss()} if history.records else {}
+        with contextlib.suppress(ValueError):  # timed from a worker's fourth step: maybe none
+            finals["final/step_time_s"] = history.median_step_s()
         peaks = [kinds.get("peak", sum(kinds.values())) for kinds in memory.values()]
         if peaks:
             finals["final/peak_memory_bytes"] = max(peaks)
