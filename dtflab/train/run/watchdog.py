@@ -150,12 +150,17 @@ class Watch:
             noted = stall is None
             if noted:
                 step, began = self._began.get(worker, (0, time.monotonic()))
-                times = self._times.get(worker)
-                stall = Stall(worker, step, time.monotonic() - began, self.bound_s(worker),
-                              statistics.median(times) if times else None)
-                self._current[worker] = stall
+                stall = self._stalled_now(worker, step, time.monotonic() - began)
         if noted:
             self.history.note_stall(stall)
+        return stall
+
+    def _stalled_now(self, worker: str, step: int, waited_s: float) -> Stall:
+        """A new stall of ``worker`` at ``step``, held as its current one (the lock held)."""
+        times = self._times.get(worker)
+        stall = Stall(worker, step, waited_s, self.bound_s(worker),
+                      statistics.median(times) if times else None)
+        self._current[worker] = stall
         return stall
 
     def waited_s(self, worker: str) -> float:
@@ -232,13 +237,9 @@ class Watch:
             now, found = time.monotonic(), []
             with self._lock:
                 for worker, (step, began) in self._began.items():
-                    bound = self.bound_s(worker)
-                    if worker not in self._current and worker not in self._paused and now - began > bound:
-                        times = self._times.get(worker)
-                        stall = Stall(worker, step, now - began, bound,
-                                      statistics.median(times) if times else None)
-                        self._current[worker] = stall
-                        found.append(stall)
+                    if (worker not in self._current and worker not in self._paused
+                            and now - began > self.bound_s(worker)):
+                        found.append(self._stalled_now(worker, step, now - began))
             for stall in found:
                 self.history.note_stall(stall)
                 if self.on_stall is not None:
