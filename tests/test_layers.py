@@ -137,7 +137,9 @@ def test_each_module_imports_only_the_rooms_below_its_own(module):
 #: (the planner's calibration runs a loop, importing TensorFlow then).
 TRAIN_ROOMS = {
     "__init__": None,  # the names users call, each imported on first use
-    "planner": {"strategies", "measure", "graphs", "run", "layouts", "formulas", "problems"},
+    # the planner traces the worker programs' own step functions to price them
+    "planner": {"strategies", "measure", "graphs", "run", "worker_programs", "layouts", "formulas",
+                "problems"},
     "experiments": {"strategies", "measure", "graphs", "run", "layouts", "formulas", "problems"},
     # an input pipeline, its visits and its scaling (the loops read it by duck typing)
     "inputs": {"strategies", "measure", "graphs", "run", "layouts", "formulas", "problems"},

@@ -12,7 +12,7 @@ multiply; oneDNN swaps kernels), so the ops here are the graph's, a few more tha
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dtflab import names
 from dtflab._quiet import import_tf
@@ -45,6 +45,10 @@ MOVE = frozenset({"Transpose", "ConcatV2", "Split", "SplitV", "GatherV2", "Resou
                   "ZerosLike", "OnesLike", "Where", "Range", "Cast",
                   "Pad", "Tile", "OneHot", "MirrorPad", "Roll", "ReverseV2", "TopKV2",
                   "GatherNd", "DynamicStitch", "DynamicPartition", "BroadcastTo"})
+#: TensorFlow's collective ops (the worker programs'): priced as bytes on the wire and a cost a
+#: call, each starting once every member of its group has its inputs.
+COLLECTIVE = frozenset({"CollectiveGatherV2", "CollectiveReduceV2", "CollectiveBcastSendV2",
+                        "CollectiveBcastRecvV2", "CollectiveAllToAllV2"})
 #: An optimizer's fused update: reads the variable, its slots and the gradient; writes three.
 UPDATE = frozenset({"ResourceApplyAdam", "ResourceApplyGradientDescent", "ResourceApplyMomentum",
                     "ResourceApplyAdagrad", "ResourceApplyRMSProp", "ResourceApplyAdamWithAmsgrad"})
@@ -52,10 +56,10 @@ UPDATE = frozenset({"ResourceApplyAdam", "ResourceApplyGradientDescent", "Resour
 
 def kind(op_type: str) -> str:
     """The price class of an op type: ``free``, ``matrix``, ``transcendental``, ``reduce``,
-    ``scatter``, ``move``, ``update`` or ``elementwise`` (everything else)."""
+    ``scatter``, ``move``, ``update``, ``collective`` or ``elementwise`` (everything else)."""
     for name, types in (("free", FREE), ("matrix", MATRIX), ("transcendental", TRANSCENDENTAL),
                         ("reduce", REDUCE), ("scatter", SCATTER), ("move", MOVE),
-                        ("update", UPDATE)):
+                        ("update", UPDATE), ("collective", COLLECTIVE)):
         if op_type in types:
             return name
     return "elementwise"
@@ -65,8 +69,9 @@ def kind(op_type: str) -> str:
 class GraphOp:
     """One op of the step: its task (``worker:1``), its price class, its arithmetic (FLOPs;
     ``unit_flops``: one multiply's of a batch of them, what its rate depends on), the bytes it
-    reads and writes, each output's bytes, and the ops it waits for (data and control inputs,
-    by name)."""
+    reads and writes (a collective: the bytes it puts on the wire or takes off it), each
+    output's bytes, and the ops it waits for (data and control inputs, by name); a
+    collective's ``group``: its group and instance keys, the same on every member."""
 
     name: str
     type: str
@@ -78,6 +83,7 @@ class GraphOp:
     inputs: tuple[tuple[str, int], ...]  # (producer, output index), data edges
     after: tuple[str, ...]  # control inputs
     unit_flops: float = 0.0
+    group: tuple = ()
 
 
 def _shape(tensor, shapes: dict) -> list | None:
@@ -138,16 +144,63 @@ def step_ops(graph, fetches, feeds: dict, default_task: str, init=None) -> list[
         wanted.append(fixed.get_operation_by_name(fed_as.get(name, name)))
     needed = needed_by(wanted)
     shapes = _data_shapes(definition, needed.values(), feeds, init)
-    placed = _placed(fixed, needed, default_task)
+    return _read(fixed, needed, shapes, _placed(fixed, needed, default_task))
+
+
+def function_ops(function, task: str) -> list[GraphOp]:
+    """The ops a traced ``tf.function`` (its concrete function, every shape known) runs on
+    one ``task``, as a worker program runs its step: what its outputs and its stateful ops
+    need. Its arguments (the batch, the captured variables) become ``_Arg`` ops, handed over
+    by the call, not fed; a collective's bytes are what it sends or receives
+    (:func:`wire_bytes`)."""
+    graph = function.graph
+    needed = needed_by([t.op for t in function.outputs] + list(graph.control_outputs))
+    found = _read(graph, needed, {}, {name: task for name in needed})
+    return [replace(op, type="_Arg") if op.type == "Placeholder" else op for op in found]
+
+
+def wire_bytes(op) -> float:
+    """A collective's bytes through its task: a gather receives the other N - 1 members'
+    inputs; a broadcast sends or receives its tensor once; a ring all-reduce sends
+    2 (N - 1) / N of it."""
+    n = _inputs(op)["group_size"]
+    size = _size(op.outputs[0] if op.type == "CollectiveBcastRecvV2" else op.inputs[0], {})
+    return {"CollectiveGatherV2": (n - 1) * size, "CollectiveReduceV2": 2 * (n - 1) / n * size,
+            "CollectiveAllToAllV2": (n - 1) / n * size}.get(op.type, size)
+
+
+def _inputs(op) -> dict:
+    """A collective's constant inputs by name (``group_size``, ``group_key``, ...)."""
+    tf = import_tf()
+    found = {}
+    for arg, tensor in zip(op.op_def.input_arg, op.inputs):
+        value = tf.get_static_value(tensor)
+        if value is not None and getattr(value, "ndim", 1) == 0:
+            found[arg.name] = int(value)
+    return found
+
+
+def _group(op) -> tuple:
+    """A collective's group and instance keys: one collective, the same on every member."""
+    keys = _inputs(op)
+    return keys["group_key"], keys["instance_key"]
+
+
+def _read(graph, needed, shapes: dict, placed: dict) -> list[GraphOp]:
+    """``needed``'s ops of ``graph`` as GraphOps, in the graph's order."""
+    tf = import_tf()
     found = []
-    for op in fixed.get_operations():
+    for op in graph.get_operations():
         if op.name not in needed:
             continue
         task = placed[op.name]
         price = kind(op.type)
         outputs = tuple(_size(t, shapes) for t in op.outputs)
+        group = ()
         if price == "free":
             nbytes = 0.0
+        elif price == "collective":
+            nbytes, group = float(wire_bytes(op)), _group(op)
         elif price == "update":  # the variable and its slots read and written, the gradient read
             slots = sum(1 for t in op.inputs if t.dtype == tf.resource)
             variable = _size(op.inputs[-1], shapes)
@@ -157,7 +210,7 @@ def step_ops(graph, fetches, feeds: dict, default_task: str, init=None) -> list[
         flops, unit = _flops(op, shapes)
         found.append(GraphOp(op.name, op.type, task, price, flops, nbytes, outputs,
                              tuple((t.op.name, t.value_index) for t in op.inputs),
-                             tuple(c.name for c in op.control_inputs), unit))
+                             tuple(c.name for c in op.control_inputs), unit, group))
     return found
 
 

@@ -199,55 +199,64 @@ def trip_on_cores(target, pair, hops_in_chain: int = 100, busy: int = 600) -> fl
     return min(max(per_trip(True) / per_trip(False) - 1, 0.0), 1.0)
 
 
-#: The transformer the worker programs' costs are timed on (small: its arithmetic is a small
-#: share of its step, and its graph's simulation prices that share).
-PROBE = dict(blocks=1, d_model=32, heads=2, sequence=16, batch_size=8)
+#: The transformer the worker programs' costs are timed on: big enough that its workers'
+#: arithmetic runs beside their collectives, as a learner's model's does (on one of 1 block
+#: at d_model 32, fitted costs put ZeRO 1 at d_model 128 30% long; on this one, 3%).
+PROBE = dict(blocks=2, d_model=64, heads=2, sequence=32, batch_size=8)
 
 
-def collectives_a_step(problem, zero: int, workers: int) -> int:
-    """The collective calls one step of a worker program makes: all-reduce's one pack of
-    every gradient; ZeRO 1 and 2 a reduce-scatter (``workers - 1`` paired broadcasts) and an
-    all-gather a parameter; ZeRO 3 two gathers and a reduce-scatter a parameter."""
-    tensors = len(problem.initial_values(0))
-    return {0: 1, 1: workers * tensors, 2: workers * tensors,
-            3: (workers + 1) * tensors}[zero]
+def search(error, low: float = 1e-6, high: float = 3e-3, rounds: int = 14) -> float:
+    """The seconds between ``low`` and ``high`` where ``error(seconds)`` is least, by
+    golden-section search on a log scale (``error`` has one valley)."""
+    import math
+
+    a, b = math.log(low), math.log(high)
+    ratio = (math.sqrt(5) - 1) / 2
+    for _ in range(rounds):
+        c, d = b - ratio * (b - a), a + ratio * (b - a)
+        if error(math.exp(c)) <= error(math.exp(d)):
+            b = d
+        else:
+            a = c
+    return math.exp((a + b) / 2)
 
 
-def forward_again(step_s: float, hardware: Hardware) -> float:
-    """What ZeRO 3 adds by running each block's forward again in its backward
-    (``train.sharded_data_parallel``): a third of a step of ``step_s`` (a forward is about a
-    third of a forward and a backward), its fixed cost a step left out."""
-    return (step_s - hardware.per_step_s) / 3
-
-
-def program_costs(hardware: Hardware, replica_seconds, *, steps: int = 14,
+def program_costs(hardware: Hardware, graph_seconds, pack_seconds, *, steps: int = 14,
                   threads: int | None = None) -> Hardware:
-    """``hardware`` with the worker programs' costs in ``op_costs``: ``call``, what a worker
-    program's step pays beyond its graph (the step function's call, the batch, the report);
-    ``collective``, one collective call between two worker programs after the backward
-    (all-reduce's pack, ZeRO 1's); ``collective_zero2``, one as ZeRO 2 makes it, inside the
-    backward, where each call waits for the other worker to reach it; ``collective_zero3``,
-    one of ZeRO 3's gathers and reduce-scatters, inside the forward and the backward. Timed
-    from ``train.all_reduce`` and ``train.zero(stage=1, 2, 3)`` of :data:`PROBE` on two
-    workers of ``threads`` threads each (about 13 s on 2 cores): each one's median step,
-    less ``replica_seconds(problem, hardware)`` (its graph's simulated step, a copy a worker;
-    ZeRO 3 its forward again too), solved for the four. The probe's bytes are too few to
-    time: the ring's bytes are priced at the transfer's rate."""
+    """``hardware`` with the worker programs' costs in ``op_costs``: a collective op's cost a
+    call, ``collective_ring`` (a gather, an all-reduce) and ``collective_pair`` (one side of
+    a broadcast), each with its bytes at the transfer's rate; and ``call``, what a worker
+    program's step pays beyond its graph (the step function's call, the batch, the report).
+    Timed from ``train.all_reduce`` and ``train.zero(stage=1, 2, 3)`` of :data:`PROBE` on two
+    workers of ``threads`` threads each, and fitted (about 30 s on 2 cores in all) so that
+    each probe's graph simulated (``graph_seconds(problem, stage, hardware)``; stage 0,
+    all-reduce's, with its pack, ``pack_seconds(problem, hardware)``) plus ``call`` comes
+    nearest its median step in relative error: the two costs searched in turn (:func:`search`),
+    ``call`` solved for each pair."""
     from dtflab.train.problems import transformer
     from dtflab.train.strategies.all_reduce import all_reduce
     from dtflab.train.strategies.zero import zero
 
     problem = transformer(**PROBE)
-    compute = replica_seconds(problem, hardware)
     go = dict(workers=2, steps=steps, seed=0, watchdog=False, threads=threads)
-    rest = {0: all_reduce(problem, **go).median_step_s() - compute}
+    measured = {0: all_reduce(problem, **go).median_step_s()}
     for stage in (1, 2, 3):
-        rest[stage] = zero(problem, stage=stage, **go).median_step_s() - compute
-    rest[3] -= forward_again(compute, hardware)
-    calls = {stage: collectives_a_step(problem, stage, 2) for stage in rest}
-    collective = max((rest[1] - rest[0]) / (calls[1] - calls[0]), 0.0)
-    call = max(rest[0] - calls[0] * collective, 0.0)
-    within = {f"collective_zero{stage}": (max((rest[stage] - call) / calls[stage], 0.0), 0.0)
-              for stage in (2, 3)}
-    return replace(hardware, op_costs={**hardware.op_costs, "call": (call, 0.0),
-                                       "collective": (collective, 0.0), **within})
+        measured[stage] = zero(problem, stage=stage, **go).median_step_s()
+    weights = {stage: 1 / seconds ** 2 for stage, seconds in measured.items()}
+
+    def fitted(ring: float, pair: float) -> tuple[float, float]:
+        costs = replace(hardware, op_costs={**hardware.op_costs, "collective_ring": (ring, 0.0),
+                                            "collective_pair": (pair, 0.0)})
+        graph = {stage: graph_seconds(problem, stage, costs)
+                 + (pack_seconds(problem, costs) if stage == 0 else 0.0) for stage in measured}
+        call = max(sum((measured[s] - graph[s]) * weights[s] for s in measured)
+                   / sum(weights.values()), 0.0)
+        return sum(((graph[s] + call) / measured[s] - 1) ** 2 for s in measured), call
+
+    ring = pair = 3e-4
+    for _ in range(2):
+        ring = search(lambda c: fitted(c, pair)[0])
+        pair = search(lambda c: fitted(ring, c)[0])
+    return replace(hardware, op_costs={**hardware.op_costs, "call": (fitted(ring, pair)[1], 0.0),
+                                       "collective_ring": (ring, 0.0),
+                                       "collective_pair": (pair, 0.0)})

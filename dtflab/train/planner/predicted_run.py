@@ -9,8 +9,9 @@ In [4]: history.prediction.show(history)          # the two timelines, one above
 
 A graph loop's step is predicted from the graph it will execute (``planner.graph_ops``),
 priced and simulated on this machine's calibration (``planner.executor``); a worker-program
-loop's (all-reduce, ZeRO) from one copy of the model's graph a worker, simulated the same way,
-and its collectives at their measured cost (:func:`program_prediction`); its memory by kind
+loop's (all-reduce, ZeRO) from each worker's own step function (ZeRO's, traced:
+``planner.program_graphs``; all-reduce's, one copy of the model's graph a worker), simulated the
+same way, its collectives at their measured cost (:func:`program_prediction`); its memory by kind
 from ``planner.device_memory`` either way. What it cannot see: what the executor module says,
 and another program on the machine while the run runs.
 """
@@ -165,12 +166,10 @@ def program_threads(cluster) -> int | None:
     return 1 if cluster.intra_op_threads == 1 else None
 
 
-def replica_step(problem, hardware, workers: int = 2, seed: int = 0,
-                 threads: int | None = None):
-    """One copy of ``problem``'s graph a worker, each on its slice of the batch, every copy
-    simulated at once on the machine's cores with ``threads`` inter-op threads (None:
-    TensorFlow's default, a thread a core) (what a worker program's step function runs
-    before and between its collectives): an ``executor.Predicted``."""
+def replica_ops(problem, workers: int = 2, seed: int = 0) -> list:
+    """One copy of ``problem``'s graph a worker, each on its slice of the batch (what
+    all-reduce's step function runs before and around its one collective), worker i's named
+    ``w<i>/...`` on ``worker:i``."""
     from dtflab.train.graphs.one_replica import single_graph
 
     replica = dataclasses.replace(problem, batch_size=problem.batch_size // workers)
@@ -179,39 +178,72 @@ def replica_step(problem, hardware, workers: int = 2, seed: int = 0,
     xs, ts = replica.batch(0, seed)
     one = graph_ops.step_ops(built.graph, [built.train, built.loss], {x: xs, t: ts}, "worker:0",
                              built.init)
-    ops = [dataclasses.replace(
+    return [dataclasses.replace(
         op, name=f"w{i}/{op.name}", task=f"worker:{i}",
         inputs=tuple((f"w{i}/{name}", k) for name, k in op.inputs),
         after=tuple(f"w{i}/{name}" for name in op.after)) for i in range(workers) for op in one]
-    return executor.simulate(ops, hardware, threads=threads or os.cpu_count())
+
+
+#: The last few worker-program graphs read, by (problem, ZeRO stage, workers, seed): a trace
+#: takes seconds, and the programs' costs are fitted on four graphs simulated many times.
+READ: dict = {}
+
+
+def program_ops(problem, stage: int, workers: int = 2, seed: int = 0) -> list:
+    """Every worker's step ops: ZeRO ``stage``'s own step functions, traced
+    (``program_graphs``); all-reduce's (stage 0), one copy of the model's graph a worker
+    (:func:`replica_ops`: MultiWorkerMirroredStrategy's step cannot be traced without its
+    cluster)."""
+    from dtflab.train.planner import program_graphs
+
+    key = (problem, stage, workers, seed)
+    if key not in READ:
+        while len(READ) >= 4:
+            READ.pop(next(iter(READ)))
+        READ[key] = (replica_ops(problem, workers, seed) if stage == 0 else
+                     program_graphs.program_ops(problem, stage, workers, seed))
+    return READ[key]
+
+
+def program_step(problem, stage: int, hardware, workers: int = 2, seed: int = 0,
+                 threads: int | None = None):
+    """:func:`program_ops` simulated, every worker at once with ``threads`` inter-op threads
+    (None: a thread a core): an ``executor.Predicted``."""
+    return executor.simulate(program_ops(problem, stage, workers, seed), hardware,
+                             threads or os.cpu_count())
+
+
+def pack_seconds(problem, hardware, workers: int) -> float:
+    """All-reduce's one collective a step: its cost a call and the ring's bytes (every
+    gradient, 2 (N - 1) / N of it sent) at the transfer's rate."""
+    parameters = sum(value.size for _, value in problem.initial_values(0))
+    _, per_byte = hardware.op_costs["transfer"]
+    ring = 2 * (workers - 1) / workers * 4 * parameters * per_byte
+    return hardware.op_costs["collective_ring"][0] + ring
 
 
 def program_prediction(problem, layout: Layout, machine, memory: dict, loop: str,
                        seed: int = 0, threads: int | None = None) -> Prediction:
-    """A worker-program loop's step (all-reduce, ZeRO): :func:`replica_step`, then its
-    collective calls (``op_costs.collectives_a_step``) at the cost a call measured for its
-    stage and the ring's bytes at the transfer's rate, and the program's own cost a step
-    (``op_costs``'s ``call``, ``collective``, ``collective_zero2`` and ``collective_zero3``:
-    ``op_costs.program_costs``); ZeRO 3's forward again. What it cannot see: how much of a
-    collective inside the backward overlaps the gradients still being computed, beyond the
-    probe's share."""
-    from dtflab.train.planner.op_costs import collectives_a_step, forward_again
-
-    d = layout.data
-    simulated = replica_step(problem, machine, d, seed, threads)
-    parameters = sum(value.size for _, value in problem.initial_values(seed))
-    _, per_byte = machine.op_costs["transfer"]
-    ring = (3 if layout.zero == 3 else 2) * (d - 1) / d * 4 * parameters * per_byte
-    calls = collectives_a_step(problem, layout.zero, d)
-    each, _ = machine.op_costs.get(f"collective_zero{layout.zero}", machine.op_costs["collective"])
-    parts = {**simulated.parts(), "collectives": calls * each + ring,
-             "call": machine.op_costs["call"][0]}
-    parts["recompute"] = forward_again(simulated.seconds, machine) if layout.zero == 3 else 0.0
-    seconds = simulated.seconds + parts["collectives"] + parts["call"] + parts["recompute"]
+    """A worker-program loop's step (all-reduce, ZeRO): :func:`program_step`, each collective
+    at the programs' measured cost a call and its bytes at the transfer's rate, all-reduce's
+    one pack after the backward (:func:`pack_seconds`), and the program's own cost a step
+    (``op_costs``'s ``call``: ``op_costs.program_costs``). What it cannot see: the arrival
+    skew between the workers (each collective waits for the later one; the simulation runs
+    them alike), and for all-reduce how much of its pack overlaps the backward."""
+    simulated = program_step(problem, layout.zero, machine, layout.data, seed, threads)
+    call = machine.op_costs["call"][0]
+    parts = {**simulated.parts(), "call": call}
+    seconds = simulated.seconds + call
+    if layout.zero == 0:
+        parts["collective"] = pack_seconds(problem, machine, layout.data)
+        seconds += parts["collective"]
     parts["total"] = seconds
-    return Prediction(loop, seconds, parts, memory,
-                      "a copy of the graph a worker, simulated, and the programs' measured "
-                      "costs a call and a collective")
+    source = ("each worker's own step function traced and simulated, and the programs' "
+              "measured costs a call and a collective" if layout.zero else
+              "a copy of the graph a worker, simulated, one all-reduce of its gradients, and "
+              "the programs' measured costs a call and a collective")
+    # no timeline: a worker program's traced step is the profiler's host events, not ops
+    return Prediction(loop, seconds, parts, memory, source)
 
 
 def with_program_costs(machine, cluster):
@@ -220,8 +252,9 @@ def with_program_costs(machine, cluster):
     from dtflab.train.planner.op_costs import program_costs
 
     threads = program_threads(cluster)
-    return program_costs(machine, lambda p, h: replica_step(p, h, threads=threads).seconds,
-                         threads=threads)
+    return program_costs(
+        machine, lambda p, stage, h: program_step(p, stage, h, threads=threads).seconds,
+        lambda p, h: pack_seconds(p, h, 2), threads=threads)
 
 
 def run_layout(problem, cluster, layout, *, hardware="here", **options):
@@ -247,7 +280,7 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
     machine = hardware_for(hardware, cluster)
     if loop not in GRAPH_LOOPS:
         options.setdefault("threads", program_threads(cluster))
-        if "collective" not in machine.op_costs:
+        if "collective_ring" not in machine.op_costs:
             machine = with_program_costs(machine, cluster)
             if hardware == "here":
                 from dtflab.train.planner.plans import CALIBRATED

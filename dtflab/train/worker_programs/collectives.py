@@ -42,9 +42,12 @@ class Collectives:
         """``[k]`` from every worker -> ``[N x k]``, in worker order."""
         if self.workers == 1:
             return self.tf.identity(shard)
-        return self.tf.raw_ops.CollectiveGatherV2(
+        gathered = self.tf.raw_ops.CollectiveGatherV2(
             input=shard, group_size=self.workers, group_key=GROUP_BASE, instance_key=self._keys(),
             ordering_token=[], communication_hint="ring", timeout_seconds=self.timeout_s)
+        if shard.shape.rank == 1 and shard.shape[0] is not None:  # TensorFlow's says (None,)
+            gathered.set_shape([self.workers * shard.shape[0]])
+        return gathered
 
     def all_reduce(self, value):
         """The sum over every worker."""

@@ -161,15 +161,11 @@ def transformer_units(tf, problem, collectives, index: int, workers: int, values
     return units, list(variables.values())
 
 
-def main(argv=None) -> int:
-    worker = start(sys.argv[1:] if argv is None else argv,
-                   "worker_programs/sharded_data_parallel.py")
-    import tensorflow as tf
-
-    flags, problem, index, workers = worker.flags, worker.problem, worker.index, worker.workers
-    device = worker.strategy.extended.worker_devices[0]
-    collectives = Collectives(tf, index, workers, flags.timeout)
-    values = problem.initial_values(flags.seed)
+def sharded_step(tf, problem, collectives: Collectives, values, device: str = ""):
+    """Worker ``collectives.index``'s shards and step function:
+    ``(train_step, shards, (ms, vs, beta1_power, beta2_power))``. ``device``: where its
+    variables and ops go ("": this process's own, as the planner traces it)."""
+    index, workers = collectives.index, collectives.workers
     with tf.device(device):
         build = mlp_units if problem.unit == "layer" else transformer_units
         units, shards = build(tf, problem, collectives, index, workers, values)
@@ -194,8 +190,21 @@ def main(argv=None) -> int:
             with tf.control_dependencies([adam(tape.gradient(loss, shards))]):
                 return tf.identity(loss)
 
-    return run_with_own_checkpoints(worker, shards, (ms, vs, beta1_power, beta2_power),
-                                    train_step, collectives, device, whole=False)
+    return train_step, shards, (ms, vs, beta1_power, beta2_power)
+
+
+def main(argv=None) -> int:
+    worker = start(sys.argv[1:] if argv is None else argv,
+                   "worker_programs/sharded_data_parallel.py")
+    import tensorflow as tf
+
+    flags, problem = worker.flags, worker.problem
+    device = worker.strategy.extended.worker_devices[0]
+    collectives = Collectives(tf, worker.index, worker.workers, flags.timeout)
+    train_step, shards, adam = sharded_step(tf, problem, collectives,
+                                            problem.initial_values(flags.seed), device)
+    return run_with_own_checkpoints(worker, shards, adam, train_step, collectives, device,
+                                    whole=False)
 
 
 if __name__ == "__main__":

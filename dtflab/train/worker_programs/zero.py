@@ -49,15 +49,11 @@ def own_shard(tf, value, index: int, shard: int):
     return tf.concat([part, tf.zeros([missing], flat.dtype)], 0) if missing else part
 
 
-def main(argv=None) -> int:
-    worker = start(sys.argv[1:] if argv is None else argv, "worker_programs/zero.py")
-    import tensorflow as tf
-
-    flags, problem, index, workers = worker.flags, worker.problem, worker.index, worker.workers
-    stage = flags.zero_stage
-    device = worker.strategy.extended.worker_devices[0]
-    collectives = Collectives(tf, index, workers, flags.timeout)
-    values = problem.initial_values(flags.seed)
+def zero_step(tf, problem, collectives: Collectives, stage: int, values, device: str = ""):
+    """Worker ``collectives.index``'s state and step function for ZeRO ``stage`` (1 or 2):
+    ``(train_step, params, (ms, vs, beta1_power, beta2_power))``. ``device``: where its
+    variables and ops go ("": this process's own, as the planner traces it)."""
+    index, workers = collectives.index, collectives.workers
     sizes = [costs.shard_size(value.size, workers) for _, value in values]
     with tf.device(device):
         params = [tf.Variable(value, name=name) for name, value in values]
@@ -111,8 +107,20 @@ def main(argv=None) -> int:
             with tf.control_dependencies(assigned):
                 return tf.identity(loss)
 
-    return run_with_own_checkpoints(worker, params, (ms, vs, beta1_power, beta2_power),
-                                    train_step, collectives, device, whole=True)
+    return train_step, params, (ms, vs, beta1_power, beta2_power)
+
+
+def main(argv=None) -> int:
+    worker = start(sys.argv[1:] if argv is None else argv, "worker_programs/zero.py")
+    import tensorflow as tf
+
+    flags, problem = worker.flags, worker.problem
+    device = worker.strategy.extended.worker_devices[0]
+    collectives = Collectives(tf, worker.index, worker.workers, flags.timeout)
+    train_step, params, adam = zero_step(tf, problem, collectives, flags.zero_stage,
+                                         problem.initial_values(flags.seed), device)
+    return run_with_own_checkpoints(worker, params, adam, train_step, collectives, device,
+                                    whole=True)
 
 
 if __name__ == "__main__":
