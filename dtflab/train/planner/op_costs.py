@@ -205,19 +205,24 @@ def trip_on_cores(target, pair, hops_in_chain: int = 100, busy: int = 600) -> fl
 PROBE = dict(blocks=2, d_model=64, heads=2, sequence=32, batch_size=8)
 
 
-def search(error, low: float = 1e-6, high: float = 3e-3, rounds: int = 14) -> float:
+def search(error, low: float = 1e-6, high: float = 3e-3, rounds: int = 10) -> float:
     """The seconds between ``low`` and ``high`` where ``error(seconds)`` is least, by
-    golden-section search on a log scale (``error`` has one valley)."""
+    golden-section search on a log scale (``error`` has one valley; ``rounds`` + 1 calls)."""
     import math
 
-    a, b = math.log(low), math.log(high)
     ratio = (math.sqrt(5) - 1) / 2
+    a, b = math.log(low), math.log(high)
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    at_c, at_d = error(math.exp(c)), error(math.exp(d))
     for _ in range(rounds):
-        c, d = b - ratio * (b - a), a + ratio * (b - a)
-        if error(math.exp(c)) <= error(math.exp(d)):
-            b = d
+        if at_c <= at_d:
+            b, d, at_d = d, c, at_c
+            c = b - ratio * (b - a)
+            at_c = error(math.exp(c))
         else:
-            a = c
+            a, c, at_c = c, d, at_d
+            d = a + ratio * (b - a)
+            at_d = error(math.exp(d))
     return math.exp((a + b) / 2)
 
 
@@ -231,7 +236,7 @@ def program_costs(hardware: Hardware, graph_seconds, pack_seconds, *, steps: int
     workers of ``threads`` threads each, and fitted (about 30 s on 2 cores in all) so that
     each probe's graph simulated (``graph_seconds(problem, stage, hardware)``; stage 0,
     all-reduce's, with its pack, ``pack_seconds(problem, hardware)``) plus ``call`` comes
-    nearest its median step in relative error: the two costs searched in turn (:func:`search`),
+    nearest its median step in relative error: one cost for both searched (:func:`search`), then each in turn,
     ``call`` solved for each pair."""
     from dtflab.train.problems import transformer
     from dtflab.train.strategies.all_reduce import all_reduce
@@ -253,10 +258,9 @@ def program_costs(hardware: Hardware, graph_seconds, pack_seconds, *, steps: int
                    / sum(weights.values()), 0.0)
         return sum(((graph[s] + call) / measured[s] - 1) ** 2 for s in measured), call
 
-    ring = pair = 3e-4
-    for _ in range(2):
-        ring = search(lambda c: fitted(c, pair)[0])
-        pair = search(lambda c: fitted(ring, c)[0])
+    ring = search(lambda c: fitted(c, c)[0])  # one cost for both first, then each in turn
+    pair = search(lambda c: fitted(ring, c)[0])
+    ring = search(lambda c: fitted(c, pair)[0])
     return replace(hardware, op_costs={**hardware.op_costs, "call": (fitted(ring, pair)[1], 0.0),
                                        "collective_ring": (ring, 0.0),
                                        "collective_pair": (pair, 0.0)})
