@@ -256,3 +256,26 @@ def test_a_synchronous_step_whose_update_ran_before_its_session_closed_is_not_ap
     one = train.single(problem, steps=60)
     drift = max(abs(a.loss - b.loss) for a, b in zip(one.records, towers.records))
     assert drift < 1e-6, f"the towers left one process's curve by {drift:.1e} (step 40 twice?)"
+
+
+def test_a_downpour_update_slower_than_the_operation_timeout_is_a_stall_not_a_failure(
+        start_cluster, monkeypatch):
+    """A slow update with every task alive, ended by TensorFlow's operation timeout, is a stall
+    the watchdog's policy recovers in Downpour too, as in the synchronous loops: a new session
+    and the longer deadline from then on. Here the timeout is 1 s and worker 1 sleeps 1.5 s an
+    update; before, worker 1 stopped on its second update and the run went on without it."""
+    from dtflab.train.run import sessions
+
+    monkeypatch.setattr(sessions, "OPERATION_TIMEOUT_MS", 1000)
+    cluster = start_cluster(3)
+    history = train.async_parameter_server(train.exp_regression(), cluster, steps=3,
+                                           slow={"worker:1": 1.5})
+    assert history.failures == []
+    assert history.steps_per_worker == {"worker:0": 3, "worker:1": 3}
+    assert [(stall.worker, stall.outcome) for stall in history.stalls] == [
+        ("worker:1", "recovered")]
+    # Without the watchdog, no stall policy: the slow worker stops and the other goes on.
+    history = train.async_parameter_server(train.exp_regression(), cluster, steps=3,
+                                           slow={"worker:1": 1.5}, watchdog=None)
+    assert [failure.split(" stopped")[0] for failure in history.failures] == ["worker:1"]
+    assert history.steps_per_worker["worker:0"] == 3

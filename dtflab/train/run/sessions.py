@@ -95,6 +95,20 @@ def stall_behind(error, stall, cluster, watch, worker):
     return None
 
 
+def timed_out(error, session, cluster, watch, worker):
+    """After a failed step: the Stall, where TensorFlow ended the step on its operation timeout
+    with every task alive and none named, in a distributed session, with the watchdog on (a
+    slow step, not a failed task: CI-1129, a notebook starved beside the tests, at step 4).
+    The session is closed here and the stall noted as the watchdog's own are; the loop
+    recovers it as theirs, and gives every later step the first step's deadline. Else None."""
+    if (watch is None or not session.sess_str
+            or not isinstance(error, import_tf().errors.DeadlineExceededError)
+            or failed_task(cluster, error)[0] != UNKNOWN):
+        return None
+    close_session(session, failed=True)
+    return watch.timed_out(worker)
+
+
 def dead_task(cluster) -> tuple[str, int] | None:
     """A task of ``cluster`` that was killed or exited, if any."""
     for task in (cluster.tasks if cluster is not None else ()):
@@ -193,14 +207,11 @@ class SessionSteps:
             stall, self._stall = self._stall, None
             if stall_behind(error, stall, self.cluster, self.watch, "all") is not None:
                 raise Stalled(stall) from None
-            job, index = failed_task(self.cluster, error)
-            if (job == UNKNOWN and self.watch is not None and self.session.sess_str
-                    and isinstance(error, tf.errors.DeadlineExceededError)):
-                # every task alive, the step slower than the operation timeout (CI-1129: a
-                # notebook starved beside the tests): a stall, recovered as the watchdog's are
+            slow = timed_out(error, self.session, self.cluster, self.watch, "all")
+            if slow is not None:
                 self._slow = True
-                close_session(self.session, failed=True)
-                raise Stalled(self.watch.timed_out("all")) from None
+                raise Stalled(slow) from None
+            job, index = failed_task(self.cluster, error)
             if job == UNKNOWN:  # every task alive and none named: not a task's failure
                 what = f"step {step} failed with every task alive ({describe(job, index, error)})"
                 self.history.failures.append(what)

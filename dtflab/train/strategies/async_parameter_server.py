@@ -18,7 +18,7 @@ from dtflab.train.run.options import RunOptions, takes_options
 from dtflab.train.run.runner import Update, new_runner
 from dtflab.train.run.sessions import (close_session, dead_task, describe, failed_task,
                                        first_run_options, new_session, ps_plan, run_step,
-                                       stall_behind)
+                                       stall_behind, timed_out)
 
 
 @takes_options(RunOptions)
@@ -100,10 +100,12 @@ class _Downpour:
         self.ps_jobs = {job for job in cluster.addresses if job not in worker_jobs}
         self.filters = [[f"/job:{job}" for job in sorted(self.ps_jobs)] + [d] for d in devices]
         self.watch = None  # the run's watchdog, set by the loop
-        # One {"session", "epoch", "stall", "stepped"} per worker: a session made before the
-        # last recovery is stale; "stall" is (the stall, the session the watchdog closed for
-        # it); "stepped" the session that ran this worker's last update.
-        self.states = [{"session": self._session(i), "epoch": 0, "stall": None, "stepped": None}
+        # One {"session", "epoch", "stall", "stepped", "slow"} per worker: a session made
+        # before the last recovery is stale; "stall" is (the stall, the session the watchdog
+        # closed for it); "stepped" the session that ran this worker's last update; "slow"
+        # once a step outlasted TensorFlow's operation timeout (each update's deadline longer).
+        self.states = [{"session": self._session(i), "epoch": 0, "stall": None, "stepped": None,
+                        "slow": False}
                        for i in range(len(devices))]
         self.states[0]["session"].run(built[0].init, options=first_run_options())
         self.epoch = 0  # recoveries so far
@@ -173,7 +175,7 @@ class _Downpour:
             tries = 0
             while True:
                 session = state["session"]
-                first = state["stepped"] is not session
+                first = state["stepped"] is not session or state["slow"]
                 try:
                     loss, before, after = self.one_update(
                         session, tower, {tower.x: xs, tower.t: ts},
@@ -185,7 +187,11 @@ class _Downpour:
                     stall, closed = state["stall"] or (None, None)
                     state["stall"] = None
                     stall = stall if closed is session else None  # the stall closed this one
-                    if stall_behind(error, stall, self.cluster, self.watch, name) is not None:
+                    stall = stall_behind(error, stall, self.cluster, self.watch, name)
+                    if stall is None:  # a slow update, not a failed task: a stall too
+                        stall = timed_out(error, session, self.cluster, self.watch, name)
+                        state["slow"] = state["slow"] or stall is not None
+                    if stall is not None:
                         if not self._unstalled(state, stall, name, tries):
                             return None
                         tries += 1
