@@ -233,11 +233,11 @@ def program_costs(hardware: Hardware, graph_seconds, pack_seconds, *, steps: int
     a broadcast), each with its bytes at the transfer's rate; and ``call``, what a worker
     program's step pays beyond its graph (the step function's call, the batch, the report).
     Timed from ``train.all_reduce`` and ``train.zero(stage=1, 2, 3)`` of :data:`PROBE` on two
-    workers of ``threads`` threads each, and fitted (about 30 s on 2 cores in all) so that
-    each probe's graph simulated (``graph_seconds(problem, stage, hardware)``; stage 0,
-    all-reduce's, with its pack, ``pack_seconds(problem, hardware)``) plus ``call`` comes
-    nearest its median step in relative error: one cost for both searched (:func:`search`), then each in turn,
-    ``call`` solved for each pair."""
+    workers of ``threads`` threads each, and fitted so that each probe's graph simulated
+    (``graph_seconds(problem, stage, hardware)``; stage 0, all-reduce's, with its pack,
+    ``pack_seconds(problem, hardware)``) plus ``call`` comes nearest its median step in
+    relative error: one cost for both searched (:func:`search`), then each in turn, ``call``
+    solved for each pair."""
     from dtflab.train.problems import transformer
     from dtflab.train.strategies.all_reduce import all_reduce
     from dtflab.train.strategies.zero import zero
