@@ -115,7 +115,9 @@ def test_a_worker_programs_step_is_priced_from_its_own_traced_step_function(here
     costs = {kind: machine.op_costs[kind][0]
              for kind in ("call", "collective_ring", "collective_pair")}
     print({kind: f"{cost * 1e3:.3f} ms" for kind, cost in costs.items()})
-    assert 0 < costs["collective_ring"] < 3e-3 and 0 < costs["collective_pair"] < 3e-3
+    # each found inside the search's range (1 us to 3 ms), not pinned to an end of it: the
+    # probes' graphs, simulated, reach their measured steps at costs a call of that order
+    assert all(1.2e-6 < costs[kind] < 2.5e-3 for kind in ("collective_ring", "collective_pair"))
     history = train.run_layout(problem, cluster, train.Layout(data=2, zero=2), hardware=machine,
                                steps=5)
     assert history.details["threads"] == 1  # the cluster's tasks have one intra-op thread each
