@@ -43,14 +43,14 @@ def op_seconds(op, hardware: Hardware) -> float:
     rate timed with the op's fixed cost in it), or the executor's fixed cost for its class
     and its bytes at the class's measured cost a byte (read between its cost on tensors that
     fit a core's cache and on ones that do not, by the op's bytes on a log scale)."""
-    fixed, per_byte = hardware.op_costs.get(op.kind, hardware.op_costs.get("elementwise",
-                                                                             (hardware.per_op_s,
-                                                                              0.0)))
     if op.kind == "collective":
         latency, per_byte = hardware.op_costs.get("transfer", (hardware.node.latency, 0.0))
         family = "pair" if op.type.startswith("CollectiveBcast") else "ring"
         return (hardware.op_costs.get(f"collective_{family}", (latency, 0.0))[0]
                 + op.nbytes * per_byte)
+    fixed, per_byte = hardware.op_costs.get(op.kind, hardware.op_costs.get("elementwise",
+                                                                             (hardware.per_op_s,
+                                                                              0.0)))
     if op.kind == "matrix" and op.flops:
         unit = op.unit_flops or op.flops  # a batch of small multiplies runs at a small one's rate
         return op.flops / hardware.matrix_rate(unit)  # the rates were timed with their cost

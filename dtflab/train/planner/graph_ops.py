@@ -159,6 +159,15 @@ def function_ops(function, task: str) -> list[GraphOp]:
     return [replace(op, type="_Arg") if op.type == "Placeholder" else op for op in found]
 
 
+def on_worker(ops, index: int) -> list[GraphOp]:
+    """``ops`` as worker ``index``'s copy: on task ``worker:<index>``, named ``w<index>/...``
+    (its inputs and control inputs too), to be simulated beside the other workers' copies."""
+    prefix = f"w{index}/"
+    return [replace(op, name=prefix + op.name, task=f"worker:{index}",
+                    inputs=tuple((prefix + name, k) for name, k in op.inputs),
+                    after=tuple(prefix + name for name in op.after)) for op in ops]
+
+
 def wire_bytes(op) -> float:
     """A collective's bytes through its task: a gather receives the other N - 1 members'
     inputs; a broadcast sends or receives its tensor once; a ring all-reduce sends

@@ -178,10 +178,7 @@ def replica_ops(problem, workers: int = 2, seed: int = 0) -> list:
     xs, ts = replica.batch(0, seed)
     one = graph_ops.step_ops(built.graph, [built.train, built.loss], {x: xs, t: ts}, "worker:0",
                              built.init)
-    return [dataclasses.replace(
-        op, name=f"w{i}/{op.name}", task=f"worker:{i}",
-        inputs=tuple((f"w{i}/{name}", k) for name, k in op.inputs),
-        after=tuple(f"w{i}/{name}" for name in op.after)) for i in range(workers) for op in one]
+    return [op for i in range(workers) for op in graph_ops.on_worker(one, i)]
 
 
 #: The last few worker-program graphs read, by (problem, ZeRO stage, workers, seed): a trace

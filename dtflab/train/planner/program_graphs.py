@@ -5,8 +5,8 @@ give them, and read by ``graph_ops.function_ops`` for ``executor.simulate``.
 
 Tracing needs no cluster: a collective is an op in a graph until it runs. Each worker's
 function is traced with its own index, so the broadcasts of a reduce-scatter pair as they do
-in the run (worker i's send with worker j's receive, one key). About 2 s a worker for four
-blocks at d_model 128 (5,000 ops). What it cannot see: the function's graph after Grappler
+in the run (worker i's send with worker j's receive, one key). 2-5 s a worker for four blocks
+at d_model 128 (4,000-5,000 ops). What it cannot see: the function's graph after Grappler
 (as ``graph_ops`` says), and the worker program's work beside its graph (the call, the batch,
 the report: ``op_costs``'s ``call``).
 """
@@ -51,10 +51,7 @@ def program_ops(problem, stage: int, workers: int, seed: int = 0) -> list[graph_
     found = []
     for i in range(workers):
         function = traced_step(problem, stage, i, workers, values, seed)
-        found += [dataclasses.replace(
-            op, name=f"w{i}/{op.name}", inputs=tuple((f"w{i}/{name}", k) for name, k in op.inputs),
-            after=tuple(f"w{i}/{name}" for name in op.after))
-            for op in graph_ops.function_ops(function, f"worker:{i}")]
+        found += graph_ops.on_worker(graph_ops.function_ops(function, f"worker:{i}"), i)
     return found
 
 
