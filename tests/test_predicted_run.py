@@ -119,7 +119,7 @@ def test_a_worker_programs_step_is_priced_from_its_own_traced_step_function(here
     # probes' graphs, simulated, reach their measured steps at costs a call of that order
     assert all(1.2e-6 < costs[kind] < 2.5e-3 for kind in ("collective_ring", "collective_pair"))
     history = train.run_layout(problem, cluster, train.Layout(data=2, zero=2), hardware=machine,
-                               steps=5)
+                               steps=5, trace_step=3)
     assert history.details["threads"] == 1  # the cluster's tasks have one intra-op thread each
     prediction = history.prediction
     assert prediction.loop == "zero" and "own step function traced" in prediction.source
@@ -129,6 +129,44 @@ def test_a_worker_programs_step_is_priced_from_its_own_traced_step_function(here
     assert prediction.parts["collective"] >= tensors * (costs["collective_ring"]
                                                         + 2 * costs["collective_pair"])
     assert prediction.parts["total"] == prediction.seconds > prediction.parts["collective"]
+    # drawn above the profiled step, a lane a worker, the collectives compared on both sides
+    workers = {dtflab.names.full("worker:0"), dtflab.names.full("worker:1")}
+    assert set(prediction.timeline.timings) == workers <= set(history.trace.timings)
+    rows = {kind: (ours, theirs) for kind, ours, theirs in prediction.against(history)["by_kind"]}
+    assert rows["collective"][0] > 0 and rows["collective"][1] > 0, rows
+    assert rows["matrix"][0] > 0 and rows["matrix"][1] > 0, rows
+    predicted, traced, note = prediction.figure(history).children
+    assert traced.x_range is predicted.x_range and prediction.differences(history) in note.text
+
+
+def test_a_profiled_kernel_is_classed_by_its_type_and_carries_the_executors_work_around_it():
+    from dtflab.tracing.profile import with_executor_time
+    from dtflab.tracing.step import OpTiming
+    from dtflab.train.planner.predicted_run import traced_kind
+
+    device, compute, collectives = dtflab.names.full("worker:0"), "tf_Compute/7", "collective_ops/9"
+    events = [OpTiming(device, "ExecutorState::Process", "tf_Compute", 0, 10, "runtime", compute),
+              OpTiming(device, "dense/MatMul:_MklMatMul", "tf_Compute", 1, 2, "compute", compute),
+              OpTiming(device, "gather:CollectiveGatherV2", "tf_Compute", 5, 1, "transfer", compute),
+              OpTiming(device, "gather:CollectiveGatherV2", "collective_ops", 5, 30, "transfer",
+                       collectives),
+              OpTiming(device, "CollectiveExecutor::RunClosure", "collective_ops", 6, 4, "transfer",
+                       collectives),
+              OpTiming(device, "ForwardValue:0", "collective_ops", 6, 3, "runtime", collectives),
+              OpTiming(device, "add:AddV2", "tf_Compute", 12, 1, "compute", compute)]
+    assert [traced_kind(event) for event in events] == [
+        None, "matrix", "collective", "collective", "collective", None, "elementwise"]
+    # a Session.run's step stats: the op's type, and the receiving side of a transfer
+    assert traced_kind(OpTiming(device, "dense/MatMul", "MatMul", 0, 1)) == "matrix"
+    assert traced_kind(OpTiming(device, "RecvTensor x:0", "RecvTensor", 0, 1, "transfer")) == "transfer"
+    spread = {(event.name, event.thread): (event.start_us, event.duration_us)
+              for event in with_executor_time(events)}
+    # the Process event's 10 us tiled by its two kernels, the 7 us between them shared evenly
+    assert spread["dense/MatMul:_MklMatMul", compute] == (0, 5.5)
+    assert spread["gather:CollectiveGatherV2", compute] == (5.5, 4.5)
+    # the collective thread's events and a kernel outside any Process event are kept as they are
+    assert spread["gather:CollectiveGatherV2", collectives] == (5, 30)
+    assert spread["add:AddV2", compute] == (12, 1)
 
 
 @pytest.mark.parametrize("layout, message", [

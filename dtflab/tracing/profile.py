@@ -8,6 +8,8 @@ returns each task's threads with the kernels they ran. That is what this module 
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import re
 import tempfile
 import threading
@@ -16,11 +18,10 @@ from pathlib import Path
 from dtflab import tf_private
 from dtflab._quiet import import_tf, quiet_fds
 from dtflab.errors import NotSupportedError
-from dtflab.tracing.step import OpTiming, StepTrace
+from dtflab.tracing.step import PROFILED_KERNEL, OpTiming, StepTrace
 
 NOISE = re.compile(r"^ThreadpoolListener::|^\$")
 TRANSFER = re.compile(r"Recv|Send|CopyToDevice|Collective", re.I)  # collectives move tensors too
-KERNEL = re.compile(r"^[\w./-]+:_?[A-Z]\w*$")  # TF names kernel events "op_name:OpType"
 
 
 def profile(cluster, fn, *args, duration_ms: int = 1000, **kwargs) -> StepTrace:
@@ -146,13 +147,57 @@ def read_xplane_files(files: dict[str, Path]) -> dict[str, list[OpTiming]]:
                     if NOISE.search(name):
                         continue
                     start_ns = line.timestamp_ns + event.offset_ps / 1000
-                    raw.append((device, name, line.name.split("/")[0], start_ns,
-                                event.duration_ps / 1e6))
+                    raw.append((device, name, line.name, start_ns, event.duration_ps / 1e6))
     t0 = min((r[3] for r in raw), default=0)
     timings: dict[str, list[OpTiming]] = {}
     for device, name, thread, start_ns, duration_us in raw:
         kind = ("transfer" if TRANSFER.search(name) else
-                "compute" if KERNEL.match(name) else "runtime")
-        timings.setdefault(device, []).append(
-            OpTiming(device, name, thread, (start_ns - t0) / 1000, duration_us, kind))
+                "compute" if PROFILED_KERNEL.match(name) else "runtime")
+        timings.setdefault(device, []).append(OpTiming(
+            device, name, thread.split("/")[0], (start_ns - t0) / 1000, duration_us, kind, thread))
     return timings
+
+
+#: The executor's event around the kernels it runs in a row on one thread.
+PROCESS = "ExecutorState::Process"
+
+
+def with_executor_time(timings: list[OpTiming]) -> list[OpTiming]:
+    """One device's profiled events with each kernel given its share of the executor's work
+    around it: the kernels one ``ExecutorState::Process`` event ran on its thread are laid end
+    to end across that event, each lengthened by an equal share of the time between them (the
+    executor's own per-op work, which the profiler records outside the kernels). Events of a
+    ``Session.run`` (no thread) and events outside a Process event are kept as they are."""
+    by_thread: dict[str, list[OpTiming]] = {}
+    for timing in timings:
+        by_thread.setdefault(timing.thread, []).append(timing)
+    kept = []
+    for thread, events in by_thread.items():
+        processes = sorted((t for t in events if t.name == PROCESS), key=lambda t: t.start_us)
+        if not thread or not processes:
+            kept += events
+            continue
+        inside: dict[int, list[OpTiming]] = {}
+        starts = [p.start_us for p in processes]
+        for timing in sorted(events, key=lambda t: t.start_us):
+            at = _within(processes, starts, timing) if PROFILED_KERNEL.match(timing.name) else None
+            if at is None:
+                kept.append(timing)
+            else:
+                inside.setdefault(at, []).append(timing)
+        for at, kernels in inside.items():
+            process, start = processes[at], processes[at].start_us
+            share = max(0.0, process.duration_us - sum(k.duration_us for k in kernels)) / len(kernels)
+            for kernel in kernels:
+                kept.append(dataclasses.replace(kernel, start_us=start,
+                                                duration_us=kernel.duration_us + share))
+                start += kernel.duration_us + share
+    return kept
+
+
+def _within(processes: list[OpTiming], starts: list[float], timing: OpTiming) -> int | None:
+    """The index of the Process event (sorted by ``starts``) that holds ``timing``, or None."""
+    at = bisect.bisect_right(starts, timing.start_us) - 1
+    if at >= 0 and timing.end_us <= processes[at].end_us + 1e-3:
+        return at
+    return None

@@ -80,6 +80,7 @@ class OpTiming:
     start_us: float
     duration_us: float
     kind: str = "compute"
+    thread: str = ""  # the profiler's thread (``tf_Compute/<id>``); a Session.run's: none
 
     @property
     def end_us(self) -> float:
@@ -200,6 +201,8 @@ class StepTrace:
         return chrome_trace(self, path)
 
 
+#: How TensorFlow's profiler names a kernel's event: ``op_name:OpType``.
+PROFILED_KERNEL = re.compile(r"^[\w./-]+:_?[A-Z]\w*$")
 #: Ops of the update that an all-reduce's result feeds (``name:type`` as the profiler names them).
 _UPDATE = re.compile(r"(^|/)(Adam|update_[^/]*)/|:ResourceApply|:(SplitV|Split|Reshape)$")
 

@@ -14,7 +14,7 @@ def figure(prediction, history, *, width: int = 900):
 
     if prediction.timeline is None:
         raise ValueError(f"{prediction.loop}: its prediction comes from the planner's formulas "
-                         f"and has no timeline; a graph loop's has one")
+                         f"and has no timeline; train.run_layout's has one")
     if getattr(history, "trace", None) is None:
         raise ValueError(f"{history.name}: no traced step to compare with; run it with "
                          f"trace_step=, e.g. trace_step=5")

@@ -86,20 +86,19 @@ def by_kind(predicted, traced) -> list[tuple[str, float, float]]:
     largest difference first: on each device every moment something runs is split evenly
     among the ops running then (threads and transfers overlap), each op's share counted to its
     kind, and the devices summed, so each side adds up to its devices' busy time. Traced ops
-    are classed as ``graph_ops.kind`` classes them (oneDNN's ``_Mkl`` and ``_Fused`` names
-    read as the op they stand for)."""
+    are classed by :func:`traced_kind`; a profiled worker program's kernels each carry their
+    share of the executor's work around them (``tracing.profile.with_executor_time``), as a
+    simulated op's cost does."""
+    from dtflab.tracing.profile import with_executor_time
+
     def shares(trace):
         total = {}
         for timings in trace.timings.values():
             events = []
-            for timing in timings:
-                if timing.kind == "compute":
-                    kind = graph_ops.kind(timing.op.replace("_Mkl", "").replace("_Fused", ""))
-                elif timing.kind == "transfer":
-                    kind = "transfer"
-                else:
-                    continue
-                events += [(timing.start_us, 1, kind), (timing.end_us, -1, kind)]
+            for timing in with_executor_time(timings):
+                kind = traced_kind(timing)
+                if kind is not None:
+                    events += [(timing.start_us, 1, kind), (timing.end_us, -1, kind)]
             running, last = {}, None
             for at, change, kind in sorted(events, key=lambda e: (e[0], e[1])):
                 count = sum(running.values())
@@ -114,6 +113,29 @@ def by_kind(predicted, traced) -> list[tuple[str, float, float]]:
     rows = [(kind, ours.get(kind, 0.0), theirs.get(kind, 0.0)) for kind in executor.KINDS
             if kind in ours or kind in theirs]
     return sorted(rows, key=lambda row: -abs(row[1] - row[2]))
+
+
+def traced_kind(timing) -> str | None:
+    """The price class of one traced event, None for the runtime's own. A ``Session.run``'s
+    step stats give an op's type (``MatMul``) or a transfer; the profiler's events of a worker
+    program name a kernel ``name:Type`` (a collective's: its start on the executor's thread,
+    its exchange on the collective thread, each named so, waits for the peer included), its
+    collective executor's events name a collective, and its other events are the runtime's.
+    oneDNN's ``_Mkl`` and ``_Fused`` names read as the op they stand for."""
+    from dtflab.tracing.step import PROFILED_KERNEL
+
+    if timing.kind not in ("compute", "transfer"):
+        return None
+    op = timing.op
+    if PROFILED_KERNEL.match(timing.name):
+        op = timing.name.split(":")[1]
+        if timing.kind == "transfer" and graph_ops.kind(op) != "collective":
+            return "transfer"  # a _Recv's kernel
+    elif timing.thread and "Collective" in timing.name:  # the collective executor's own
+        return "collective"
+    elif timing.kind == "transfer":
+        return "transfer"
+    return graph_ops.kind(op.replace("_Mkl", "").replace("_Fused", ""))
 
 
 def timeline(predicted: executor.Predicted):
@@ -233,14 +255,17 @@ def program_prediction(problem, layout: Layout, machine, memory: dict, loop: str
     seconds = simulated.seconds + call
     if layout.zero == 0:
         parts["collective"] = pack_seconds(problem, machine, layout.data)
+        simulated.spans += [(f"worker:{i}", "all-reduce of the gradients", "CollectiveReduceV2",
+                             "collective", simulated.seconds,
+                             simulated.seconds + parts["collective"]) for i in range(layout.data)]
         seconds += parts["collective"]
     parts["total"] = seconds
     source = ("each worker's own step function traced and simulated, and the programs' "
               "measured costs a call and a collective" if layout.zero else
               "a copy of the graph a worker, simulated, one all-reduce of its gradients, and "
               "the programs' measured costs a call and a collective")
-    # no timeline: a worker program's traced step is the profiler's host events, not ops
-    return Prediction(loop, seconds, parts, memory, source)
+    return Prediction(loop, seconds, parts, memory, source,
+                      timeline(dataclasses.replace(simulated, seconds=seconds)))
 
 
 def with_program_costs(machine, cluster):
