@@ -167,6 +167,14 @@ def test_a_profiled_kernel_is_classed_by_its_type_and_carries_the_executors_work
     # the collective thread's events and a kernel outside any Process event are kept as they are
     assert spread["gather:CollectiveGatherV2", collectives] == (5, 30)
     assert spread["add:AddV2", compute] == (12, 1)
+    # by kind: a collective in flight counts only where no kernel runs (10-12 and 13-35 us)
+    from dtflab.tracing.step import StepTrace
+    from dtflab.train.planner.predicted_run import by_kind
+
+    traced = StepTrace(None, {}, [], [], {device: events}, 35)
+    rows = {kind: theirs * 1e3 for kind, _, theirs in by_kind(StepTrace(None, {}, [], [], {}, 0),
+                                                                traced)}
+    assert rows == pytest.approx({"matrix": 5.5, "collective": 4.5 + 2 + 22, "elementwise": 1})
 
 
 @pytest.mark.parametrize("layout, message", [

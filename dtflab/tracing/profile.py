@@ -160,6 +160,15 @@ def read_xplane_files(files: dict[str, Path]) -> dict[str, list[OpTiming]]:
 
 #: The executor's event around the kernels it runs in a row on one thread.
 PROCESS = "ExecutorState::Process"
+#: The thread TensorFlow runs a collective's exchange on, from its start to its end.
+COLLECTIVE_THREAD = "collective_ops"
+
+
+def in_flight(timing: OpTiming) -> bool:
+    """Whether ``timing`` is a collective in flight: an event of the collective thread, which
+    spans the exchange and any wait for its peers (nested events for one collective, and
+    several collectives at once), not a thread's work."""
+    return timing.thread.split("/")[0] == COLLECTIVE_THREAD
 
 
 def with_executor_time(timings: list[OpTiming]) -> list[OpTiming]:

@@ -86,10 +86,12 @@ def by_kind(predicted, traced) -> list[tuple[str, float, float]]:
     largest difference first: on each device every moment something runs is split evenly
     among the ops running then (threads and transfers overlap), each op's share counted to its
     kind, and the devices summed, so each side adds up to its devices' busy time. Traced ops
-    are classed by :func:`traced_kind`; a profiled worker program's kernels each carry their
+    are classed by :func:`traced_kind`. A profiled worker program's kernels each carry their
     share of the executor's work around them (``tracing.profile.with_executor_time``), as a
-    simulated op's cost does."""
-    from dtflab.tracing.profile import with_executor_time
+    simulated op's cost does; its collectives in flight on the collective thread (a wait for
+    the other worker among them) count only in moments when no kernel runs: the step waiting
+    on them."""
+    from dtflab.tracing.profile import in_flight, with_executor_time
 
     def shares(trace):
         total = {}
@@ -98,14 +100,16 @@ def by_kind(predicted, traced) -> list[tuple[str, float, float]]:
             for timing in with_executor_time(timings):
                 kind = traced_kind(timing)
                 if kind is not None:
-                    events += [(timing.start_us, 1, kind), (timing.end_us, -1, kind)]
-            running, last = {}, None
-            for at, change, kind in sorted(events, key=lambda e: (e[0], e[1])):
-                count = sum(running.values())
+                    side = "waits" if in_flight(timing) else "work"
+                    events += [(timing.start_us, 1, kind, side), (timing.end_us, -1, kind, side)]
+            running, last = {"work": {}, "waits": {}}, None
+            for at, change, kind, side in sorted(events, key=lambda e: (e[0], e[1])):
+                now = running["work"] if sum(running["work"].values()) else running["waits"]
+                count = sum(now.values())
                 if last is not None and count:
-                    for name, n in running.items():
+                    for name, n in now.items():
                         total[name] = total.get(name, 0.0) + (at - last) * n / count / 1e3
-                running[kind] = running.get(kind, 0) + change
+                running[side][kind] = running[side].get(kind, 0) + change
                 last = at
         return total
 
