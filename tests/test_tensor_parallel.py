@@ -2,6 +2,9 @@
 sends counted at the transport against the formula, the sums in a traced step, stragglers (Stop
 and a dead worker: ``test_every_loop.py``)."""
 
+import os
+import signal
+import threading
 
 import numpy as np
 import pytest
@@ -81,6 +84,38 @@ def test_bytes_each_worker_sends_are_the_formulas_counted_at_the_transport(clust
         predicted = sum(formula[worker].values())
         assert predicted <= sent[source, destination] <= 1.05 * predicted
         assert sent.get((source, "worker:2"), 0) < 0.01 * predicted  # the third worker idles
+
+
+class FreezeOnce(train.Callback):
+    """After step ``at``, stops ``task`` (SIGSTOP) for ``seconds``: the next step stalls."""
+
+    def __init__(self, cluster, task, at, seconds):
+        self.pid = next(t.pid for t in cluster.tasks if t.name == task)
+        self.at, self.seconds, self.thaw = at, seconds, None
+
+    def on_step(self, history, record):
+        if record.step == self.at:
+            os.kill(self.pid, signal.SIGSTOP)
+            self.thaw = threading.Timer(self.seconds, os.kill, (self.pid, signal.SIGCONT))
+            self.thaw.start()
+
+    def on_run_end(self, history):
+        if self.thaw is not None:
+            self.thaw.cancel()
+        os.kill(self.pid, signal.SIGCONT)
+
+
+def test_a_step_the_watchdog_ran_again_is_left_out_of_the_bytes_per_step(cluster):
+    problem = train.classification(width=WIRE_WIDTH, batch_size=512, hidden_layers=3)
+    wire = train.WireBytes(after_step=2, steps=6)
+    freeze = FreezeOnce(cluster, "worker:1", at=4, seconds=2.0)
+    history = train.tensor_parallel(problem, cluster, ways=2, steps=12, callbacks=[freeze, wire],
+                                    watchdog=train.Watchdog(floor_s=0.5, retries=10))
+    assert "recovered" in {stall.outcome for stall in history.stalls}, history.stalls
+    assert wire.skipped >= 1
+    predicted = sum(costs.tensor_parallel_bytes(2, 512, problem.layers)[0].values())
+    sent = wire.per_step.sent_by()["worker:0"]
+    assert predicted <= sent <= 1.05 * predicted, sent / predicted
 
 
 def test_the_traced_step_shows_the_partial_outputs_crossing_to_the_sums(cluster):

@@ -101,3 +101,36 @@ def test_bytes_the_kernel_sent_again_are_counted_apart_from_what_the_program_sen
     sent, again = map(int, done.stdout.split())
     assert again > 0  # the firewall dropped some: the kernel sent them again
     assert sent == 2_000_000
+
+
+def test_wire_bytes_per_step_leave_out_a_step_the_watchdog_ran_again(monkeypatch):
+    """Step 5 stalls and runs again on a new session, so its 100 bytes cross twice: counted
+    over the window, that step would read as 200 (a real one: ``test_tensor_parallel.py``)."""
+    from types import SimpleNamespace
+
+    from dtflab import train
+    from dtflab.network import transport
+
+    total = {"sent": 0}
+    monkeypatch.setattr(transport, "cluster_snapshot", lambda cluster: transport.WireSnapshot(
+        {("worker:0", "worker:1"): total["sent"]}))
+    history = SimpleNamespace(cluster="a cluster", stalls=[])
+    wire = train.WireBytes(after_step=2, steps=6)
+    wire.on_run_start(history)
+    for step in range(12):
+        total["sent"] += 100
+        if step == 5:
+            total["sent"] += 100
+            history.stalls.append("the run stalled at step 5; recovered")
+        wire.on_step(history, SimpleNamespace(step=step))
+    wire.on_run_end(history)
+    assert wire.per_step.sent == {("worker:0", "worker:1"): 100}
+    assert wire.skipped == 1
+    # a run that ends inside the window is counted over the steps it had
+    short = train.WireBytes(after_step=2, steps=6)
+    short.on_run_start(history)
+    for step in range(12, 16):
+        total["sent"] += 100
+        short.on_step(history, SimpleNamespace(step=step))
+    short.on_run_end(history)
+    assert short.per_step.sent == {("worker:0", "worker:1"): 100} and short.skipped == 0

@@ -109,6 +109,10 @@ class WireSnapshot:
         return WireSnapshot(_minus(self.sent, earlier.sent),
                             _minus(self.retransmitted, earlier.retransmitted))
 
+    def __add__(self, other: "WireSnapshot") -> "WireSnapshot":
+        return WireSnapshot(_plus(self.sent, other.sent),
+                            _plus(self.retransmitted, other.retransmitted))
+
     def scaled(self, factor: float) -> "WireSnapshot":
         return WireSnapshot({key: value * factor for key, value in self.sent.items()},
                             {key: value * factor for key, value in self.retransmitted.items()})
@@ -130,6 +134,10 @@ class WireSnapshot:
 
 def _minus(later: dict, earlier: dict) -> dict:
     return {key: later.get(key, 0) - earlier.get(key, 0) for key in set(later) | set(earlier)}
+
+
+def _plus(one: dict, other: dict) -> dict:
+    return {key: one.get(key, 0) + other.get(key, 0) for key in set(one) | set(other)}
 
 
 def snapshot(pids: dict[str, int]) -> WireSnapshot:

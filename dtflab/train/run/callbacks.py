@@ -32,9 +32,13 @@ class WireBytes(Callback):
     In [2]: train.sync_data_parallel(problem, cluster, callbacks=[wire])
     In [3]: wire.per_step.sent_by()       # {'ps:0': 9.1e6, 'worker:0': 4.6e6, ...}
 
-    ``per_step`` is a ``WireSnapshot`` (``None`` if the run ended before the window did);
-    ``cluster`` defaults to the one the run trains on. The counters are read between steps:
-    ``all_reduce`` holds its workers while they are (``between_steps``).
+    ``per_step`` is a ``WireSnapshot`` (``None`` if the run ended before a step was counted);
+    ``cluster`` defaults to the one the run trains on. The counters are read after every step
+    of the window: ``all_reduce`` holds its workers while they are (``between_steps``).
+
+    A step the watchdog saw stall is left out (``skipped`` counts them), and the window runs
+    that many steps longer: a stalled step is run again on a new session, or from a checkpoint,
+    so its bytes cross twice, or partly. A run that ends first is counted over the steps it had.
     """
 
     between_steps = True
@@ -42,22 +46,36 @@ class WireBytes(Callback):
     def __init__(self, cluster=None, *, after_step: int = 2, steps: int = 10):
         self.cluster, self.after_step, self.steps = cluster, after_step, steps
         self.per_step = None
-        self._first = None
+        self.skipped = 0
+        self._last = None  # (step, snapshot, stalls so far) at the last step counted
+        self._counted, self._counted_steps = None, 0
 
     def on_run_start(self, history) -> None:
         self.cluster = self.cluster or history.cluster
-        self.per_step, self._first = None, None
+        self.per_step, self.skipped = None, 0
+        self._last, self._counted, self._counted_steps = None, None, 0
         if self.cluster is None:
             raise ValueError("WireBytes needs a cluster: this run trains in one process; "
                              "pass WireBytes(cluster)")
 
     def on_step(self, history, record) -> None:
-        if self.per_step is not None or record.step < self.after_step:
+        if self._counted_steps >= self.steps or record.step < self.after_step:
             return  # every record of the run passes here: return before anything else
         from dtflab.network.transport import cluster_snapshot
 
-        if self._first is None:
-            self._first = (record.step, cluster_snapshot(self.cluster))
-        elif record.step >= self._first[0] + self.steps:
-            step, first = self._first
-            self.per_step = (cluster_snapshot(self.cluster) - first).scaled(1 / (record.step - step))
+        now = (record.step, cluster_snapshot(self.cluster), len(history.stalls))
+        if self._last is not None:
+            step, before, stalls = self._last
+            if now[2] == stalls:
+                since = now[1] - before
+                self._counted = since if self._counted is None else self._counted + since
+                self._counted_steps += record.step - step
+            else:
+                self.skipped += record.step - step
+        self._last = now
+        if self._counted_steps >= self.steps:
+            self.on_run_end(history)
+
+    def on_run_end(self, history) -> None:
+        if self._counted_steps:
+            self.per_step = self._counted.scaled(1 / self._counted_steps)
