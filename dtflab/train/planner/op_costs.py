@@ -38,6 +38,39 @@ def median_run(session, fetch, repeats: int) -> float:
     return statistics.median(times)
 
 
+def interleaved(target, steps: dict, rounds: int) -> dict:
+    """Seconds of each of ``steps`` (``{key: (graph, fetch, init)}``), each run once a round
+    for ``rounds`` rounds, every session open throughout: ``{key: [seconds a round]}``. The
+    difference of two keys is then taken round by round, so the machine's drift while they
+    are timed falls on both: an element-wise op's fixed cost read 1.1 to 4.9 us in four
+    calibrations a minute apart, timed one step after the other, and 0.8 to 1.1 interleaved.
+    Steps whose tensors cross between tasks are not timed so: interleaved, a trip read ten
+    times its time alone (3 ms against 0.3)."""
+    import contextlib
+    import time
+
+    with contextlib.ExitStack() as stack:
+        sessions = {}
+        for key, (graph, fetch, init) in steps.items():
+            session = stack.enter_context(timing_session(target, graph))
+            if init is not None:
+                session.run(init)
+            session.run(fetch)  # allocates and picks its kernels
+            sessions[key] = (session, fetch)
+        times = {key: [] for key in steps}
+        for _ in range(rounds):
+            for key, (session, fetch) in sessions.items():
+                start = time.perf_counter()
+                session.run(fetch)
+                times[key].append(time.perf_counter() - start)
+    return times
+
+
+def median_difference(times: dict, more, less) -> float:
+    """The median over rounds of ``times[more] - times[less]`` (:func:`interleaved`'s)."""
+    return statistics.median(a - b for a, b in zip(times[more], times[less]))
+
+
 #: The op that stands for each price class (``planner.graph_ops.kind``) when its cost is
 #: timed: ``make(tf, x)`` of a float32 tensor ``x`` (rows x 128), and the bytes it reads and
 #: writes as ``graph_ops.step_ops`` counts them, in units of ``x``'s bytes.
@@ -66,16 +99,16 @@ CACHE_SPAN = ROWS // CACHED_ROWS
 def op_costs(target, device, repeats: int) -> tuple[dict, dict]:
     """Each price class's ``(fixed seconds, seconds a byte)`` on one task: a chain of its op
     (each after the last; 200 on a 1-row tensor, 16 on a :data:`ROWS` x 128 one, 64 on a
-    :data:`CACHED_ROWS` one), less a step
-    of none, per op (``CLASSES``; the update class: Adam's fused update of a variable); and
+    :data:`CACHED_ROWS` one), less a step of none in the same round (:func:`interleaved`), per
+    op (``CLASSES``; the update class: Adam's fused update of a variable); and
     ``{class: (bytes, seconds a byte)}`` on a :data:`CACHED_ROWS` x 128 one, for the
     element-wise classes (``Hardware.cached``). A multiply's fixed cost is a 1 x 1 multiply's;
     its arithmetic is priced by its rate."""
     tf = import_tf()
 
     def per_op(make, n: int) -> float:
-        times = {}
         chain = 200 if n == 1 else 64 if n == CACHED_ROWS else 16
+        steps = {}
         for count in (0, chain):
             graph = tf.Graph()
             with graph.as_default(), tf.device(device):
@@ -90,10 +123,9 @@ def op_costs(target, device, repeats: int) -> tuple[dict, dict]:
                         last = last if hasattr(last, "type") else last.op
                 fetch = tf.group(last)
                 init = tf.compat.v1.global_variables_initializer()
-            with timing_session(target, graph) as session:
-                session.run(init)
-                times[count] = median_run(session, fetch, 3 * repeats)
-        return max((times[chain] - times[0]) / chain, 0.0)
+            steps[count] = (graph, fetch, init)
+        times = interleaved(target, steps, 3 * repeats)
+        return max(median_difference(times, chain, 0) / chain, 0.0)
 
     costs, cached = {}, {}
     for name, (make, share) in CLASSES.items():
