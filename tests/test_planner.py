@@ -163,3 +163,13 @@ def test_the_configuration_map_is_legible_a_scale_labels_that_contrast_and_a_tit
     assert titles[1] == f"64 devices of {plans.hardware.name}"
     # at the title's 13 px bold, a character is at most about 8 px: each line fits the 560 px
     assert all(8 * len(text) < figure.width for text in titles), titles
+
+
+def test_a_trips_figures_are_each_the_median_of_three_calls():
+    from dtflab.train.planner import calibration
+
+    calls = iter([{"transfer": (3e-4, 9e-10), "task": (1e-3, 0.0)},
+                  {"transfer": (5e-4, 6e-10), "task": (2e-3, 0.0)},
+                  {"transfer": (4e-4, 7e-10), "task": (9e-4, 0.0)}])
+    assert calibration._median_of(lambda: next(calls)) == {"transfer": (4e-4, 7e-10),
+                                                           "task": (1e-3, 0.0)}

@@ -30,7 +30,7 @@ of none, per op: its fixed cost included, as a run's ops pay it, and no tracing'
 
 Every task runs on this machine, so one node holds them all and its link is the loopback. The
 tasks share the machine's cores: what a task's multiply reaches with every task multiplying is
-what a run's device gets. About 25 s on 2 cores.
+what a run's device gets. About 35 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -54,6 +54,9 @@ ALONE_SIZES = (32, 64, 128, 256, 512, 1024)
 #: The op charges the step-time model makes for a block (``planner.step_time.block_ops``: 12
 #: ops forward, each again backward).
 MODELLED_OPS_PER_BLOCK = 2 * 12
+#: How many times the trips between tasks are measured, the median kept (``transfer``,
+#: ``task``, ``transfer_cores``): about 4 s each.
+TRIES = 3
 
 
 def calibrate(cluster, *, repeats: int = 5) -> Hardware:
@@ -99,11 +102,22 @@ def calibrate(cluster, *, repeats: int = 5) -> Hardware:
     # (the multiplies were timed with every task at once and carry it already)
     # an element-wise op's bytes cost what the block's did: bytes x traffic / bandwidth
     costs, cached = op_costs(target, devices[0], repeats)
+    trips = _median_of(lambda: hops(target, devices[:2], repeats))
+    on_cores = (statistics.median(trip_on_cores(target, devices[:2]) for _ in range(TRIES))
+                if cpus() >= 2 else 1.0)
     return replace(hardware, per_op_s=per_op * sharing,
                    vector_traffic=max(seconds_per_byte * bandwidth, 1e-3) * sharing,
-                   op_costs={**costs, **hops(target, devices[:2], repeats)}, cached=cached,
-                   transfer_cores=trip_on_cores(target, devices[:2]) if cpus() >= 2 else 1.0)
+                   op_costs={**costs, **trips}, cached=cached, transfer_cores=on_cores)
 
+
+def _median_of(measure) -> dict:
+    """Each figure of ``measure()`` (``{name: (seconds, seconds a byte)}``), the median of
+    :data:`TRIES` calls: a trip between tasks, timed one step after another, moves from one
+    call to the next (its fixed cost 305-524 us, its cost a byte 655-931 ps, its share on a
+    core 0.59-0.96, in six calls in a row)."""
+    found = [measure() for _ in range(TRIES)]
+    return {name: tuple(statistics.median(one[name][i] for one in found)
+                        for i in range(len(found[0][name]))) for name in found[0]}
 
 
 def _chain_graph(devices, make, count: int):
