@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 
 class Callback:
     """Called by every loop. Methods run in the loop's thread (a worker's thread for async):
@@ -47,6 +49,7 @@ class WireBytes(Callback):
         self.cluster, self.after_step, self.steps = cluster, after_step, steps
         self.per_step = None
         self.skipped = 0
+        self._lock = threading.Lock()
         self._last = None  # (step, snapshot, stalls so far) at the last step counted
         self._counted, self._counted_steps = None, 0
 
@@ -63,18 +66,19 @@ class WireBytes(Callback):
             return  # every record of the run passes here: return before anything else
         from dtflab.network.transport import cluster_snapshot
 
-        now = (record.step, cluster_snapshot(self.cluster), len(history.stalls))
-        if self._last is not None:
-            step, before, stalls = self._last
-            if now[2] == stalls:
-                since = now[1] - before
-                self._counted = since if self._counted is None else self._counted + since
-                self._counted_steps += record.step - step
-            else:
-                self.skipped += record.step - step
-        self._last = now
-        if self._counted_steps >= self.steps:
-            self.on_run_end(history)
+        with self._lock:  # an asynchronous loop's workers each call from their own thread
+            now = (record.step, cluster_snapshot(self.cluster), len(history.stalls))
+            if self._last is not None:
+                step, before, stalls = self._last
+                if now[2] == stalls:  # the segments' steps add up to the last step less the first
+                    since = now[1] - before
+                    self._counted = since if self._counted is None else self._counted + since
+                    self._counted_steps += record.step - step
+                else:
+                    self.skipped += record.step - step
+            self._last = now
+            if self._counted_steps >= self.steps:
+                self.on_run_end(history)
 
     def on_run_end(self, history) -> None:
         if self._counted_steps:
