@@ -23,7 +23,7 @@ import pytest
 
 import binder_limits
 from binder_limits import Limits
-from conftest import not_here
+from conftest import not_here, wait_until
 from notebook_runs import GROUP_PREFIX, JOIN, RUN_TAG, in_a_notebook, leftovers_by_tag, tagged
 
 TESTS = Path(__file__).parent
@@ -136,7 +136,10 @@ def test_without_a_cgroup_what_a_kernel_left_is_found_by_the_tag_in_its_environm
     done = subprocess.run([sys.executable, "-c", LEAVES_ONE], env={**os.environ, RUN_TAG: name},
                           capture_output=True, text=True, timeout=60, check=True)
     sleeper = int(done.stdout)
-    assert tagged(name) == [sleeper] and in_a_notebook(sleeper)
+    # Popen returns once the child has exec'd, a moment before the kernel shows its new
+    # environment in /proc (read empty in one CI run)
+    assert wait_until(lambda: tagged(name) == [sleeper]), tagged(name)
+    assert in_a_notebook(sleeper)
     left = leftovers_by_tag(name, grace_s=0.5)
     assert [line.split()[0] for line in left] == [str(sleeper)]
     deadline = time.monotonic() + 10
