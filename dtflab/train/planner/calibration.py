@@ -35,7 +35,6 @@ what a run's device gets. About 35 s on 2 cores.
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from dataclasses import replace
@@ -44,8 +43,8 @@ from dtflab import checks, names
 from dtflab._quiet import import_tf
 from dtflab.machine import cpus
 from dtflab.train.planner.hardware import Hardware, Link
-from dtflab.train.planner.op_costs import (hops, median_run, op_costs, timing_session,
-                                           trip_on_cores)
+from dtflab.train.planner.op_costs import (hops, interleaved, median_run, op_costs,
+                                           timing_session, trip_on_cores)
 
 SIZES = (256, 512, 1024)
 #: The multiplies timed on one task alone, for ``Hardware.matrix_rates`` (a block's attention
@@ -158,26 +157,15 @@ def _kept_together(target, busy, make, repeats: int, chain: int = 8) -> float:
     the rounds' ratios is kept, so the machine's drift between the two falls on both. What it
     cannot remove: another program on the machine while it runs (a multiply's ratio read
     0.54-1.0 timed apart, 0.53-0.98 paired, in the benchmark's rounds minutes apart)."""
-    steps = {}
-    with contextlib.ExitStack() as stack:
-        for who, devices in (("alone", busy[:1]), ("together", busy)):
-            for count in (0, chain):
-                graph, fetch, init = _chain_graph(devices, make, count)
-                session = stack.enter_context(timing_session(target, graph))
-                session.run(init)
-                session.run(fetch)  # allocates and picks its kernels
-                steps[who, count] = (session, fetch)
-        ratios = []
-        for _ in range(2 * repeats):
-            took = {}
-            for key, (session, fetch) in steps.items():
-                start = time.perf_counter()
-                session.run(fetch)
-                took[key] = time.perf_counter() - start
-            alone = took["alone", chain] - took["alone", 0]
-            together = took["together", chain] - took["together", 0]
-            if alone > 0 and together > 0:
-                ratios.append(alone / together)
+    times = interleaved(target, {(who, count): _chain_graph(devices, make, count)
+                                 for who, devices in (("alone", busy[:1]), ("together", busy))
+                                 for count in (0, chain)}, 2 * repeats)
+    ratios = []
+    for round_ in range(2 * repeats):
+        alone = times["alone", chain][round_] - times["alone", 0][round_]
+        together = times["together", chain][round_] - times["together", 0][round_]
+        if alone > 0 and together > 0:
+            ratios.append(alone / together)
     return min(1.0, statistics.median(ratios)) if ratios else 1.0
 
 

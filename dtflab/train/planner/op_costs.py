@@ -45,7 +45,7 @@ def interleaved(target, steps: dict, rounds: int) -> dict:
     are timed falls on both: an element-wise op's fixed cost read 1.1 to 4.9 us in four
     calibrations a minute apart, timed one step after the other, and 0.8 to 1.1 interleaved.
     Not timed so: steps whose tensors cross between tasks (interleaved, a trip read ten times
-    its time, 3 ms against 0.3), and ``calibration``'s multiplies (interleaved, a 256 x 256
+    its time, 3 ms against 0.3), and ``calibration``'s multiply rates (interleaved, a 256 x 256
     one read 96-112 GFLOP/s where one step after the other read 54-90, and a tensor-parallel
     run's multiplies were priced 15-40% fast)."""
     import contextlib
