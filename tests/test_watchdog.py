@@ -236,8 +236,8 @@ def test_a_synchronous_step_whose_update_ran_before_its_session_closed_is_not_ap
     real = sessions.run_step
     calls, lost = [], []
 
-    def run_step(session, fetch, feed, cluster, options=None):
-        result = real(session, fetch, feed, cluster, options)
+    def run_step(session, fetch, feed, cluster, options=None, ran=None):
+        result = real(session, fetch, feed, cluster, options, ran)
         calls.append(session)
         if len(calls) == 41:  # step 40 (no step is traced)
             lost.append(session)
@@ -253,6 +253,37 @@ def test_a_synchronous_step_whose_update_ran_before_its_session_closed_is_not_ap
     assert lost, "step 40 was never lost"
     assert [stall.outcome for stall in towers.stalls] == ["recovered"]
     assert towers.steps == 60
+    one = train.single(problem, steps=60)
+    drift = max(abs(a.loss - b.loss) for a, b in zip(one.records, towers.records))
+    assert drift < 1e-6, f"the towers left one process's curve by {drift:.1e} (step 40 twice?)"
+
+
+def test_a_step_whose_reply_was_lost_to_a_transient_unavailable_is_not_applied_again(
+        start_cluster, monkeypatch):
+    """A synchronous step is run again after a transient Unavailable (``run_step``), which
+    can come after its update ran on the servers, its reply lost. Here step 40's update runs,
+    then its ``session.run`` raises Unavailable as a dropped connection would: the retry reads
+    the servers' count of applied steps and takes the kept fetch instead of a second update."""
+    import tensorflow as tf
+
+    real = tf.compat.v1.Session.run
+    steps, lost = [], []
+
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+        result = real(self, fetches, feed_dict, options, run_metadata)
+        if isinstance(fetches, dict) and "loss" in fetches and feed_dict:
+            steps.append(self)
+            if len(steps) == 41 and not lost:  # step 40 (no step is traced)
+                lost.append(self)
+                raise tf.errors.UnavailableError(None, None, "Socket closed (injected)")
+        return result
+
+    monkeypatch.setattr(tf.compat.v1.Session, "run", run)
+    problem = train.exp_regression()
+    towers = train.sync_data_parallel(problem, start_cluster(3), steps=60)
+    assert lost, "step 40's reply was never lost"
+    assert towers.steps == 60 and not towers.failures, towers.failures
+    assert len(steps) == 60, f"{len(steps)} steps ran for 60 (step 40 twice?)"
     one = train.single(problem, steps=60)
     drift = max(abs(a.loss - b.loss) for a, b in zip(one.records, towers.records))
     assert drift < 1e-6, f"the towers left one process's curve by {drift:.1e} (step 40 twice?)"

@@ -117,14 +117,20 @@ def dead_task(cluster) -> tuple[str, int] | None:
     return None
 
 
-def run_step(session, fetch, feed, cluster, options=None):
+def run_step(session, fetch, feed, cluster, options=None, ran=None):
     """``session.run``, retried while the cluster says every task is alive (a transient
-    Unavailable after a restart); a failure with a dead task is raised at once."""
+    Unavailable after a restart); a failure with a dead task is raised at once. ``ran()``,
+    where given (:meth:`StepOnce.ran`), is asked before each retry whether the step's update
+    ran before its error: its fetch is then returned, and the step not run twice."""
     tf = import_tf()
     deadline = time.monotonic() + TRANSIENT_RETRY_S
     pause = 0.2
+    retry = False
     while True:
         try:
+            if retry and ran is not None and (fetched := ran()) is not None:
+                return fetched
+            retry = True
             return session.run(fetch, feed, options=options)
         except tf.errors.UnavailableError:
             if dead_task(cluster) is not None or time.monotonic() + pause > deadline:
@@ -202,7 +208,8 @@ class SessionSteps:
             if step == self.trace_step:
                 fetched = self._traced(feed, options)
             else:
-                fetched = run_step(self.session, self.once.fetch, feed, self.cluster, options)
+                fetched = run_step(self.session, self.once.fetch, feed, self.cluster, options,
+                                   ran=lambda: self.once.ran(self.session, self._applied))
         except (tf.errors.OpError, RuntimeError) as error:  # RuntimeError: a closed session
             stall, self._stall = self._stall, None
             if stall_behind(error, stall, self.cluster, self.watch, "all") is not None:
