@@ -288,7 +288,7 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
     row: ``dtflab.plan(...).best``), the loop chosen from its ways (see ``loop_for``), with
     the step predicted before it runs on ``hardware`` (``"here"``: ``cluster`` calibrated
     once, about 35 s, and the worker programs' costs the first time one is predicted, about
-    13 s; or a Hardware) into ``history.prediction``. ``options`` are the loop's
+    40 s; or a Hardware) into ``history.prediction``. ``options`` are the loop's
     (``steps``, ``trace_step``, ...); a worker program's ``threads`` are the cluster's
     (:func:`program_threads`) unless given."""
     checks.cluster(cluster)
