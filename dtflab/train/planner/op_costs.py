@@ -271,9 +271,10 @@ def program_costs(hardware: Hardware, graph_seconds, pack_seconds, *, steps: int
     (``graph_seconds(problem, stage, hardware)``; stage 0, all-reduce's, with its pack,
     ``pack_seconds(problem, hardware)``) plus ``call`` comes nearest its median step in
     relative error: one cost for both searched (:func:`search`), then each in turn, ``call``
-    solved for each pair. A probe's step is the median of ``steps`` - 2: at 14 steps, four
-    probes timed four times apart read ZeRO 2 at 49.4-60.4 ms and all-reduce at 11.4-14.2; at
-    40, 50.2-52.8 and 11.1-13.0, for 2 s more (a program's start takes most of its time)."""
+    solved for each pair. A probe's step is the median of its ``steps`` after the first two
+    (``median_step_s``): at 14 steps, four probes timed four times apart read ZeRO 2 at
+    49.4-60.4 ms and all-reduce at 11.4-14.2; at 40, 50.2-52.8 and 11.1-13.0, for 2 s more (a
+    program's start takes most of its time)."""
     from dtflab.train.problems import transformer
     from dtflab.train.strategies.all_reduce import all_reduce
     from dtflab.train.strategies.zero import zero
