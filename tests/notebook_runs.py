@@ -7,8 +7,9 @@ solved (``learner_then_solved``), and, where this machine allows it (root, and c
 its first instruction and every task, fork server and Dask worker it starts. What outlived the
 kernel is counted in that cgroup, or without one by the tag in the kernel's environment
 (``RUN_TAG``). The executions start with the test run, one at a time in the
-background (their cgroup's CPU weight at the minimum: they take the CPU time the other
-tests leave idle, about half of two cores, and yield it the moment a test wants it); once the
+background (their cgroup's CPU weight an eighth of a test's, ``binder_limits.SHARES``: they take
+the CPU time the other tests leave idle, about half of two cores, and yield nearly all of it the
+moment a test wants it, keeping enough for TensorFlow's heartbeats); once the
 first test that reads one asks (``NotebookRuns.get``), two run at a time at full shares, each
 on its one CPU's worth. The notebook tests read the executed notebooks, the Binder tests their
 peaks and CPU seconds, and the site renders them (``build/notebooks/``): no tier executes a
@@ -54,7 +55,7 @@ JOIN = Path(__file__).with_name("join_cgroup.py")
 #: budget. 01 and 03 compare a distributed toy with one process, by factors a busy loop cannot
 #: reverse (both ran so twice, and held). 13 held so alone (worker 1 at 1.080 of its bytes
 #: formula, once the transport counts a segment sent again apart: 1.109 in CI-9, one loopback
-#: segment's 44 KB), but beside the tests too, at the least CPU weight, its expert run's first
+#: segment's 44 KB), but beside the tests too, at the background's CPU weight, its expert run's first
 #: step outran the 30 s a first step has (CI-10), and its 1.5 minutes more put the run past 25.
 UNDER_LOAD = {f"ja/{name}.ipynb" for name in ("04_async_parameter_servers",
                                                "09_pipeline_parallelism")}
@@ -71,7 +72,7 @@ class Run:
     seconds: float  # wall seconds; more than on Binder where it began in the background
     error: str | None = None
     cpu_s: float | None = None  # CPU seconds, all the cgroup's processes: what one CPU needs at least
-    background: bool = False  # began while the other tests ran, at the least CPU weight
+    background: bool = False  # began while the other tests ran, at the background's CPU weight
     cgroup_peak_mb: int | None = None
     limit_hits: int | None = None
     oom_kills: int | None = None
@@ -290,7 +291,7 @@ class NotebookRuns:
 
 
 class _Pace:
-    """How fast the executor goes: one notebook at a time at the least CPU weight until the
+    """How fast the executor goes: one notebook at a time at the background's CPU weight until the
     file ``FLAG`` appears in its folder, then ``AT_ONCE`` at a time at full shares (the running
     one raised too)."""
 

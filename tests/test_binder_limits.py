@@ -47,7 +47,7 @@ def test_a_v2_group_gets_binders_limits_in_v2s_files_and_reads_its_figures_from_
     assert limits.groups == [group]
     assert (group / "memory.max").read_text() == str(2 * 2**30)
     assert (group / "cpu.max").read_text() == "100000 100000"  # one CPU: the quota is the period
-    assert (group / "cpu.weight").read_text() == "1"
+    assert (group / "cpu.weight").read_text() == "12"  # an eighth of a test process's: see SHARES
     limits.set_background(False)
     assert (group / "cpu.weight").read_text() == "100"
     # The kernel's own formats (Linux 6.x)
