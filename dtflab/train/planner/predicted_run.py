@@ -22,6 +22,7 @@ import dataclasses
 import importlib
 import os
 import statistics
+import weakref
 from dataclasses import dataclass, field
 
 from dtflab import checks, names
@@ -272,15 +273,28 @@ def program_prediction(problem, layout: Layout, machine, memory: dict, loop: str
                       timeline(dataclasses.replace(simulated, seconds=seconds)))
 
 
+#: Each cluster's worker-program costs, by the calibration they were fitted to: a list of
+#: (calibration, calibration with the costs) pairs, found by identity.
+PROGRAM_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def with_program_costs(machine, cluster):
     """``machine`` with the worker programs' costs (``op_costs.program_costs``), timed on
-    programs of the threads a run on ``cluster`` gives them (:func:`program_threads`)."""
+    programs of the threads a run on ``cluster`` gives them (:func:`program_threads`): once a
+    calibration and cluster (about 40 s; :data:`PROGRAM_COSTS`), so that every later run given
+    the same ``train.calibrate(cluster)`` reuses them."""
     from dtflab.train.planner.op_costs import program_costs
 
+    fitted = PROGRAM_COSTS.setdefault(cluster, [])
+    for calibration, with_costs in fitted:
+        if calibration is machine:
+            return with_costs
     threads = program_threads(cluster)
-    return program_costs(
+    with_costs = program_costs(
         machine, lambda p, stage, h: program_step(p, stage, h, threads=threads).seconds,
         lambda p, h: pack_seconds(p, h, 2), threads=threads)
+    fitted.append((machine, with_costs))
+    return with_costs
 
 
 def run_layout(problem, cluster, layout, *, hardware="here", **options):
@@ -288,7 +302,8 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
     row: ``dtflab.plan(...).best``), the loop chosen from its ways (see ``loop_for``), with
     the step predicted before it runs on ``hardware`` (``"here"``: ``cluster`` calibrated
     once, about 35 s, and the worker programs' costs the first time one is predicted, about
-    40 s; or a Hardware) into ``history.prediction``. ``options`` are the loop's
+    40 s; or a Hardware, such as ``train.calibrate(cluster)``, whose programs' costs are fitted
+    once too) into ``history.prediction``. ``options`` are the loop's
     (``steps``, ``trace_step``, ...); a worker program's ``threads`` are the cluster's
     (:func:`program_threads`) unless given."""
     checks.cluster(cluster)
