@@ -140,7 +140,8 @@ class Limits:
         self.set_background(background)
 
     def set_background(self, background: bool) -> None:
-        """Run at the background's CPU weight (``True``: ``SHARES``) or a test process's (``False``)."""
+        """Run at the background's CPU weight (``True``: ``SHARES``) or a test process's
+        (``False``)."""
         self._impl.set_background(background)
 
     def figures(self) -> dict:

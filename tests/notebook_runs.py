@@ -55,8 +55,9 @@ JOIN = Path(__file__).with_name("join_cgroup.py")
 #: budget. 01 and 03 compare a distributed toy with one process, by factors a busy loop cannot
 #: reverse (both ran so twice, and held). 13 held so alone (worker 1 at 1.080 of its bytes
 #: formula, once the transport counts a segment sent again apart: 1.109 in CI-9, one loopback
-#: segment's 44 KB), but beside the tests too, at the background's CPU weight, its expert run's first
-#: step outran the 30 s a first step has (CI-10), and its 1.5 minutes more put the run past 25.
+#: segment's 44 KB), but beside the tests too, at the background's CPU weight, its expert run's
+#: first step outran the 30 s a first step has (CI-10), and its 1.5 minutes more put the run
+#: past 25.
 UNDER_LOAD = {f"ja/{name}.ipynb" for name in ("04_async_parameter_servers",
                                                "09_pipeline_parallelism")}
 BUSY_LOOPS = 2

@@ -124,7 +124,8 @@ def test_a_worker_programs_step_is_priced_from_its_own_traced_step_function(here
                                steps=5, trace_step=3)
     assert history.details["threads"] == 1  # the cluster's tasks have one intra-op thread each
     prediction = history.prediction
-    assert prediction.parts["call"] == costs["call"] and with_program_costs(hardware, cluster) is machine
+    assert prediction.parts["call"] == costs["call"]
+    assert with_program_costs(hardware, cluster) is machine
     assert prediction.loop == "zero" and "own step function traced" in prediction.source
     # ZeRO 2's reduce-scatters and gathers are in the simulated step, each at least its cost
     # a call: one gather and one broadcast pair a parameter
