@@ -3,8 +3,12 @@ TF_CONFIG, driven cell by cell; TensorFlow's own multi-worker programs built up 
 matched against the same program run from a file; the magics through a real IPython shell."""
 
 import _thread
+import contextlib
+import os
 import re
 import shutil
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -262,6 +266,18 @@ def test_a_dtensor_program_cell_by_cell_trains_as_its_file_does(run_programs):
         assert re.findall(rf"\[{task}\] step \d loss (\S+)", plain(lines)) == losses[task]
 
 
+@contextlib.contextmanager
+def busy_loops(count: int):
+    """``count`` processes that spin while the block runs."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
 def free(ports: list[int]) -> list[int]:
     """Those of ``ports`` that this process can listen on now on 127.0.0.1 (as a server does,
     past the closed connections' TIME_WAIT)."""
@@ -277,6 +293,63 @@ def free(ports: list[int]) -> list[int]:
             except OSError:
                 pass
     return found
+
+
+FREEZER = Path("/sys/fs/cgroup/freezer")  # cgroup v1's: a frozen process cannot end, even killed
+
+
+@contextlib.contextmanager
+def frozen(pid: int):
+    """``pid`` frozen while the block runs (as a process the machine gives no CPU), where this
+    machine has cgroup v1's freezer; else ``pid`` is left running, beside four busy loops."""
+    if not os.access(FREEZER, os.W_OK):
+        with busy_loops(4):
+            yield False
+        return
+    group = FREEZER / f"dtflab-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "cgroup.procs").write_text(str(pid))
+        (group / "freezer.state").write_text("FROZEN")
+        yield True
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+        deadline = time.monotonic() + 30
+        while True:  # empty once the process ends or leaves
+            try:
+                for left in (group / "cgroup.procs").read_text().split():
+                    (FREEZER / "cgroup.procs").write_text(left)
+                group.rmdir()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+
+def test_the_controller_ends_with_its_forked_monitor_which_holds_its_ports():
+    from dtflab.cluster.workers import Controller
+
+    controller = Controller()
+    try:
+        deadline = time.monotonic() + 30
+        while not (found := psutil.Process(controller.process.pid).children()):
+            assert time.monotonic() < deadline, "the controller forked no heartbeat monitor"
+            time.sleep(0.05)
+        monitor, = found
+        held = {c.laddr.port for c in monitor.net_connections("tcp") if c.status == "LISTEN"}
+        assert held and held <= set(controller.ports)  # forked: it holds the controller's sockets
+        stopping = threading.Thread(target=controller.stop)
+        with frozen(monitor.pid) as ending_late:
+            stopping.start()
+            stopping.join(1.0)
+            assert stopping.is_alive() or not ending_late  # stop waits for the monitor to end
+        stopping.join(30)
+        assert not stopping.is_alive()
+        assert free(controller.ports) == controller.ports
+        assert not monitor.is_running() or monitor.status() == psutil.STATUS_ZOMBIE
+    finally:
+        controller.stop()
 
 
 def test_the_magics_start_run_pull_and_stop_workers_in_a_real_shell(ip, capsys):

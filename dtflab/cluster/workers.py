@@ -75,10 +75,32 @@ class Controller:
             except ProcessLookupError:
                 pass
             self.process.wait()
+        _wait_group_ended(self.process.pid)  # the monitor, forked, holds the sockets too
         if self.process.stdin:
             self.process.stdin.close()
         self._log.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _wait_group_ended(group: int, timeout: float = 30.0) -> None:
+    """Wait until every process of process group ``group`` (killed) has ended: gone, or a zombie,
+    whose sockets are closed. A killed process needs CPU to end, which a busy machine may give
+    it late."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = []
+        for process in psutil.process_iter(["status"]):
+            try:
+                if (os.getpgid(process.pid) == group
+                        and process.info["status"] != psutil.STATUS_ZOMBIE):
+                    left.append(process)
+            except OSError:  # gone
+                pass
+        if not left:
+            return
+        time.sleep(0.02)
 
 
 class Workers:
