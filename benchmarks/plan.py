@@ -20,7 +20,8 @@ variables: parameters and Adam's state).
   and plan_memory_mean_rel_error, over every run whose memory is set before it runs;
 - plan_memory_routed_experts_max_rel_error: the same for expert parallelism not padded to
   capacity, signed: what its experts hold follows the routing the router learns in the run,
-  which the count before the run takes as even (the padded run is in the figures above);
+  which the prediction reads as the first step counted routes (``Plan.routing``), and the
+  traced step routes otherwise (the padded run is in the figures above);
 - plan_published_max_rel_error (and _mean_): the nine published A100 runs
   (``planner.published``) on the A100 preset;
 - calibration_s: how long each round's ``calibrate`` took (with the worker programs' costs);

@@ -106,6 +106,46 @@ def test_a_graph_loops_predicted_timeline_is_drawn_above_its_traced_step(here):
     assert words in note.text
 
 
+def test_a_routed_mixture_is_priced_as_the_first_step_counted_routes(here, monkeypatch):
+    from dtflab.train.run.history import FIRST_COUNTED_STEP
+
+    cluster, hardware = here
+    problem = train.transformer(**TINY, experts=4, top_k=2)
+    read = []
+
+    def reading(*args, **kwargs):  # what the prediction read of the graph, kept
+        read.append(step_ops(*args, **kwargs))
+        return read[-1]
+
+    step_ops = graph_ops.step_ops
+    monkeypatch.setattr(graph_ops, "step_ops", reading)
+    layout = train.Layout(data=2, expert=2)
+    history = train.run_layout(problem, cluster, layout, hardware=hardware,
+                               steps=FIRST_COUNTED_STEP + 1, trace_step=FIRST_COUNTED_STEP,
+                               watchdog=False)
+    loads = history.details["per_step"]["tokens_per_expert"]  # [step][block][expert]
+    # the router learns: by the first step counted it routes otherwise than at the start
+    assert [list(b) for b in loads[0]] != [list(b) for b in loads[FIRST_COUNTED_STEP]]
+    # each worker's dispatch to expert e gathers the tokens e takes of its sequences
+    rows = {}
+    for op in read[0]:
+        worker, block, dispatch, *_ = op.name.split("/") + ["", "", ""]
+        if (op.type == "GatherV2" and dispatch.startswith("dispatch")
+                and op.inputs[0][0] == f"{worker}/{block}/Reshape"):
+            key = (int(block[5:]), int(dispatch[8:]))
+            rows[key] = rows.get(key, 0) + op.outputs[0] // (4 * problem.d_model)
+    found = [[rows[b, e] for e in range(problem.experts)] for b in sorted({b for b, _ in rows})]
+    assert found == [[int(n) for n in b] for b in loads[FIRST_COUNTED_STEP]]
+    # and what its experts keep for the backward is counted as that step routes: the fullest
+    # device's activations in the traced step, against a count with an even routing
+    kept = max(kinds["activations"] for kinds in train.step_memory(history.trace.metadata).values())
+    even = per_device(plan_of(problem, layout))["activations"]
+    print(f"activations: {kept:,} B traced, {history.prediction.memory['activations']:,} "
+          f"predicted, {even:,} counted with an even routing")
+    assert history.prediction.memory["activations"] == pytest.approx(kept, rel=0.02)
+    assert even != pytest.approx(kept, rel=0.02)
+
+
 def test_a_worker_programs_step_is_priced_from_its_own_traced_step_function(here):
     from dtflab.train.planner.predicted_run import with_program_costs
 

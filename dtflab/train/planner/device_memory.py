@@ -72,6 +72,9 @@ class Plan(Layout):
     # ``capacity_factor`` x top_k x sequence / experts of each sequence's tokens
     capacity_factor: float = 1.25
     pad_to_capacity: bool = False
+    # ``routing``: rows the routed experts computed a token on the fullest device in a routing
+    # known (``predicted_run``: read from the graph; 0: an even one)
+    routing: float = 0.0
     # The block's choices (``train.transformer``'s; GPT-2's by default): key/value heads (0:
     # one per query head), the MLP's hidden width (0: 4 d; each expert's), its activation,
     # the norm, the positions, and shared experts beside the routed ones.
@@ -152,11 +155,11 @@ class Plan(Layout):
     @property
     def routed(self) -> float:
         """Rows the routed experts compute a token, on the device that holds them: top_k, as
-        if the router spread the tokens evenly (what it learns in the run is not known
-        before it); with ``pad_to_capacity``, every expert's capacity, experts x
-        ceil(capacity_factor x top_k x sequence / experts) / sequence, whatever the routing."""
+        if the router spread the tokens evenly, or ``routing`` where a routing is known; with
+        ``pad_to_capacity``, every expert's capacity, experts x ceil(capacity_factor x top_k
+        x sequence / experts) / sequence, whatever the routing."""
         if not self.pad_to_capacity:
-            return self.top_k
+            return self.routing or self.top_k
         return self.experts * expert_capacity(self) / self.sequence
 
     @property

@@ -121,12 +121,16 @@ def _flops(op, shapes: dict) -> tuple[float, float]:
     return 2.0 * count * inner, unit
 
 
-def step_ops(graph, fetches, feeds: dict, default_task: str, init=None) -> list[GraphOp]:
+def step_ops(graph, fetches, feeds: dict, default_task: str, init=None,
+             before=()) -> list[GraphOp]:
     """The ops ``fetches`` (ops or tensors of ``graph``) need, with ``feeds`` (each
     placeholder tensor and the array fed to it) fixing the shapes, in the graph's order; an op
     with no device runs on ``default_task`` (``worker:0``), as the master places it. Where a
-    shape depends on the data (a mixture's dispatch), the tensors are computed once in this
-    process (``init``, the graph's initializer, run first) and their shapes read."""
+    shape depends on the data (a mixture's dispatch, which follows what its router has
+    learned), the tensors are computed in this process, on a copy of the graph, and their
+    shapes read: ``init`` (the graph's initializer) run first, then ``before``, the updates
+    the run makes before the step predicted, each ``(op, feeds)``. Only their shapes are
+    taken from that run, never its time."""
     tf = import_tf()
     fixed = tf.Graph()
     with fixed.as_default():
@@ -143,7 +147,7 @@ def step_ops(graph, fetches, feeds: dict, default_task: str, init=None) -> list[
         name = fetch.name if hasattr(fetch, "type") else fetch.op.name
         wanted.append(fixed.get_operation_by_name(fed_as.get(name, name)))
     needed = needed_by(wanted)
-    shapes = _data_shapes(definition, needed.values(), feeds, init)
+    shapes = _data_shapes(definition, needed.values(), feeds, init, before)
     return _read(fixed, needed, shapes, _placed(fixed, needed, default_task))
 
 
@@ -248,15 +252,27 @@ def _placed(graph, needed, default_task: str) -> dict:
     return task
 
 
-def _data_shapes(definition, ops, feeds: dict, init) -> dict:
+def values_after(graph, tensors, feeds: dict, init, before=()) -> list:
+    """The values of ``tensors`` (of ``graph``) at the step predicted, ``feeds`` fed: computed
+    in this process on a copy of the graph with its devices cleared, after ``init`` and the
+    updates ``before`` (see :func:`step_ops`)."""
+    return _on_a_copy(graph.as_graph_def(), [t.name for t in tensors], feeds, init, before)
+
+
+def _data_shapes(definition, ops, feeds: dict, init, before=()) -> dict:
     """``{tensor name: shape}`` of the float tensors among ``ops``' outputs whose shapes
-    TensorFlow cannot tell before the data (none for most graphs): computed once, here, on
-    a copy of the graph (``definition``, its GraphDef) with its devices cleared."""
-    tf = import_tf()
+    TensorFlow cannot tell before the data (none for most graphs), from a copy of the graph
+    (``definition``, its GraphDef; :func:`values_after`)."""
     unknown = [t.name for op in ops for t in op.outputs
                if t.dtype.is_floating and not t.shape.is_fully_defined()]
     if not unknown:
         return {}
+    values = _on_a_copy(definition, unknown, feeds, init, before)
+    return {name: value.shape for name, value in zip(unknown, values)}
+
+
+def _on_a_copy(definition, names: list[str], feeds: dict, init, before) -> list:
+    tf = import_tf()
     definition = copy.deepcopy(definition)
     for node in definition.node:
         node.device = ""
@@ -267,6 +283,8 @@ def _data_shapes(definition, ops, feeds: dict, init) -> dict:
     with tf.compat.v1.Session(graph=local, config=config) as session:
         if init is not None:
             session.run(local.get_operation_by_name(init.name))
-        values = session.run([local.get_tensor_by_name(name) for name in unknown],
-                             {local.get_tensor_by_name(t.name): v for t, v in feeds.items()})
-    return {name: value.shape for name, value in zip(unknown, values)}
+        for op, fed in before:
+            session.run(local.get_operation_by_name(op.name),
+                        {local.get_tensor_by_name(t.name): v for t, v in fed.items()})
+        return session.run([local.get_tensor_by_name(name) for name in names],
+                           {local.get_tensor_by_name(t.name): v for t, v in feeds.items()})

@@ -30,6 +30,7 @@ from dtflab.train.layouts.layout import Layout
 from dtflab.train.planner import executor, graph_ops
 from dtflab.train.planner.device_memory import Plan, per_device
 from dtflab.train.planner.loops import loop_for
+from dtflab.train.run.history import FIRST_COUNTED_STEP
 
 VIEWS = "dtflab.viz.prediction"
 #: The graph loops (a one-session graph the executor's simulation prices).
@@ -297,6 +298,18 @@ def with_program_costs(machine, cluster):
     return with_costs
 
 
+def routing(plan: Plan, loads) -> float:
+    """Rows the routed experts computed a token on the fullest device (``Plan.routing``),
+    from ``loads`` (the tokens each expert took, [blocks, experts]): each of the plan's
+    expert ways holds experts / expert of them, in order, and takes its share of the tokens
+    of the data ways that share them."""
+    mine = plan.experts // plan.expert
+    tokens = plan.batch * plan.sequence
+    held = [sum(float(block[e]) for block in loads for e in range(g * mine, (g + 1) * mine))
+            for g in range(plan.expert)]
+    return max(held) * plan.expert / (tokens * len(loads))
+
+
 def run_layout(problem, cluster, layout, *, hardware="here", **options):
     """Train ``problem`` on ``cluster`` as ``layout`` says (a ``train.Layout``, or a plan's
     row: ``dtflab.plan(...).best``), the loop chosen from its ways (see ``loop_for``), with
@@ -335,12 +348,23 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
 
         def predict(built, master, problem):
             x, t = built.inputs
-            xs, ts = problem.batch(0, options.get("seed", 0))
+            seed = options.get("seed", 0)
+            # a router's dispatch is priced as the first step counted routes: after the updates
+            # before it (a router, learning, soon routes otherwise than at the start)
+            before = [(built.train, dict(zip((x, t), problem.batch(step, seed))))
+                      for step in range(FIRST_COUNTED_STEP)]
+            xs, ts = problem.batch(FIRST_COUNTED_STEP, seed)
             fetches = [built.train, built.loss, *built.reports.values()]
             ops = graph_ops.step_ops(built.graph, fetches, {x: xs, t: ts},
-                                     names.task(master) if master else "worker:0", built.init)
+                                     names.task(master) if master else "worker:0", built.init,
+                                     before)
             simulated = executor.simulate(ops, machine, threads)
-            return Prediction(loop, simulated.seconds, simulated.parts(), memory,
+            held = memory
+            if "tokens_per_expert" in built.reports and not problem.pad_to_capacity:
+                loads, = graph_ops.values_after(built.graph, [built.reports["tokens_per_expert"]],
+                                                {x: xs, t: ts}, built.init, before)
+                held = per_device(dataclasses.replace(plan, routing=routing(plan, loads)))
+            return Prediction(loop, simulated.seconds, simulated.parts(), held,
                               "dtflab's graph, simulated on the calibration",
                               timeline(simulated))
 

@@ -7,6 +7,11 @@ import threading
 from dataclasses import dataclass, field
 
 
+#: The first step (from 0) that ``RunHistory.median_step_s`` counts: the three before it are
+#: the run's start-up (the first has no start to time it from).
+FIRST_COUNTED_STEP = 3
+
+
 @dataclass(frozen=True)
 class StepRecord:
     """One applied update. ``loss`` is per example; ``time_s`` counts from the run's start;
@@ -131,7 +136,8 @@ class RunHistory:
             by_worker.setdefault(record.worker, []).append(record.time_s)
         medians = []
         for times in by_worker.values():
-            gaps = [b - a for a, b in zip(times[2:], times[3:])]
+            gaps = [b - a for a, b in zip(times[FIRST_COUNTED_STEP - 1:],
+                                          times[FIRST_COUNTED_STEP:])]
             if self.trace is not None and len(gaps) > 2:
                 gaps = gaps[:-2]
             if gaps:
