@@ -6,6 +6,7 @@ import threading
 
 from dtflab.cluster import running
 from dtflab.cluster.data_service import DATA_JOBS, DATA_SERVICE_ENV, data_service_command
+from dtflab.cluster.memory import proportional_mb
 from dtflab.cluster.ports import choose_ports
 from dtflab.cluster.programs import LOOPBACK
 from dtflab.cluster.task import TaskInfo, TaskState, log_tail
@@ -255,9 +256,8 @@ class Cluster:
 
     def let_tasks_reach(self, port: int) -> None:
         """Make port ``port`` of this process reachable from the tasks at 127.0.0.1:``port``
-        (a TF2 client or chief listens there and the tasks call it back). Nothing to do
-        where the tasks share this machine's network; the local backend's private network
-        opens a way back for that port alone."""
+        (a TF2 client or chief listens there and the tasks call it back): the local backend's
+        private network opens a way back for that port alone; elsewhere nothing to do."""
 
     def stop_letting_tasks_reach(self, port: int) -> None:
         """Undo ``let_tasks_reach(port)`` once nothing listens there any more."""
@@ -313,7 +313,7 @@ class Cluster:
         raise NotImplementedError
 
     def _task_host(self, job: str, index: int) -> str | None:
-        return None
+        return None  # this machine
 
     def _client_host(self, job: str, index: int) -> str:
         """Where task ``job:index`` reaches this process (its program's ``{client_host}``)."""
@@ -355,9 +355,12 @@ class Cluster:
         """Refresh what ``_task_state`` reads, once per ``tasks`` (remote backends batch here)."""
 
     def _task_memory(self, job: str, index: int, pid: int | None) -> float | None:
-        from dtflab.cluster.memory import proportional_mb
-
         return proportional_mb(pid) if pid else None
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds its tasks' processes have used, summed (None: not this machine's).
+        Safe from any thread: it reads the processes, not their states."""
+        return None
 
     def _kill_task(self, job: str, index: int) -> None:
         raise NotSupportedError(f"the {self.backend} backend cannot kill {job}:{index}")
@@ -385,9 +388,8 @@ class Cluster:
                                     "dtflab.start_cluster() or %dtf_cluster start")
 
 
-#: The module that shows a cluster (``ClusterPanel``, ``render_html``), named rather than
-#: imported: clusters do not depend on the widgets that draw them; ``dtflab.ui`` imports
-#: ``dtflab.cluster``, never the reverse.
+#: The module that shows a cluster (``ClusterPanel``, ``render_html``), named, not imported:
+#: clusters do not depend on the widgets that draw them (``dtflab.ui`` imports them).
 UI = "dtflab.ui.panel"
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from dtflab.cluster.base import Cluster
 from dtflab.cluster.data_service import DATA_JOBS
+from dtflab.cluster.memory import cpu_seconds
 from dtflab.processes.launch import FORK, launcher_for
 from dtflab.network.networks import PRIVATE, network_for
 from dtflab.cluster.ports import free_ports
@@ -102,6 +103,11 @@ class LocalCluster(Cluster):
         task = self._tasks[job, index]
         await_ready({task: task.launch(self._launcher, self._task_command(job, index))},
                     self.timeout)
+
+    def cpu_seconds(self) -> float:
+        # the processes' pids, not ``task.pid``: that reads and sets the task's state
+        return cpu_seconds(task.process.pid for task in list(self._tasks.values())
+                           if task.process is not None)
 
     def _task_state(self, job: str, index: int) -> tuple[TaskState, int | None]:
         task = self._tasks[job, index]

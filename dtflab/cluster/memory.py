@@ -1,4 +1,4 @@
-"""Memory of task processes, as the machine accounts for it."""
+"""Memory and CPU time of task processes, as the machine accounts for them."""
 
 from __future__ import annotations
 
@@ -17,3 +17,18 @@ def proportional_mb(pid: int) -> float | None:
     except (psutil.Error, OSError):
         return None
     return round(getattr(info, "pss", info.rss) / 2**20, 1)
+
+
+def cpu_seconds(pids) -> float:
+    """CPU seconds (user and system) the processes ``pids`` have used so far, summed; a pid
+    that is ``None`` or has ended counts 0 (so the sum can fall when a task restarts)."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times() if pid else None
+        except (psutil.Error, OSError):
+            times = None
+        total += times.user + times.system if times else 0.0
+    return total

@@ -158,6 +158,8 @@ def train_in_programs(loop: Loop, problem, options: ProgramOptions, *, flags=Non
                         cluster=cluster, on_stop=reports.send_stop,
                         workers=layout.worker_tasks(o.workers))
     history = runner.history
+    if runner.watch is not None:  # a worker stalled in a collective leaves the others idle
+        runner.watch.watch_cpu(cluster.cpu_seconds)
     history.step_reports = o.workers  # every worker reports every step
     history.details["fingerprints"] = {worker: [] for worker in history.workers}
     history.details["state_bytes"] = {}

@@ -16,6 +16,12 @@ has finished a step (the first step builds the graph on every task). The watchdo
 restarts every worker from a checkpoint, or ends the run with a ``StallError``.
 ``ps_strategy`` only reports a stall (its coordinator owns the call).
 
+Where the loop can read its tasks' CPU time (the worker programs' loops on this machine's
+processes: ``watch_cpu``), a step's clock stops while they work: a stalled collective's tasks sit
+idle (0.0 CPU seconds in 5 s, measured), a starved one's work slowly (a notebook on Binder's
+one shared CPU: a first step past 90 s), and only the first is a stall. A step whose tasks
+work for ``BUSY_PATIENCE`` times its bound is a stall all the same (a task spinning in a loop).
+
 In [1]: train.async_parameter_server(problem, cluster, watchdog=train.Watchdog(floor_s=2))
 In [2]: train.async_parameter_server(problem, cluster, watchdog=None)   # no watchdog
 """
@@ -31,6 +37,10 @@ from dataclasses import dataclass
 
 #: How often the watchdog looks (seconds).
 CHECK_EVERY_S = 0.25
+#: Tasks that used this share of one CPU since the last look are working, not stalled.
+BUSY_SHARE = 0.02
+#: A step whose tasks work throughout is a stall after this many times its bound.
+BUSY_PATIENCE = 10
 
 
 def _check(name: str, value, minimum: float, *, whole: bool = False, inclusive: bool = False):
@@ -116,14 +126,23 @@ class Watch:
         self._times: dict[str, collections.deque] = {}
         self._current: dict[str, Stall] = {}  # the stall each worker is in, if any
         self._paused: set[str] = set()  # workers the loop is recovering on purpose
+        self._busy_s: dict[str, float] = {}  # worker -> seconds its step's tasks worked
+        self._cpu_s = None  # the tasks' CPU seconds so far (watch_cpu), or None
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def watch_cpu(self, cpu_seconds) -> None:
+        """Stop a step's clock while ``cpu_seconds()`` (the CPU seconds every task of the run
+        has used, or None where it cannot tell) grows: for loops whose workers step together,
+        where one stalled task leaves every other one waiting idle."""
+        self._cpu_s = cpu_seconds
 
     # -- from the loop's threads ------------------------------------------------------------
 
     def begin(self, worker: str, step: int) -> None:
         with self._lock:
             self._began[worker] = (step, time.monotonic())
+            self._busy_s[worker] = 0.0
 
     def end(self, worker: str) -> None:
         """The step in progress finished (or the worker ended)."""
@@ -176,6 +195,7 @@ class Watch:
             stall = self._current.pop(worker, None)
             if worker in self._began and outcome == "recovered":
                 self._began[worker] = (self._began[worker][0], time.monotonic())
+                self._busy_s[worker] = 0.0
         if stall is not None:
             stall.outcome = outcome
 
@@ -190,8 +210,9 @@ class Watch:
         """For a step that cannot be renewed (a collective): its stall, once it has lasted
         ``1 + retries`` times its bound (the time a session loop spends on its retries)."""
         stall = self.stalled(worker)
-        waited = self.waited_s(worker)
-        if stall is not None and waited >= stall.bound_s * (1 + self.settings.retries):
+        with self._lock:
+            idle = self._idle_s(worker, time.monotonic())
+        if stall is not None and idle >= stall.bound_s * (1 + self.settings.retries):
             return stall
         return None
 
@@ -214,6 +235,16 @@ class Watch:
                 self._paused.discard(worker)
                 if worker in self._began:
                     self._began[worker] = (self._began[worker][0], time.monotonic())
+                    self._busy_s[worker] = 0.0
+
+    def _idle_s(self, worker: str, now: float) -> float:
+        """The clock a bound is held to: the seconds ``worker``'s step has run while its tasks
+        sat idle, or its whole time over ``BUSY_PATIENCE`` (the lock held)."""
+        began = self._began.get(worker)
+        if began is None:
+            return 0.0
+        waited = now - began[1]
+        return max(waited - self._busy_s.get(worker, 0.0), waited / BUSY_PATIENCE)
 
     def bound_s(self, worker: str) -> float:
         times = self._times.get(worker)
@@ -233,14 +264,26 @@ class Watch:
             self._thread.join()
 
     def _watch(self) -> None:
+        looked, cpu = time.monotonic(), self._read_cpu()
         while not self._closed.wait(CHECK_EVERY_S):
-            now, found = time.monotonic(), []
+            now, found, before, cpu = time.monotonic(), [], cpu, self._read_cpu()
+            working = (cpu is not None and before is not None
+                       and cpu - before >= BUSY_SHARE * (now - looked))
             with self._lock:
                 for worker, (step, began) in self._began.items():
+                    if working:
+                        self._busy_s[worker] = self._busy_s.get(worker, 0.0) + now - looked
                     if (worker not in self._current and worker not in self._paused
-                            and now - began > self.bound_s(worker)):
+                            and self._idle_s(worker, now) > self.bound_s(worker)):
                         found.append(self._stalled_now(worker, step, now - began))
+            looked = now
             for stall in found:
                 self.history.note_stall(stall)
                 if self.on_stall is not None:
                     self.on_stall(stall.worker)
+
+    def _read_cpu(self) -> float | None:
+        try:
+            return self._cpu_s() if self._cpu_s is not None else None
+        except Exception:  # a cluster stopping under the watchdog: wall time only, this look
+            return None
