@@ -142,8 +142,11 @@ def test_a_routed_mixture_is_priced_as_the_first_step_counted_routes(here, monke
     even = per_device(plan_of(problem, layout))["activations"]
     print(f"activations: {kept:,} B traced, {history.prediction.memory['activations']:,} "
           f"predicted, {even:,} counted with an even routing")
-    assert history.prediction.memory["activations"] == pytest.approx(kept, rel=0.02)
-    assert even != pytest.approx(kept, rel=0.02)
+    # the traced peak moves with the order the executor's threads ran the step in: 2,262,752 B
+    # and 2,295,520 B in two CI runs of this test, against 2,242,560 predicted each time
+    predicted = history.prediction.memory["activations"]
+    assert predicted == pytest.approx(kept, rel=0.05)
+    assert abs(even - kept) > 2 * abs(predicted - kept)  # even: 9-10% off in the same runs
 
 
 def test_a_worker_programs_step_is_priced_from_its_own_traced_step_function(here):
