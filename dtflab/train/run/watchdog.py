@@ -208,7 +208,8 @@ class Watch:
 
     def outlasted_retries(self, worker: str) -> Stall | None:
         """For a step that cannot be renewed (a collective): its stall, once it has lasted
-        ``1 + retries`` times its bound (the time a session loop spends on its retries)."""
+        ``1 + retries`` times its bound (the time a session loop spends on its retries), on the
+        clock the bound is held to (``_idle_s``: its tasks' idle time, where it is read)."""
         stall = self.stalled(worker)
         with self._lock:
             idle = self._idle_s(worker, time.monotonic())
