@@ -57,6 +57,14 @@ def test_stop_ends_every_process_and_frees_every_port(start_cluster):
     cluster.stop()  # twice is fine
 
 
+def test_the_tasks_listen_below_the_ephemeral_range(start_cluster):
+    from dtflab.cluster.ports import ephemeral_range
+
+    cluster = start_cluster(3)
+    first, _ = ephemeral_range()
+    assert all(port < first for port in cluster.ports), (cluster.ports, first)
+
+
 def test_kill_and_restart_keep_the_address(start_cluster):
     cluster = start_cluster(3)
     address = cluster.addresses["worker"][1]

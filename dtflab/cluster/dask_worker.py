@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
@@ -33,9 +32,9 @@ def worker_host(dask_worker) -> str:
 def reserve_port(port: int | None = None, dask_worker=None) -> str:
     """``host:port`` for this worker's task: a free port of this machine unless given."""
     if port is None:
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            port = probe.getsockname()[1]
+        from dtflab.cluster.ports import free_ports
+
+        (port,) = free_ports(1)
     return f"{worker_host(dask_worker)}:{port}"
 
 
