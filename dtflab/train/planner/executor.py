@@ -14,7 +14,8 @@ copies gRPC makes. The step starts after the framework's fixed cost (``per_step_
 call and its feed). A collective (a worker program's) is ready once every member of its group,
 on every task, has its inputs, and then runs as an op does, on a thread of its task, for its
 cost a call (``op_costs["collective_ring"]`` for a gather or an all-reduce,
-``"collective_pair"`` for one side of a broadcast) and its bytes at the transfer's rate: traced
+``"collective_pair"`` for one side of a broadcast, which ``op_costs.program_costs`` sets to 0:
+a reduce-scatter's broadcasts run together) and its bytes at the transfer's rate: traced
 ZeRO steps showed their collectives' work and their arithmetic hardly overlapping (on one
 worker, 61 ms of arithmetic and 120 of collective work in a 188 ms step).
 

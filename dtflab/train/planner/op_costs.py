@@ -262,19 +262,23 @@ def search(error, low: float = 1e-6, high: float = 3e-3, rounds: int = 10) -> fl
 
 def program_costs(hardware: Hardware, graph_seconds, pack_seconds, *, steps: int = 40,
                   threads: int | None = None) -> Hardware:
-    """``hardware`` with the worker programs' costs in ``op_costs``: a collective op's cost a
-    call, ``collective_ring`` (a gather, an all-reduce) and ``collective_pair`` (one side of
-    a broadcast), each with its bytes at the transfer's rate; and ``call``, what a worker
-    program's step pays beyond its graph (the step function's call, the batch, the report).
-    Timed from ``train.all_reduce`` and ``train.zero(stage=1, 2, 3)`` of :data:`PROBE` on two
-    workers of ``threads`` threads each, and fitted so that each probe's graph simulated
+    """``hardware`` with the worker programs' costs in ``op_costs``: ``collective_ring``, a
+    gather's or an all-reduce's cost a call, with its bytes at the transfer's rate; and
+    ``call``, what a worker program's step pays beyond its graph (the step function's call, the
+    batch, the report). A broadcast (one side of a reduce-scatter's) is priced at its bytes
+    alone (``collective_pair`` 0): the traced step runs them together (ZeRO 1's 52 in flight at
+    once), where the gathers run one after another, each the control input of the next. Timed
+    from ``train.all_reduce`` and ``train.zero(stage=1, 2, 3)`` of :data:`PROBE` on two workers
+    of ``threads`` threads each, and fitted so that each probe's graph simulated
     (``graph_seconds(problem, stage, hardware)``; stage 0, all-reduce's, with its pack,
     ``pack_seconds(problem, hardware)``) plus ``call`` comes nearest its median step in
-    relative error: one cost for both searched (:func:`search`), then each in turn, ``call``
-    solved for each pair. A probe's step is the median of its ``steps`` after the first two
-    (``median_step_s``): at 14 steps, four probes timed four times apart read ZeRO 2 at
-    49.4-60.4 ms and all-reduce at 11.4-14.2; at 40, 50.2-52.8 and 11.1-13.0, for 2 s more (a
-    program's start takes most of its time)."""
+    relative error (:func:`search`; ``call`` solved for each cost). Fitted so, a link of the
+    chain came to 1.27 and 1.51 ms in two sets of probes, where the trace read a gather's ring
+    loop at 1.25-1.3 ms (median); fitting a broadcast's cost too traded it against the link's
+    (0.44-0.58 ms each) and left ZeRO 3 19-27% short at the benchmark's shapes. A probe's step
+    is the median of its ``steps`` after the first two (``median_step_s``): at 14 steps, four
+    probes timed four times apart read ZeRO 2 at 49.4-60.4 ms and all-reduce at 11.4-14.2; at
+    40, 50.2-52.8 and 11.1-13.0, for 2 s more (a program's start takes most of its time)."""
     from dtflab.train.problems import transformer
     from dtflab.train.strategies.all_reduce import all_reduce
     from dtflab.train.strategies.zero import zero
@@ -286,18 +290,16 @@ def program_costs(hardware: Hardware, graph_seconds, pack_seconds, *, steps: int
         measured[stage] = zero(problem, stage=stage, **go).median_step_s()
     weights = {stage: 1 / seconds ** 2 for stage, seconds in measured.items()}
 
-    def fitted(ring: float, pair: float) -> tuple[float, float]:
+    def fitted(ring: float) -> tuple[float, float]:
         costs = replace(hardware, op_costs={**hardware.op_costs, "collective_ring": (ring, 0.0),
-                                            "collective_pair": (pair, 0.0)})
+                                            "collective_pair": (0.0, 0.0)})
         graph = {stage: graph_seconds(problem, stage, costs)
                  + (pack_seconds(problem, costs) if stage == 0 else 0.0) for stage in measured}
         call = max(sum((measured[s] - graph[s]) * weights[s] for s in measured)
                    / sum(weights.values()), 0.0)
         return sum(((graph[s] + call) / measured[s] - 1) ** 2 for s in measured), call
 
-    ring = search(lambda c: fitted(c, c)[0])  # one cost for both first, then each in turn
-    pair = search(lambda c: fitted(ring, c)[0])
-    ring = search(lambda c: fitted(c, pair)[0])
-    return replace(hardware, op_costs={**hardware.op_costs, "call": (fitted(ring, pair)[1], 0.0),
+    ring = search(lambda c: fitted(c)[0])
+    return replace(hardware, op_costs={**hardware.op_costs, "call": (fitted(ring)[1], 0.0),
                                        "collective_ring": (ring, 0.0),
-                                       "collective_pair": (pair, 0.0)})
+                                       "collective_pair": (0.0, 0.0)})
