@@ -16,6 +16,8 @@ variables: parameters and Adam's state).
   over the runs, and the worst;
 - plan_step_time_noise: the median over forms of one form's spread between rounds ((max -
   min) / median): what the machine's own noise is, beside the errors;
+- plan_step_time_calibration_spread: the same of one form's predictions between rounds: how
+  far a calibration, a moment of the machine, moves the prediction of the same graph;
 - plan_memory_max_rel_error: the same for memory by kind (each kind above 1 MB), the worst,
   and plan_memory_mean_rel_error, over every run whose memory is set before it runs;
 - plan_memory_routed_experts_max_rel_error: the same for expert parallelism not padded to
@@ -171,6 +173,9 @@ def main(quick: bool, rounds: int) -> None:
     results["plan_step_time_mean_rel_error"] = round(statistics.fmean(step_errors), 3)
     results["plan_step_time_max_rel_error"] = round(max(step_errors), 3)
     results["plan_step_time_noise"] = round(statistics.median(row["spread"] for row in rows), 3)
+    results["plan_step_time_calibration_spread"] = round(statistics.median(
+        (max(p) - min(p)) / statistics.median(p)
+        for p in (row["step_ms"]["predicted_rounds"] for row in rows)), 3)
     results["plan_memory_mean_rel_error"] = round(statistics.fmean(memory_errors), 3)
     results["plan_memory_max_rel_error"] = round(max(memory_errors), 3)
     if routed:
