@@ -6,6 +6,7 @@ import re
 import signal
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -126,6 +127,41 @@ def test_kill_and_restart_a_program_task(run_programs, tmp_path):
     cluster.kill("worker:1")
     with pytest.raises(TaskError, match=r"^worker:0 was killed"):
         cluster.wait()
+
+
+CONVERTS = """import glob, os, tempfile, time
+import tensorflow as tf
+
+@tf.function
+def absolute(x):
+    if x > 0:
+        return x
+    return -x
+
+absolute(tf.constant(-1.0))  # AutoGraph converts it, through a file in the temporary folder
+folder = tempfile.gettempdir()
+print("TMP", folder, len(glob.glob(os.path.join(folder, "__autograph_generated_file*"))),
+      flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_killed_programs_autograph_files_go_with_its_cluster(run_programs, tmp_path,
+                                                               start_method):
+    # AutoGraph removes its files only at a clean exit: each killed task left them in /tmp
+    script = tmp_path / "converts.py"
+    script.write_text(CONVERTS)
+    cluster = run_programs(script, workers=1, start_method=start_method)
+    assert wait_until(lambda: "TMP " in cluster.logs("worker:0"), timeout=120), \
+        cluster.logs("worker:0")
+    folder, files = cluster.logs("worker:0").split("TMP ")[1].split()[:2]
+    assert Path(folder).is_dir() and Path(folder) != Path(tempfile.gettempdir())
+    assert int(files) >= 1
+    cluster.kill("worker:0")
+    assert any(Path(folder).glob("__autograph_generated_file*"))  # the kill left them
+    cluster.stop()
+    assert not Path(folder).exists()
 
 
 def test_dtflab_run_prefixes_lines_and_exits_1_when_a_program_fails(tmp_path):

@@ -111,20 +111,24 @@ class Task:
     def launch(self, launcher, command: Command) -> int:
         """Start the process (without waiting); returns the read end of its ready pipe.
 
-        A fork server that refuses (forking would not be safe) is replaced by a spawn."""
+        A fork server that refuses (forking would not be safe) is replaced by a spawn. The
+        process's temporary files go in its log's folder (``TMPDIR``), which its cluster
+        removes when it stops: TensorFlow's AutoGraph writes a file a converted function and
+        removes them only at a clean exit, which a task killed by its cluster never reaches."""
         from dtflab.processes.spawn import Spawner
 
         if self.process is not None:  # the one it replaces, which may have ended by itself
             self.process.close_stdin()
         self.state, self.exit_code, self._final_log = TaskState.STARTING, None, None
+        env = {"TMPDIR": str(self.log_path.parent), **command.env}
         try:
             self.process, ready_fd = launcher.launch(command.module, command.args, self.log_path,
-                                                     env=command.env, cwd=command.cwd)
+                                                     env=env, cwd=command.cwd)
             self.started_by, self.why_not_fork = launcher.method, launcher.why_not_fork
         except RuntimeError as exc:  # the fork server refused or died
             spawner = Spawner(launcher.netns_pid, f"the fork server refused: {exc}")
             self.process, ready_fd = spawner.launch(command.module, command.args, self.log_path,
-                                                    env=command.env, cwd=command.cwd)
+                                                    env=env, cwd=command.cwd)
             self.started_by, self.why_not_fork = spawner.method, spawner.why_not_fork
         return ready_fd
 

@@ -33,6 +33,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -346,6 +347,7 @@ def _child(request: dict, fds: list[int], server_fds) -> None:
             stream.reconfigure(line_buffering=True)
         os.environ.clear()
         os.environ.update(request["env"])
+        tempfile.tempdir = None  # read TMPDIR again: this server may have read its own
         os.chdir(request["cwd"])
         inside.forked = True  # its parent is this server, not the owner
         module = importlib.import_module(request["module"])
