@@ -77,6 +77,11 @@ def memory(history) -> dict:
     return {"parameters": worker["parameters"], "optimizer": worker["slots"]}
 
 
+def spread(values) -> float:
+    """(max - min) / median: how far one form's rounds moved."""
+    return (max(values) - min(values)) / statistics.median(values)
+
+
 def runs(shape: dict):
     """``(name, workers, problem, Layout)`` for each strategy on ``shape``."""
     from dtflab import train
@@ -160,8 +165,7 @@ def main(quick: bool, rounds: int) -> None:
                           for kind, value in held.items()},
             "memory_errors": {kind: round(expected[kind] / value - 1, 3)
                               for kind, value in held.items() if value > 1e6}})
-        rounds_ms = row["step_ms"]["rounds"]
-        row["spread"] = round((max(rounds_ms) - min(rounds_ms)) / statistics.median(rounds_ms), 3)
+        row["spread"] = round(spread(row["step_ms"]["rounds"]), 3)
         if prediction.timeline is not None and history.trace is not None:
             row["differences"] = prediction.differences(history)
     rows = list(rows.values())
@@ -174,8 +178,7 @@ def main(quick: bool, rounds: int) -> None:
     results["plan_step_time_max_rel_error"] = round(max(step_errors), 3)
     results["plan_step_time_noise"] = round(statistics.median(row["spread"] for row in rows), 3)
     results["plan_step_time_calibration_spread"] = round(statistics.median(
-        (max(p) - min(p)) / statistics.median(p)
-        for p in (row["step_ms"]["predicted_rounds"] for row in rows)), 3)
+        spread(row["step_ms"]["predicted_rounds"]) for row in rows), 3)
     results["plan_memory_mean_rel_error"] = round(statistics.fmean(memory_errors), 3)
     results["plan_memory_max_rel_error"] = round(max(memory_errors), 3)
     if routed:
