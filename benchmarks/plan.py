@@ -7,7 +7,8 @@ loop: its own graph simulated on the calibration; ZeRO: each worker's own step f
 traced and simulated; all-reduce: a copy of the graph a worker and its pack) and measured as the median of steps 3 to 7 (the slowest worker's,
 for the worker programs). Runs go in interleaved rounds (every form once a round, ``--rounds``
 of them), each round after a calibration of its own (the machine moves between rounds, and a
-calibration is a moment of it), and a form's predicted and measured steps are the medians of
+calibration is a moment of it: each of a round's figures is the median of ``--tries``
+calibrations, ``train.calibrate(cluster, tries=3)``), and a form's predicted and measured steps are the medians of
 its rounds; its memory by kind the
 fullest device's in the traced step (``train.step_memory``; the worker programs report their
 variables: parameters and Adam's state).
@@ -31,7 +32,7 @@ variables: parameters and Adam's state).
 - runs: each run's predicted and measured step (ms; each round's), memory by kind (MB), and
   where the predicted and traced timelines part most (``Prediction.differences``).
 
-    python benchmarks/plan.py [--quick] [--rounds 3]
+    python benchmarks/plan.py [--quick] [--rounds 3] [--tries 3]
 
 Prints one JSON line. --quick: one shape, fewer runs.
 """
@@ -108,7 +109,7 @@ def runs(shape: dict):
     return found
 
 
-def main(quick: bool, rounds: int) -> None:
+def main(quick: bool, rounds: int, tries: int) -> None:
     import dtflab
     from dtflab import train
     from dtflab.train.planner import published
@@ -129,7 +130,7 @@ def main(quick: bool, rounds: int) -> None:
             # the machine calibrated afresh each round, and that round's runs predicted from it
             for round_ in range(rounds):
                 start = time.perf_counter()
-                hardware = train.calibrate(cluster)
+                hardware = train.calibrate(cluster, tries=tries)
                 if any(r[3].data > 1 and r[3].tensor == r[3].pipeline == 1 for _, r in todo):
                     hardware = with_program_costs(hardware, cluster)
                 if workers == 2:
@@ -195,5 +196,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tries", type=int, default=3)
     arguments = parser.parse_args()
-    main(arguments.quick, arguments.rounds)
+    main(arguments.quick, arguments.rounds, arguments.tries)

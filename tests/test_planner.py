@@ -173,3 +173,29 @@ def test_a_trips_figures_are_each_the_median_of_three_calls():
                   {"transfer": (4e-4, 7e-10), "task": (9e-4, 0.0)}])
     assert calibration._median_of(lambda: next(calls)) == {"transfer": (4e-4, 7e-10),
                                                            "task": (1e-3, 0.0)}
+
+
+def test_a_calibration_of_several_tries_keeps_each_figures_median_and_predicts_with_it():
+    from dtflab.train.planner import calibration, executor
+    from dtflab.train.planner.graph_ops import GraphOp
+
+    base = hardware.cpu_cluster()
+    tries = [dataclasses.replace(
+        base, name=f"try {i}", per_step_s=step, together={"matrix": kept, "memory": 0.8},
+        op_costs={"elementwise": (fixed, 4e-11), "transfer": (trip, 7e-10)},
+        matrix_rates=((0.001, rate), (0.1, 2 * rate)), per_node=node,
+        node=dataclasses.replace(base.node, latency=trip))
+        for i, (step, kept, fixed, trip, rate, node) in enumerate([
+            (3e-3, 0.61, 1e-6, 5e-4, 40e9, 2), (5e-3, 0.93, 3e-6, 3e-4, 60e9, 4),
+            (4e-3, 0.90, 2e-6, 4e-4, 50e9, 2)])]  # the third try: the middle of every figure
+    pooled = calibration.median_of(tries)
+    assert (pooled.per_step_s, pooled.together, pooled.per_node) == (4e-3, {"matrix": 0.90,
+                                                                             "memory": 0.8}, 2)
+    assert pooled.op_costs == {"elementwise": (2e-6, 4e-11), "transfer": (4e-4, 7e-10)}
+    assert pooled.matrix_rates == ((0.001, 50e9), (0.1, 100e9))
+    assert pooled.node.latency == 4e-4 and pooled.name == "try 0"
+    # and the executor prices a step on it as on the middle try
+    ops = [GraphOp("a", "MatMul", "worker:0", "matrix", 2e6, 0, (4096,), (), ()),
+           GraphOp("b", "AddV2", "worker:1", "elementwise", 0, 8192, (4096,), (("a", 0),), ())]
+    seconds = [executor.simulate(ops, one, 2).seconds for one in (*tries, pooled)]
+    assert seconds[3] == pytest.approx(seconds[2]) and len(set(seconds[:3])) == 3

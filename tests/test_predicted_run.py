@@ -250,6 +250,15 @@ def test_calibrating_or_running_on_something_not_a_cluster_is_one_line():
         train.run_layout(train.transformer(**TINY), None, train.Layout())
 
 
+def test_calibrating_no_times_is_one_line_and_times_nothing(here):
+    cluster, _ = here
+    before = cluster.cpu_seconds()
+    with pytest.raises(ValueError, match=r"^tries=0: tries must be a whole number of at least 1; "
+                                         r"for example tries=3$"):
+        train.calibrate(cluster, tries=0)
+    assert cluster.cpu_seconds() - before < 0.5  # no try began: a try keeps both tasks busy
+
+
 def test_a_plan_for_this_machine_keeps_only_the_layouts_a_loop_runs(here):
     # all_reduce, zero and tensor parallelism run a replica's batch whole: a layout that splits
     # it into micro-batches there cannot be run, and the measured machine's plan leaves it out
