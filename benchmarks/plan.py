@@ -3,13 +3,13 @@ predict each run's step time and memory per device from the calibration alone, t
 
 Every run is ``train.run_layout`` of the transformer (small sizes: two shapes) on the layout
 named, 10 steps, step 9 traced; each run's step is predicted before its first step (a graph
-loop: its own graph simulated on the calibration; ZeRO: each worker's own step function,
-traced and simulated; all-reduce: a copy of the graph a worker and its pack) and measured as the median of steps 3 to 7 (the slowest worker's,
-for the worker programs). Runs go in interleaved rounds (every form once a round, ``--rounds``
-of them), each round after a calibration of its own (the machine moves between rounds, and a
-calibration is a moment of it: each of a round's figures is the median of ``--tries``
-calibrations, ``train.calibrate(cluster, tries=3)``), and a form's predicted and measured steps are the medians of
-its rounds; its memory by kind the
+loop: its own graph simulated on the calibration; ZeRO: each worker's own step function, traced
+and simulated; all-reduce: a copy of the graph a worker and its pack) and measured as the
+median of steps 3 to 7 (the slowest worker's, for the worker programs). Runs go in interleaved
+rounds (every form once a round, ``--rounds`` of them), each round after a calibration of its
+own (the machine moves between rounds, and a calibration is a moment of it: each of a round's
+figures is the median of ``--tries`` calibrations, ``train.calibrate(cluster, tries=3)``), and
+a form's predicted and measured steps are the medians of its rounds; its memory by kind the
 fullest device's in the traced step (``train.step_memory``; the worker programs report their
 variables: parameters and Adam's state).
 

@@ -59,8 +59,8 @@ TRIES = 3
 
 
 def calibrate(cluster, *, repeats: int = 5, tries: int = 1) -> Hardware:
-    """Measure ``cluster``'s worker tasks (see the module's docstring); ``tries`` times over,
-    each figure the median of its tries, where ``tries`` > 1 (each try as long as one). A
+    """Measure ``cluster``'s worker tasks (see the module's docstring), ``tries`` times over
+    (each try as long as one calibration), each figure then the median of its tries. A
     figure moves from one calibration to the next, and a graph loop's prediction with it: six
     calibrations back to back predicted the same GPipe step at 122-147 ms (19% apart) and a
     tensor-parallel one at 136-172 (24%); each figure the median of three of them, at 133-138
