@@ -146,9 +146,7 @@ def _median_of(measure) -> dict:
     :data:`TRIES` calls: a trip between tasks, timed one step after another, moves from one
     call to the next (its fixed cost 305-524 us, its cost a byte 655-931 ps, its share on a
     core 0.59-0.96, in six calls in a row)."""
-    found = [measure() for _ in range(TRIES)]
-    return {name: tuple(statistics.median(one[name][i] for one in found)
-                        for i in range(len(found[0][name]))) for name in found[0]}
+    return median_of([measure() for _ in range(TRIES)])
 
 
 def _chain_graph(devices, make, count: int):
