@@ -199,3 +199,28 @@ def test_a_calibration_of_several_tries_keeps_each_figures_median_and_predicts_w
            GraphOp("b", "AddV2", "worker:1", "elementwise", 0, 8192, (4096,), (("a", 0),), ())]
     seconds = [executor.simulate(ops, one, 2).seconds for one in (*tries, pooled)]
     assert seconds[3] == pytest.approx(seconds[2]) and len(set(seconds[:3])) == 3
+
+
+def test_a_whole_steps_cost_an_op_is_paid_by_every_op_and_fitted_to_a_measured_step():
+    from dtflab.train.planner import executor
+    from dtflab.train.planner.graph_ops import GraphOp
+    from dtflab.train.planner.op_costs import dispatch_cost
+
+    base = dataclasses.replace(hardware.cpu_cluster(), op_costs={
+        "elementwise": (1e-6, 4e-11), "matrix": (3e-6, 0.0)},
+        matrix_rates=((0.001, 40e9), (0.1, 80e9)))
+    ops = [GraphOp("m", "MatMul", "worker:0", "matrix", 2e6, 0, (4096,), (), ())]
+    for i in range(10):  # a chain on one thread: nothing runs beside it
+        ops.append(GraphOp(f"a{i}", "AddV2", "worker:0", "elementwise", 0, 8192, (4096,),
+                           ((ops[-1].name, 0),), ()))
+
+    def on(seconds: float):
+        return dataclasses.replace(base, op_costs={**base.op_costs, "dispatch": (seconds, 0.0)})
+
+    alone = executor.simulate(ops, base, 1).seconds
+    assert executor.simulate(ops, on(2e-6), 1).seconds - alone == pytest.approx(11 * 2e-6)
+    # fitted back from a step that took what it would at 2 us an op (a search: within 1%)
+    measured = executor.simulate(ops, on(2e-6), 1).seconds
+    fitted = dispatch_cost(base, lambda h: executor.simulate(ops, h, 1).seconds, measured)
+    assert fitted.op_costs["dispatch"][0] == pytest.approx(2e-6, rel=0.01)
+    assert {k: v for k, v in fitted.op_costs.items() if k != "dispatch"} == base.op_costs

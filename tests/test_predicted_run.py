@@ -106,6 +106,36 @@ def test_a_graph_loops_predicted_timeline_is_drawn_above_its_traced_step(here):
     assert words in note.text
 
 
+def test_a_graph_loop_is_priced_with_a_steps_cost_an_op_fitted_once_to_this_cluster(
+        here, monkeypatch):
+    from dtflab.train.planner import executor
+    from dtflab.train.planner.hardware import a100_node
+    from dtflab.train.planner.predicted_run import with_dispatch
+
+    cluster, hardware = here
+    assert "dispatch" not in hardware.op_costs
+    fitted = with_dispatch(hardware, cluster)  # the one-task loop of op_costs.PROBE, timed
+    cost = fitted.op_costs["dispatch"][0]
+    print(f"{cost * 1e6:.2f} us an op beyond a chain's")
+    assert with_dispatch(hardware, cluster) is fitted and with_dispatch(fitted, cluster) is fitted
+    a100 = a100_node()  # a preset prices another machine: nothing fitted here
+    assert with_dispatch(a100, cluster) is a100
+    read = []
+
+    def reading(*args, **kwargs):
+        read.append(step_ops(*args, **kwargs))
+        return read[-1]
+
+    step_ops = graph_ops.step_ops
+    monkeypatch.setattr(graph_ops, "step_ops", reading)
+    history = train.run_layout(train.transformer(**TINY), cluster, train.Layout(),
+                               hardware=hardware, steps=4, watchdog=False)
+    threads = cluster.inter_op_threads
+    assert history.prediction.seconds == pytest.approx(
+        executor.simulate(read[-1], fitted, threads).seconds)
+    assert history.prediction.seconds > executor.simulate(read[-1], hardware, threads).seconds
+
+
 def test_a_routed_mixture_is_priced_as_the_first_step_counted_routes(here, monkeypatch):
     from dtflab.train.run.history import FIRST_COUNTED_STEP
 
@@ -150,11 +180,13 @@ def test_a_routed_mixture_is_priced_as_the_first_step_counted_routes(here, monke
 
 
 def test_a_worker_programs_step_is_priced_from_its_own_traced_step_function(here):
-    from dtflab.train.planner.predicted_run import with_program_costs
+    from dtflab.train.planner.predicted_run import with_dispatch, with_program_costs
 
     cluster, hardware = here
     problem = train.transformer(**TINY)
     machine = with_program_costs(hardware, cluster)  # the probes: all-reduce, ZeRO 1, 2 and 3
+    # fitted on the graph loops' cost an op (their graphs priced as a graph loop's)
+    assert machine.op_costs["dispatch"] == with_dispatch(hardware, cluster).op_costs["dispatch"]
     costs = {kind: machine.op_costs[kind][0]
              for kind in ("call", "collective_ring", "collective_pair")}
     print({kind: f"{cost * 1e3:.3f} ms" for kind, cost in costs.items()})
@@ -190,7 +222,7 @@ def test_a_worker_programs_step_is_priced_from_its_own_traced_step_function(here
 def test_a_profiled_kernel_is_classed_by_its_type_and_carries_the_executors_work_around_it():
     from dtflab.tracing.profile import with_executor_time
     from dtflab.tracing.step import OpTiming
-    from dtflab.train.planner.predicted_run import traced_kind
+    from dtflab.train.planner.step_kinds import traced_kind
 
     device, compute, collectives = dtflab.names.full("worker:0"), "tf_Compute/7", "collective_ops/9"
     events = [OpTiming(device, "ExecutorState::Process", "tf_Compute", 0, 10, "runtime", compute),
@@ -217,7 +249,7 @@ def test_a_profiled_kernel_is_classed_by_its_type_and_carries_the_executors_work
     assert spread["add:AddV2", compute] == (12, 1)
     # by kind: a collective in flight counts only where no kernel runs (10-12 and 13-35 us)
     from dtflab.tracing.step import StepTrace
-    from dtflab.train.planner.predicted_run import by_kind
+    from dtflab.train.planner.step_kinds import by_kind
 
     traced = StepTrace(None, {}, [], [], {device: events}, 35)
     rows = {kind: theirs * 1e3 for kind, _, theirs in by_kind(StepTrace(None, {}, [], [], {}, 0),

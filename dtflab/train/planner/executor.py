@@ -43,7 +43,8 @@ def op_seconds(op, hardware: Hardware) -> float:
     """One op alone on a core: a multiply's arithmetic at the calibrated rate for its size (a
     rate timed with the op's fixed cost in it), or the executor's fixed cost for its class
     and its bytes at the class's measured cost a byte (read between its cost on tensors that
-    fit a core's cache and on ones that do not, by the op's bytes on a log scale)."""
+    fit a core's cache and on ones that do not, by the op's bytes on a log scale); either with
+    what an op of a whole step costs beyond one of a chain (``op_costs["dispatch"]``)."""
     if op.kind == "collective":
         latency, per_byte = hardware.op_costs.get("transfer", (hardware.node.latency, 0.0))
         family = "pair" if op.type.startswith("CollectiveBcast") else "ring"
@@ -52,15 +53,16 @@ def op_seconds(op, hardware: Hardware) -> float:
     fixed, per_byte = hardware.op_costs.get(op.kind, hardware.op_costs.get("elementwise",
                                                                              (hardware.per_op_s,
                                                                               0.0)))
+    dispatch = hardware.op_costs.get("dispatch", (0.0, 0.0))[0]
     if op.kind == "matrix" and op.flops:
         unit = op.unit_flops or op.flops  # a batch of small multiplies runs at a small one's rate
-        return op.flops / hardware.matrix_rate(unit)  # the rates were timed with their cost
+        return op.flops / hardware.matrix_rate(unit) + dispatch  # timed with the fixed cost in
     if op.kind in hardware.cached and op.nbytes:  # a small op's tensors sit in the cache
         small_bytes, small_per_byte = hardware.cached[op.kind]
         share = (math.log(op.nbytes) - math.log(small_bytes)) / math.log(CACHE_SPAN)
         share = min(max(share, 0.0), 1.0)
         per_byte = small_per_byte + share * (per_byte - small_per_byte)
-    return fixed + op.nbytes * per_byte
+    return fixed + dispatch + op.nbytes * per_byte
 
 
 def transfer_seconds(nbytes: float, hardware: Hardware) -> float:

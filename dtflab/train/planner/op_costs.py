@@ -233,6 +233,19 @@ def trip_on_cores(target, pair, hops_in_chain: int = 100, busy: int = 600) -> fl
     return min(max(per_trip(True) / per_trip(False) - 1, 0.0), 1.0)
 
 
+def dispatch_cost(hardware: Hardware, step_seconds, measured: float) -> Hardware:
+    """``hardware`` with ``op_costs["dispatch"]``: what an op of a whole step costs beyond
+    what a chain of it was timed at (:func:`op_costs`: in a chain the executor runs each op
+    inline, in a step it hands ops between its threads), fitted so that a step simulated on
+    it (``step_seconds(hardware)``) takes ``measured`` (:func:`search`, 0.01 to 100 us).
+    Fitted to the one-task loop of :data:`PROBE` (``predicted_run.with_dispatch``); here, on
+    two blocks and on one, 1.15 and 1.18 us."""
+    def on(seconds: float) -> Hardware:
+        return replace(hardware, op_costs={**hardware.op_costs, "dispatch": (seconds, 0.0)})
+
+    return on(search(lambda d: (step_seconds(on(d)) / measured - 1) ** 2, 1e-8, 1e-4, 16))
+
+
 #: The transformer the worker programs' costs are timed on: big enough that its workers'
 #: arithmetic runs beside their collectives, as a learner's model's does (on one of 1 block
 #: at d_model 32, fitted costs put ZeRO 1 at d_model 128 30% long; on this one, 3%).

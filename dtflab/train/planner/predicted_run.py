@@ -30,6 +30,7 @@ from dtflab.train.layouts.layout import Layout
 from dtflab.train.planner import executor, graph_ops
 from dtflab.train.planner.device_memory import Plan, per_device
 from dtflab.train.planner.loops import loop_for
+from dtflab.train.planner.step_kinds import by_kind
 from dtflab.train.run.history import FIRST_COUNTED_STEP
 
 VIEWS = "dtflab.viz.prediction"
@@ -81,67 +82,6 @@ class Prediction:
 
     def show(self, history, **options) -> None:
         importlib.import_module(VIEWS).show(self, history, **options)
-
-
-def by_kind(predicted, traced) -> list[tuple[str, float, float]]:
-    """Each kind of op's share of the step, in milliseconds, ``(kind, predicted, traced)``,
-    largest difference first: on each device every moment something runs is split evenly
-    among the ops running then (threads and transfers overlap), each op's share counted to its
-    kind, and the devices summed, so each side adds up to its devices' busy time. Traced ops
-    are classed by :func:`traced_kind`. A profiled worker program's kernels each carry their
-    share of the executor's work around them (``tracing.profile.with_executor_time``), as a
-    simulated op's cost does; its collectives in flight on the collective thread (a wait for
-    the other worker among them) count only in moments when no kernel runs: the step waiting
-    on them."""
-    from dtflab.tracing.profile import in_flight, with_executor_time
-
-    def shares(trace):
-        total = {}
-        for timings in trace.timings.values():
-            events = []
-            for timing in with_executor_time(timings):
-                kind = traced_kind(timing)
-                if kind is not None:
-                    side = "waits" if in_flight(timing) else "work"
-                    events += [(timing.start_us, 1, kind, side), (timing.end_us, -1, kind, side)]
-            running, last = {"work": {}, "waits": {}}, None
-            for at, change, kind, side in sorted(events, key=lambda e: (e[0], e[1])):
-                now = running["work"] if sum(running["work"].values()) else running["waits"]
-                count = sum(now.values())
-                if last is not None and count:
-                    for name, n in now.items():
-                        total[name] = total.get(name, 0.0) + (at - last) * n / count / 1e3
-                running[side][kind] = running[side].get(kind, 0) + change
-                last = at
-        return total
-
-    ours, theirs = shares(predicted), shares(traced)
-    rows = [(kind, ours.get(kind, 0.0), theirs.get(kind, 0.0)) for kind in executor.KINDS
-            if kind in ours or kind in theirs]
-    return sorted(rows, key=lambda row: -abs(row[1] - row[2]))
-
-
-def traced_kind(timing) -> str | None:
-    """The price class of one traced event, None for the runtime's own. A ``Session.run``'s
-    step stats give an op's type (``MatMul``) or a transfer; the profiler's events of a worker
-    program name a kernel ``name:Type`` (a collective's: its start on the executor's thread,
-    its exchange on the collective thread, each named so, waits for the peer included), its
-    collective executor's events name a collective, and its other events are the runtime's.
-    oneDNN's ``_Mkl`` and ``_Fused`` names read as the op they stand for."""
-    from dtflab.tracing.step import PROFILED_KERNEL
-
-    if timing.kind not in ("compute", "transfer"):
-        return None
-    op = timing.op
-    if PROFILED_KERNEL.match(timing.name):
-        op = timing.name.split(":")[1]
-        if timing.kind == "transfer" and graph_ops.kind(op) != "collective":
-            return "transfer"  # a _Recv's kernel
-    elif timing.thread and "Collective" in timing.name:  # the collective executor's own
-        return "collective"
-    elif timing.kind == "transfer":
-        return "transfer"
-    return graph_ops.kind(op.replace("_Mkl", "").replace("_Fused", ""))
 
 
 def timeline(predicted: executor.Predicted):
@@ -274,28 +214,84 @@ def program_prediction(problem, layout: Layout, machine, memory: dict, loop: str
                       timeline(dataclasses.replace(simulated, seconds=seconds)))
 
 
-#: Each cluster's worker-program costs, by the calibration they were fitted to: a list of
-#: (calibration, calibration with the costs) pairs, found by identity.
-PROGRAM_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: The costs fitted to probe runs on each cluster, by the calibration they were fitted to: a
+#: list of (which costs, calibration, calibration with them), found by identity.
+FITTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _once(which: str, machine, cluster, fit):
+    """``fit()``, once a ``which``, calibration and cluster (:data:`FITTED`)."""
+    fitted = FITTED.setdefault(cluster, [])
+    for kind, calibration, with_costs in fitted:
+        if kind == which and calibration is machine:
+            return with_costs
+    fitted.append((which, machine, fit()))
+    return fitted[-1][2]
+
+
+def with_dispatch(machine, cluster):
+    """``machine`` (a calibration) with what an op of a whole step costs beyond one of a chain
+    (``op_costs.dispatch_cost``), fitted to the one-task loop of ``op_costs.PROBE`` on
+    ``cluster`` (three runs of 60 steps, about 6 s), once a calibration and cluster; a machine
+    not measured (a preset), or one with that cost, as it is."""
+    from dtflab.train.planner.op_costs import PROBE, dispatch_cost
+    from dtflab.train.problems import transformer
+    from dtflab.train.strategies.single import single
+
+    if not machine.measured or "dispatch" in machine.op_costs:
+        return machine
+
+    def fit():
+        read, steps = [], []
+
+        def reading(built, master, problem):
+            if not read:
+                read.append(loop_ops(built, master, problem, 0))
+
+        for _ in range(3):  # a run is a moment of the machine: the median of three
+            steps.append(single(transformer(**PROBE), cluster=cluster, steps=60, seed=0,
+                                watchdog=False, predict=reading).median_step_s())
+        threads = cluster.inter_op_threads
+        return dispatch_cost(machine, lambda h: executor.simulate(read[0], h, threads).seconds,
+                             statistics.median(steps))
+
+    return _once("dispatch", machine, cluster, fit)
 
 
 def with_program_costs(machine, cluster):
-    """``machine`` with the worker programs' costs (``op_costs.program_costs``), timed on
-    programs of the threads a run on ``cluster`` gives them (:func:`program_threads`): once a
-    calibration and cluster (about 40 s; :data:`PROGRAM_COSTS`), so that every later run given
-    the same ``train.calibrate(cluster)`` reuses them."""
+    """``machine`` with the worker programs' costs (``op_costs.program_costs``) on
+    :func:`with_dispatch`'s, timed on programs of the threads a run on ``cluster`` gives them
+    (:func:`program_threads`): once a calibration and cluster (about 40 s), so that every later
+    run given the same ``train.calibrate(cluster)`` reuses them."""
     from dtflab.train.planner.op_costs import program_costs
 
-    fitted = PROGRAM_COSTS.setdefault(cluster, [])
-    for calibration, with_costs in fitted:
-        if calibration is machine:
-            return with_costs
-    threads = program_threads(cluster)
-    with_costs = program_costs(
-        machine, lambda p, stage, h: program_step(p, stage, h, threads=threads).seconds,
-        lambda p, h: pack_seconds(p, h, 2), threads=threads)
-    fitted.append((machine, with_costs))
-    return with_costs
+    def fit():
+        threads = program_threads(cluster)
+        return program_costs(
+            with_dispatch(machine, cluster),
+            lambda p, stage, h: program_step(p, stage, h, threads=threads).seconds,
+            lambda p, h: pack_seconds(p, h, 2), threads=threads)
+
+    return _once("programs", machine, cluster, fit)
+
+
+def first_counted(built, problem, seed: int) -> tuple[dict, list]:
+    """The feed of the step a run counts first, and the updates before it (``(op, feed)``):
+    a router's dispatch is priced as that step routes (a router, learning, soon routes
+    otherwise than at the start)."""
+    x, t = built.inputs
+    before = [(built.train, dict(zip((x, t), problem.batch(step, seed))))
+              for step in range(FIRST_COUNTED_STEP)]
+    return dict(zip((x, t), problem.batch(FIRST_COUNTED_STEP, seed))), before
+
+
+def loop_ops(built, master, problem, seed: int) -> list:
+    """A graph loop's step (:func:`first_counted`) as ``graph_ops.step_ops`` reads it from the
+    loop's graph, an op without a device on the master's task."""
+    feed, before = first_counted(built, problem, seed)
+    return graph_ops.step_ops(built.graph, [built.train, built.loss, *built.reports.values()],
+                              feed, names.task(master) if master else "worker:0", built.init,
+                              before)
 
 
 def routing(plan: Plan, loads) -> float:
@@ -336,10 +332,12 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
         options.setdefault("threads", program_threads(cluster))
         if "collective_ring" not in machine.op_costs:
             machine = with_program_costs(machine, cluster)
-            if hardware == "here":
-                from dtflab.train.planner.plans import CALIBRATED
+    else:
+        machine = with_dispatch(machine, cluster)
+    if hardware == "here":  # what a later run or plan "here" on this cluster starts from
+        from dtflab.train.planner.plans import CALIBRATED
 
-                CALIBRATED[cluster] = machine
+        CALIBRATED[cluster] = machine
     plan = plan_of(problem, layout)
     memory = per_device(plan)
     strategy = getattr(importlib.import_module(f"dtflab.train.strategies.{loop}"), loop)
@@ -347,22 +345,13 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
         threads = cluster.inter_op_threads
 
         def predict(built, master, problem):
-            x, t = built.inputs
-            seed = options.get("seed", 0)
-            # a router's dispatch is priced as the first step counted routes: after the updates
-            # before it (a router, learning, soon routes otherwise than at the start)
-            before = [(built.train, dict(zip((x, t), problem.batch(step, seed))))
-                      for step in range(FIRST_COUNTED_STEP)]
-            xs, ts = problem.batch(FIRST_COUNTED_STEP, seed)
-            fetches = [built.train, built.loss, *built.reports.values()]
-            ops = graph_ops.step_ops(built.graph, fetches, {x: xs, t: ts},
-                                     names.task(master) if master else "worker:0", built.init,
-                                     before)
+            ops = loop_ops(built, master, problem, options.get("seed", 0))
             simulated = executor.simulate(ops, machine, threads)
             held = memory
             if "tokens_per_expert" in built.reports and not problem.pad_to_capacity:
+                feed, before = first_counted(built, problem, options.get("seed", 0))
                 loads, = graph_ops.values_after(built.graph, [built.reports["tokens_per_expert"]],
-                                                {x: xs, t: ts}, built.init, before)
+                                                feed, built.init, before)
                 held = per_device(dataclasses.replace(plan, routing=routing(plan, loads)))
             return Prediction(loop, simulated.seconds, simulated.parts(), held,
                               "dtflab's graph, simulated on the calibration",
