@@ -238,8 +238,10 @@ def dispatch_cost(hardware: Hardware, step_seconds, measured: float) -> Hardware
     what a chain of it was timed at (:func:`op_costs`: in a chain the executor runs each op
     inline, in a step it hands ops between its threads), fitted so that a step simulated on
     it (``step_seconds(hardware)``) takes ``measured`` (:func:`search`, 0.01 to 100 us).
-    Fitted to the one-task loop of :data:`PROBE` (``predicted_run.with_dispatch``); here, on
-    two blocks and on one, 1.15 and 1.18 us."""
+    Fitted to the one-task loop of :data:`PROBE` (``predicted_run.with_dispatch``): on one
+    calibration, 1.15 us on two blocks and 1.18 on one; from one calibration to the next it
+    moves (0.01-4.9 us in a benchmark run's three rounds, 2026-11-30), as the fixed costs it
+    sits beside do."""
     def on(seconds: float) -> Hardware:
         return replace(hardware, op_costs={**hardware.op_costs, "dispatch": (seconds, 0.0)})
 
