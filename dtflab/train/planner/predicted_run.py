@@ -310,9 +310,10 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
     """Train ``problem`` on ``cluster`` as ``layout`` says (a ``train.Layout``, or a plan's
     row: ``dtflab.plan(...).best``), the loop chosen from its ways (see ``loop_for``), with
     the step predicted before it runs on ``hardware`` (``"here"``: ``cluster`` calibrated
-    once, about 35 s, and the worker programs' costs the first time one is predicted, about
-    40 s; or a Hardware, such as ``train.calibrate(cluster)``, whose programs' costs are fitted
-    once too) into ``history.prediction``. ``options`` are the loop's
+    once, about 35 s, a whole step's cost an op the first time a run is predicted, about
+    6 s (:func:`with_dispatch`), and the worker programs' costs the first time one is, about
+    40 s; or a Hardware, such as ``train.calibrate(cluster)``, whose costs are fitted once
+    too) into ``history.prediction``. ``options`` are the loop's
     (``steps``, ``trace_step``, ...); a worker program's ``threads`` are the cluster's
     (:func:`program_threads`) unless given."""
     checks.cluster(cluster)
