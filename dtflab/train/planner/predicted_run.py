@@ -246,7 +246,7 @@ def with_dispatch(machine, cluster):
 
         def reading(built, master, problem):
             if not read:
-                read.append(loop_ops(built, master, problem, 0))
+                read.append(loop_ops(built, master, *first_counted(built, problem, 0)))
 
         for _ in range(3):  # a run is a moment of the machine: the median of three
             steps.append(single(transformer(**PROBE), cluster=cluster, steps=60, seed=0,
@@ -285,10 +285,10 @@ def first_counted(built, problem, seed: int) -> tuple[dict, list]:
     return dict(zip((x, t), problem.batch(FIRST_COUNTED_STEP, seed))), before
 
 
-def loop_ops(built, master, problem, seed: int) -> list:
-    """A graph loop's step (:func:`first_counted`) as ``graph_ops.step_ops`` reads it from the
-    loop's graph, an op without a device on the master's task."""
-    feed, before = first_counted(built, problem, seed)
+def loop_ops(built, master, feed: dict, before: list) -> list:
+    """A graph loop's step fed ``feed`` after ``before`` (:func:`first_counted`), as
+    ``graph_ops.step_ops`` reads it from the loop's graph, an op without a device on the
+    master's task."""
     return graph_ops.step_ops(built.graph, [built.train, built.loss, *built.reports.values()],
                               feed, names.task(master) if master else "worker:0", built.init,
                               before)
@@ -346,11 +346,10 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
         threads = cluster.inter_op_threads
 
         def predict(built, master, problem):
-            ops = loop_ops(built, master, problem, options.get("seed", 0))
-            simulated = executor.simulate(ops, machine, threads)
+            feed, before = first_counted(built, problem, options.get("seed", 0))
+            simulated = executor.simulate(loop_ops(built, master, feed, before), machine, threads)
             held = memory
             if "tokens_per_expert" in built.reports and not problem.pad_to_capacity:
-                feed, before = first_counted(built, problem, options.get("seed", 0))
                 loads, = graph_ops.values_after(built.graph, [built.reports["tokens_per_expert"]],
                                                 feed, built.init, before)
                 held = per_device(dataclasses.replace(plan, routing=routing(plan, loads)))
