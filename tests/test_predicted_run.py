@@ -23,6 +23,20 @@ def here():
         yield cluster, train.calibrate(cluster, repeats=2)
 
 
+@pytest.fixture
+def read(monkeypatch):
+    """What each prediction reads of its graph (``graph_ops.step_ops``'s ops), kept in order."""
+    kept = []
+    step_ops = graph_ops.step_ops
+
+    def reading(*args, **kwargs):
+        kept.append(step_ops(*args, **kwargs))
+        return kept[-1]
+
+    monkeypatch.setattr(graph_ops, "step_ops", reading)
+    return kept
+
+
 def test_each_layout_is_run_by_the_loop_that_trains_its_ways():
     chosen = [loop_for(layout)[0] for layout in (
         train.Layout(), train.Layout(data=2), train.Layout(tensor=2),
@@ -106,8 +120,7 @@ def test_a_graph_loops_predicted_timeline_is_drawn_above_its_traced_step(here):
     assert words in note.text
 
 
-def test_a_graph_loop_is_priced_with_a_steps_cost_an_op_fitted_once_to_this_cluster(
-        here, monkeypatch):
+def test_a_graph_loop_is_priced_with_a_steps_cost_an_op_fitted_once_to_this_cluster(here, read):
     from dtflab.train.planner import executor
     from dtflab.train.planner.hardware import a100_node
     from dtflab.train.planner.predicted_run import with_dispatch
@@ -120,14 +133,6 @@ def test_a_graph_loop_is_priced_with_a_steps_cost_an_op_fitted_once_to_this_clus
     assert with_dispatch(hardware, cluster) is fitted and with_dispatch(fitted, cluster) is fitted
     a100 = a100_node()  # a preset prices another machine: nothing fitted here
     assert with_dispatch(a100, cluster) is a100
-    read = []
-
-    def reading(*args, **kwargs):
-        read.append(step_ops(*args, **kwargs))
-        return read[-1]
-
-    step_ops = graph_ops.step_ops
-    monkeypatch.setattr(graph_ops, "step_ops", reading)
     history = train.run_layout(train.transformer(**TINY), cluster, train.Layout(),
                                hardware=hardware, steps=4, watchdog=False)
     threads = cluster.inter_op_threads
@@ -136,19 +141,11 @@ def test_a_graph_loop_is_priced_with_a_steps_cost_an_op_fitted_once_to_this_clus
     assert history.prediction.seconds > executor.simulate(read[-1], hardware, threads).seconds
 
 
-def test_a_routed_mixture_is_priced_as_the_first_step_counted_routes(here, monkeypatch):
+def test_a_routed_mixture_is_priced_as_the_first_step_counted_routes(here, read):
     from dtflab.train.run.history import FIRST_COUNTED_STEP
 
     cluster, hardware = here
     problem = train.transformer(**TINY, experts=4, top_k=2)
-    read = []
-
-    def reading(*args, **kwargs):  # what the prediction read of the graph, kept
-        read.append(step_ops(*args, **kwargs))
-        return read[-1]
-
-    step_ops = graph_ops.step_ops
-    monkeypatch.setattr(graph_ops, "step_ops", reading)
     layout = train.Layout(data=2, expert=2)
     history = train.run_layout(problem, cluster, layout, hardware=hardware,
                                steps=FIRST_COUNTED_STEP + 1, trace_step=FIRST_COUNTED_STEP,
@@ -158,7 +155,7 @@ def test_a_routed_mixture_is_priced_as_the_first_step_counted_routes(here, monke
     assert [list(b) for b in loads[0]] != [list(b) for b in loads[FIRST_COUNTED_STEP]]
     # each worker's dispatch to expert e gathers the tokens e takes of its sequences
     rows = {}
-    for op in read[0]:
+    for op in read[-1]:  # the run's step (a first fit of the cost an op reads its probe's first)
         worker, block, dispatch, *_ = op.name.split("/") + ["", "", ""]
         if (op.type == "GatherV2" and dispatch.startswith("dispatch")
                 and op.inputs[0][0] == f"{worker}/{block}/Reshape"):
