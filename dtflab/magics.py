@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import tempfile
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_arguments
 
-from dtflab import exercises, names
+from dtflab import exercises, names, scratch
 from dtflab.cluster import Cluster, backend_names, check_request, start_cluster
 from dtflab.errors import NotSupportedError, did_you_mean
 from dtflab.spec import parse_count
@@ -263,7 +262,7 @@ class RunMagics(Magics):
         args = run_parser("%%dtf_run", with_script=False).parse_args(_split(line))
         if args.name is not None and not args.name.isidentifier():
             raise UsageError(f"--name {args.name!r} is not a Python variable name; e.g. --name run1")
-        folder = tempfile.mkdtemp(prefix="dtflab-cell-")
+        folder = scratch.folder("cell")
         script = os.path.join(folder, "cell.py")
         with open(script, "w") as f:
             f.write(cell)
@@ -286,9 +285,7 @@ class RunMagics(Magics):
                 raise TaskError(job, index, f"exited with code {codes[failed[0]]}",
                                 log_tail=cluster._task_log_tail(job, index))
         finally:
-            import shutil
-
-            shutil.rmtree(folder, ignore_errors=True)
+            scratch.remove(folder)
         return None
 
 

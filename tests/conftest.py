@@ -235,11 +235,12 @@ def run_programs():
 
 
 @contextlib.contextmanager
-def owner_of(code: str):
-    """A Python process running ``code``, which starts clusters and prints its tasks' pids as
-    one JSON list; yields (those pids, the pids of all its descendants) and SIGKILLs it when
-    the block ends."""
-    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+def owner_of(code: str, env: dict | None = None):
+    """A Python process running ``code`` (with ``env`` added to its environment), which starts
+    clusters and prints its tasks' pids as one JSON list; yields (those pids, the pids of all
+    its descendants) and SIGKILLs it when the block ends."""
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, **(env or {})})
     try:
         tasks = json.loads(owner.stdout.readline())
         yield tasks, [child.pid for child in psutil.Process(owner.pid).children(recursive=True)]

@@ -30,7 +30,7 @@ def imported_modules(path: Path) -> set[str]:
 
 
 #: dtflab's base modules: below every room, importing nothing of dtflab but each other.
-BASE = {"errors", "names", "spec", "checks", "_quiet", "tf_private", "machine"}
+BASE = {"errors", "names", "spec", "checks", "_quiet", "tf_private", "machine", "scratch"}
 
 #: Each room of dtflab (a package or a top-level module) and the rooms below it that it may
 #: import, at any depth (function-level imports included; ``if TYPE_CHECKING:`` imports, which
@@ -55,6 +55,7 @@ LAYERS = {
     "tf_private": {"errors"},
     "spec": set(),
     "machine": set(),
+    "scratch": set(),
     "names": set(),
     "errors": set(),
     "_quiet": set(),

@@ -5,11 +5,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 
 import psutil
 import pytest
 
 import dtflab
+from dtflab import scratch
 from dtflab.cluster import base
 from dtflab.cluster.task import TaskState
 from dtflab.errors import PortInUseError, TaskError
@@ -197,16 +199,23 @@ def test_kill_of_unknown_task_names_the_valid_tasks(start_cluster):
         cluster.restart("wrker", 0)
 
 
-def test_tasks_die_within_5s_when_the_owner_is_killed_with_sigkill():
+def test_tasks_die_within_5s_when_the_owner_is_killed_with_sigkill(tmp_path, monkeypatch):
     with owner_of("import json, time, dtflab\n"
                   "c = dtflab.start_cluster(3)\n"
                   "print(json.dumps([t.pid for t in c.tasks]), flush=True)\n"
-                  "time.sleep(600)\n") as (tasks, pids):
+                  "time.sleep(600)\n", env={"TMPDIR": str(tmp_path)}) as (tasks, pids):
         assert len(tasks) == 3 and set(tasks) < set(pids)
         assert len(pids) == 6  # and the gate of their private network, its helper, the fork server
         assert all(psutil.pid_exists(pid) for pid in pids)
 
     assert wait_until(lambda: all_gone(pids), timeout=5.0), "task processes outlived their owner"
+    # what the killed owner could not remove (its tasks' logs, its gate's and fork server's),
+    # the next process of dtflab's to make a folder does
+    left = sorted(p.name.rsplit("-", 1)[0] for p in tmp_path.glob("dtflab-*"))
+    assert left == ["dtflab-forkserver", "dtflab-gate", "dtflab-logs"]
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert len(scratch.sweep(settle_s=0)) == 3
+    assert not list(tmp_path.glob("dtflab-*"))
 
 
 def test_eager_code_runs_on_a_connected_cluster():

@@ -15,10 +15,10 @@ dtflab must be importable on the workers (installed in their environment).
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
+
+from dtflab import scratch
 
 _hosted: dict[str, dict] = {}  # cluster id -> {(job, index): Task} on this worker
 _log_dirs: dict[str, Path] = {}
@@ -50,7 +50,7 @@ def start_task(cluster_id: str, commands: dict, timeout: float, owner_pid: int |
     if dask_worker.address not in commands:
         return {}
     job, index, command = commands[dask_worker.address]
-    log_dir = _log_dirs.setdefault(cluster_id, Path(tempfile.mkdtemp(prefix="dtflab-logs-")))
+    log_dir = _log_dirs.setdefault(cluster_id, Path(scratch.folder("logs")))
     tasks = _hosted.setdefault(cluster_id, {})
     task = tasks.setdefault((job, index), Task(job, index, log_dir / f"{job}-{index}.log"))
     try:
@@ -83,7 +83,7 @@ def stop_tasks(cluster_id: str, dask_worker=None) -> dict:
     tasks = _hosted.pop(cluster_id, {})
     stop_all(tasks.values())
     logs = {task.name: task.logs() for task in tasks.values()}
-    shutil.rmtree(_log_dirs.pop(cluster_id, ""), ignore_errors=True)
+    scratch.remove(_log_dirs.pop(cluster_id, ""))
     return logs
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import tempfile
 from pathlib import Path
 
+from dtflab import scratch
 from dtflab.cluster.base import Cluster
 from dtflab.cluster.data_service import DATA_JOBS
 from dtflab.cluster.memory import cpu_seconds
@@ -46,7 +45,7 @@ class LocalCluster(Cluster):
         self._net = None
         self._launcher = None
         self._doors: list[int] = []
-        self._log_dir = Path(tempfile.mkdtemp(prefix="dtflab-logs-"))
+        self._log_dir = Path(scratch.folder("logs"))
         self._tasks = {(job, index): Task(job, index, self._log_dir / f"{job}-{index}.log")
                        for job, tasks in layout.items() for index in range(len(tasks))}
         self.profiler_ports: dict[tuple[str, int], int] = {}  # TF profiler server per task server
@@ -78,7 +77,7 @@ class LocalCluster(Cluster):
 
     def _stop_all(self) -> None:
         self._release()
-        shutil.rmtree(self._log_dir, ignore_errors=True)
+        scratch.remove(self._log_dir)
 
     def _release(self) -> None:
         stop_all(self._tasks.values())

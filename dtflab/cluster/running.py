@@ -30,9 +30,12 @@ def stop_all_running() -> None:
         import sys
         import tempfile
 
+        from dtflab import scratch
+
         sys.stderr.flush()
         path = os.path.join(tempfile.gettempdir(), f"dtflab-exit-{os.getpid()}.log")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        scratch.hold(fd)  # the next dtflab to make a folder removes it once this process ends
         os.dup2(fd, 2)
         os.close(fd)
 

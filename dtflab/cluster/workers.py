@@ -19,14 +19,13 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from dtflab import scratch
 from dtflab.cluster.ports import free_ports
 from dtflab.processes import engine as engine_program
 from dtflab.processes.spawn import child_env
@@ -44,7 +43,7 @@ class Controller:
     """ipyparallel's controller, a process of this kernel's (ends with it)."""
 
     def __init__(self, ip: str = "127.0.0.1", timeout: float = 30.0):
-        self.folder = Path(tempfile.mkdtemp(prefix="dtflab-workers-"))
+        self.folder = Path(scratch.folder("workers"))
         self.ports = free_ports(CONTROLLER_PORTS)
         self._log = open(self.folder / "controller.log", "wb")  # noqa: SIM115 - closed by stop
         self.process = subprocess.Popen(
@@ -79,7 +78,7 @@ class Controller:
         if self.process.stdin:
             self.process.stdin.close()
         self._log.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        scratch.remove(self.folder)
 
 
 def _wait_group_ended(group: int, timeout: float = 30.0) -> None:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import atexit
 import os
 import socket
-import tempfile
 import threading
 
+from dtflab import scratch
 from dtflab.errors import DtflabError, NotSupportedError
 
 PRIVATE, HOST = "private", "host"
@@ -102,7 +102,7 @@ class PrivateNetwork:
     def __init__(self, timeout: float):
         from dtflab.network.gate import Gate
 
-        self._log_dir = tempfile.mkdtemp(prefix="dtflab-gate-")
+        self._log_dir = scratch.folder("gate")
         try:
             self.gate = Gate(os.path.join(self._log_dir, "gate.log"), timeout)
         except BaseException:
@@ -144,9 +144,7 @@ class PrivateNetwork:
         self._remove_log()
 
     def _remove_log(self) -> None:
-        import shutil
-
-        shutil.rmtree(self._log_dir, ignore_errors=True)
+        scratch.remove(self._log_dir)
 
 
 _lock = threading.Lock()

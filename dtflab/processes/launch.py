@@ -16,9 +16,9 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-import tempfile
 import threading
 
+from dtflab import scratch
 from dtflab.processes.forkserver import ForkServer
 from dtflab.processes.spawn import SPAWN, Spawner
 
@@ -73,6 +73,6 @@ _logs: list[str] = []
 
 def _log_dir() -> str:
     if not _logs:
-        _logs.append(tempfile.mkdtemp(prefix="dtflab-forkserver-"))
-        atexit.register(lambda: __import__("shutil").rmtree(_logs[0], ignore_errors=True))
+        _logs.append(scratch.folder("forkserver"))
+        atexit.register(scratch.remove, _logs[0])
     return _logs[0]

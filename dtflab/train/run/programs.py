@@ -16,12 +16,10 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
-from dtflab import names
+from dtflab import names, scratch
 from dtflab.cluster.task import log_tail
 from dtflab.errors import StallError, TaskError
 from dtflab.train import problems
@@ -129,7 +127,7 @@ def train_in_programs(loop: Loop, problem, options: ProgramOptions, *, flags=Non
     o = options
     lockstep = o.lockstep or any(getattr(callback, "between_steps", False)
                                  for callback in o.callbacks)
-    folder = o.checkpoint_dir or (tempfile.mkdtemp(prefix=f"dtflab-{loop.kind}-")
+    folder = o.checkpoint_dir or (scratch.folder(loop.kind)
                                   if o.checkpoint_every or o.trace_step is not None else "")
     reports = Reports(o.workers, EVERY_INTERFACE if o.elsewhere else LOOPBACK)
     args = Flags(problem=problems.to_json(problem), steps=o.steps, seed=o.seed,
@@ -152,7 +150,7 @@ def train_in_programs(loop: Loop, problem, options: ProgramOptions, *, flags=Non
         if cluster is not None:
             cluster.stop()
         if folder and not o.checkpoint_dir:
-            shutil.rmtree(folder, ignore_errors=True)
+            scratch.remove(folder)
         raise
     runner = new_runner(loop.kind, f"{loop.title} ({o.workers} workers)", o, problem=problem,
                         cluster=cluster, on_stop=reports.send_stop,
@@ -190,7 +188,7 @@ def train_in_programs(loop: Loop, problem, options: ProgramOptions, *, flags=Non
             cluster.stop_letting_tasks_reach(reports.port)
             cluster.stop()
             if folder and not o.checkpoint_dir:
-                shutil.rmtree(folder, ignore_errors=True)
+                scratch.remove(folder)
 
     return runner.run(body, background=o.background)
 

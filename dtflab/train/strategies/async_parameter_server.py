@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import shutil
 import threading
 import time
 
-from dtflab import checks, names
+from dtflab import checks, names, scratch
 from dtflab._quiet import import_tf
 from dtflab.errors import DtflabError, TaskError
 from dtflab.train.layouts.tasks import worker_devices
@@ -83,8 +82,6 @@ class _Downpour:
 
     def __init__(self, built, problem, seed, cluster, devices, history, checkpoint_every,
                  checkpoint_dir):
-        import tempfile
-
         from dtflab.train.run.checkpoints import Checkpoints
 
         self.built, self.problem, self.seed = built, problem, seed
@@ -92,7 +89,7 @@ class _Downpour:
         self.cluster, self.devices, self.history = cluster, devices, history
         self.checkpoints, self.own_folder = None, checkpoint_dir is None
         if checkpoint_every is not None:
-            folder = checkpoint_dir or tempfile.mkdtemp(prefix="dtflab-checkpoints-")
+            folder = checkpoint_dir or scratch.folder("checkpoints")
             self.checkpoints = Checkpoints(built[0].graph, built[0].global_step, folder,
                                            checkpoint_every, len(devices))
         self.targets = [cluster.target(*names.split(d)) for d in devices]
@@ -244,7 +241,7 @@ class _Downpour:
         if self.saver is not None:
             close_session(self.saver)
         if self.checkpoints is not None and self.own_folder:
-            shutil.rmtree(self.checkpoints.folder, ignore_errors=True)  # ours, not the user's
+            scratch.remove(self.checkpoints.folder)  # ours, not the user's
         history = self.history
         with history._lock:  # in step order, except that a restore sends the steps back
             history.records.sort(key=(lambda r: r.time_s) if history.recoveries else (lambda r: r.step))
