@@ -50,7 +50,9 @@ def start_task(cluster_id: str, commands: dict, timeout: float, owner_pid: int |
     if dask_worker.address not in commands:
         return {}
     job, index, command = commands[dask_worker.address]
-    log_dir = _log_dirs.setdefault(cluster_id, Path(scratch.folder("logs")))
+    if cluster_id not in _log_dirs:  # one folder a cluster and worker (not one a task)
+        _log_dirs[cluster_id] = Path(scratch.folder("logs"))
+    log_dir = _log_dirs[cluster_id]
     tasks = _hosted.setdefault(cluster_id, {})
     task = tasks.setdefault((job, index), Task(job, index, log_dir / f"{job}-{index}.log"))
     try:
