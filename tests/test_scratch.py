@@ -1,13 +1,12 @@
 """dtflab's temporary files: held while the process that made them lives, removed by the next
 one that makes a folder once it has ended, even by SIGKILL (``dtflab.scratch``)."""
 
-import json
 import os
-import subprocess
-import sys
 import tempfile
 
 from dtflab import scratch
+
+from conftest import owner_of
 
 MAKER = ("import json, os, time\n"
          "from dtflab import scratch\n"
@@ -17,34 +16,20 @@ MAKER = ("import json, os, time\n"
          "time.sleep(600)\n")
 
 
-def maker(tmp_path):
-    process = subprocess.Popen([sys.executable, "-c", MAKER], stdout=subprocess.PIPE, text=True,
-                               env={**os.environ, "TMPDIR": str(tmp_path)})
-    return process, json.loads(process.stdout.readline())
-
-
-def ended(process) -> None:
-    process.kill()
-    process.wait()
-    process.stdout.close()
-
-
 def test_a_killed_makers_folder_and_exit_log_go_at_the_next_sweep_a_live_ones_stay(
         tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    live, kept = maker(tmp_path)
-    dead, gone = maker(tmp_path)
     theirs = tmp_path / "dtflab-not-ours"  # the prefix, but not marked by dtflab: never touched
     theirs.mkdir()
-    try:
-        (tmp_path / gone[0] / "worker-0.log").write_text("a task's log")
-        ended(dead)
+    made_in = {"TMPDIR": str(tmp_path)}
+    with owner_of(MAKER, made_in) as (kept, _):
+        with owner_of(MAKER, made_in) as (gone, _):
+            (tmp_path / gone[0] / "worker-0.log").write_text("a task's log")
+        # its maker is killed
         assert scratch.sweep(settle_s=3600) == []  # too young: its maker may not hold it yet
         assert sorted(scratch.sweep(settle_s=0)) == sorted(gone)
         assert all(os.path.exists(path) for path in kept) and theirs.exists()
         assert not any(os.path.exists(path) for path in gone)
-    finally:
-        ended(live)
     assert sorted(scratch.sweep(settle_s=0)) == sorted(kept)
     assert [p.name for p in tmp_path.iterdir()] == ["dtflab-not-ours"]
 
