@@ -87,3 +87,11 @@ def last_meaningful_line(text: str) -> str:
         if line and not line.startswith(("WARNING: All log messages", "I0000", "W0000")):
             return line[:300]
     return ""
+
+
+def sent_twice(error: BaseException) -> bool:
+    """Whether ``error`` is a TensorFlow worker's refusal of a request gRPC delivered twice
+    (AbortedError "The same RunGraph (Worker) request was received twice"): on a loaded machine
+    the master's call was retried after the worker had taken it, so the step may have run.
+    Seen once, in a benchmark's calibration (2026-12-01)."""
+    return type(error).__name__ == "AbortedError" and "received twice" in str(error)

@@ -175,6 +175,37 @@ def test_a_trips_figures_are_each_the_median_of_three_calls():
                                                            "task": (1e-3, 0.0)}
 
 
+@pytest.mark.parametrize("message, runs", [
+    ("The same RunGraph (Worker) request was received twice. (injected)", 2),
+    ("Step aborted (injected)", 1)])
+def test_a_timing_step_whose_request_was_sent_twice_runs_once_more_and_nothing_else_does(
+        monkeypatch, message, runs):
+    """A calibration's step that TensorFlow aborts because gRPC delivered its request twice
+    (a benchmark's calibration ended so, 2026-12-01) is run again; any other abort is raised."""
+    import tensorflow as tf
+    from dtflab.train.planner.op_costs import timing_session
+
+    real, calls = tf.compat.v1.Session.run, []
+
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+        calls.append(fetches)
+        if len(calls) == 1:
+            raise tf.errors.AbortedError(None, None, message)
+        return real(self, fetches, feed_dict, options, run_metadata)
+
+    graph = tf.Graph()
+    with graph.as_default():
+        fetch = tf.constant(2.0) * 3.0
+    monkeypatch.setattr(tf.compat.v1.Session, "run", run)
+    with timing_session("", graph) as session:
+        if runs == 1:
+            with pytest.raises(tf.errors.AbortedError, match="Step aborted"):
+                session.run(fetch)
+        else:
+            assert session.run(fetch) == 6.0
+    assert len(calls) == runs
+
+
 def test_a_calibration_of_several_tries_keeps_each_figures_median_and_predicts_with_it():
     from dtflab.train.planner import calibration, executor
     from dtflab.train.planner.graph_ops import GraphOp

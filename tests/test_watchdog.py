@@ -271,13 +271,25 @@ def test_a_synchronous_step_whose_update_ran_before_its_session_closed_is_not_ap
     assert drift < 1e-6, f"the towers left one process's curve by {drift:.1e} (step 40 twice?)"
 
 
-def test_a_step_whose_reply_was_lost_to_a_transient_unavailable_is_not_applied_again(
-        start_cluster, monkeypatch):
-    """A synchronous step is run again after a transient Unavailable (``run_step``), which
-    can come after its update ran on the servers, its reply lost. Here step 40's update runs,
-    then its ``session.run`` raises Unavailable as a dropped connection would: the retry reads
-    the servers' count of applied steps and takes the kept fetch instead of a second update."""
+#: What a step's ``session.run`` raises after its update ran: a dropped connection, and a
+#: worker refusing a request gRPC sent twice (seen in a benchmark's calibration, 2026-12-01).
+LOST_REPLIES = {
+    "unavailable": ("UnavailableError", "Socket closed (injected)"),
+    "sent-twice": ("AbortedError", "The same RunGraph (Worker) request was received twice. "
+                                   "(injected)")}
+
+
+@pytest.mark.parametrize("lost_to", LOST_REPLIES)
+def test_a_step_whose_reply_was_lost_to_a_transient_error_is_not_applied_again(
+        start_cluster, monkeypatch, lost_to):
+    """A synchronous step is run again after a transient Unavailable or a request sent twice
+    (``run_step``), which can come after its update ran on the servers, its reply lost. Here
+    step 40's update runs, then its ``session.run`` raises as a dropped connection or a
+    refused duplicate would: the retry reads the servers' count of applied steps and takes the
+    kept fetch instead of a second update."""
     import tensorflow as tf
+
+    error, message = LOST_REPLIES[lost_to]
 
     real = tf.compat.v1.Session.run
     steps, lost = [], []
@@ -288,7 +300,7 @@ def test_a_step_whose_reply_was_lost_to_a_transient_unavailable_is_not_applied_a
             steps.append(self)
             if len(steps) == 41 and not lost:  # step 40 (no step is traced)
                 lost.append(self)
-                raise tf.errors.UnavailableError(None, None, "Socket closed (injected)")
+                raise getattr(tf.errors, error)(None, None, message)
         return result
 
     monkeypatch.setattr(tf.compat.v1.Session, "run", run)

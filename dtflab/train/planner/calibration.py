@@ -261,7 +261,7 @@ def _transfer(target, pair, repeats: int) -> tuple[float, float]:
                 with tf.device(reader):
                     fetch = tf.reduce_sum(tf.math.sin(sent))
                 init = tf.compat.v1.global_variables_initializer()
-            with tf.compat.v1.Session(target, graph=graph) as session:
+            with timing_session(target, graph, grappler=True) as session:
                 session.run(init)
                 times[nbytes, reader] = median_run(session, fetch, 3 * repeats)
     cost = {n: times[n, pair[1]] - times[n, pair[0]] for n in (4096, 4 * 2 ** 20)}
@@ -276,7 +276,7 @@ def _per_step(target, device, repeats: int) -> float:
     with graph.as_default(), tf.device(device):
         x = tf.compat.v1.placeholder(tf.float32, [1])
         fetch = x + 1.0
-    with tf.compat.v1.Session(target, graph=graph) as session:
+    with timing_session(target, graph, grappler=True) as session:
         session.run(fetch, {x: [0.0]})
         times = []
         for _ in range(3 * repeats):
@@ -304,7 +304,6 @@ def element_wise(target, device, hardware: Hardware, repeats: int) -> tuple[floa
     from dtflab.train.problems import transformer
     from dtflab.train.graphs.one_replica import single_graph
 
-    tf = import_tf()
     rows = []
     for shape in BLOCK_SHAPES:
         seconds = {}
@@ -313,7 +312,7 @@ def element_wise(target, device, hardware: Hardware, repeats: int) -> tuple[floa
             built = single_graph(problem, seed=0, device=device)
             x, t = built.inputs
             xs, ts = problem.batch(0, 0)
-            with tf.compat.v1.Session(target, graph=built.graph) as session:
+            with timing_session(target, built.graph, grappler=True) as session:
                 session.run(built.init)
                 session.run(built.train, {x: xs, t: ts})
                 times = []

@@ -8,20 +8,37 @@ program on a cluster.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from dataclasses import replace
 
 from dtflab._quiet import import_tf
+from dtflab.errors import sent_twice
 from dtflab.train.planner.hardware import Hardware
 
 
-def timing_session(target, graph):
-    """A session with Grappler off: a chain of the same op is timed as that many ops, not
-    folded into one."""
+def timing_session(target, graph, grappler: bool = False):
+    """A session for timing steps: Grappler off unless ``grappler`` (a chain of the same op is
+    timed as that many ops, not folded into one), and a step whose request gRPC sent twice
+    (``errors.sent_twice``) run once more: a timing step can run twice."""
     tf = import_tf()
     config = tf.compat.v1.ConfigProto()
-    config.graph_options.rewrite_options.disable_meta_optimizer = True
-    return tf.compat.v1.Session(target, graph=graph, config=config)
+    config.graph_options.rewrite_options.disable_meta_optimizer = not grappler
+    return _timing_class()(target, graph=graph, config=config)
+
+
+@functools.cache
+def _timing_class():
+    class TimingSession(import_tf().compat.v1.Session):
+        def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+            try:
+                return super().run(fetches, feed_dict, options, run_metadata)
+            except Exception as exc:
+                if not sent_twice(exc):
+                    raise
+            return super().run(fetches, feed_dict, options, run_metadata)
+
+    return TimingSession
 
 
 def median_run(session, fetch, repeats: int) -> float:

@@ -15,7 +15,7 @@ import time
 
 from dtflab import names
 from dtflab._quiet import import_tf
-from dtflab.errors import DtflabError, StallError, TaskError
+from dtflab.errors import DtflabError, StallError, TaskError, sent_twice
 from dtflab.placement import PlacementPlan
 from dtflab.train.run.logdir import keep_profiles
 from dtflab.train.run.runner import Update, new_runner
@@ -121,7 +121,8 @@ def run_step(session, fetch, feed, cluster, options=None, ran=None):
     """``session.run``, retried while the cluster says every task is alive (a transient
     Unavailable after a restart); a failure with a dead task is raised at once. ``ran()``,
     where given (:meth:`StepOnce.ran`), is asked before each retry whether the step's update
-    ran before its error: its fetch is then returned, and the step not run twice."""
+    ran before its error: its fetch is then returned, and the step not run twice. A request
+    gRPC sent twice (:func:`sent_twice`) is retried only where ``ran`` can say so."""
     tf = import_tf()
     deadline = time.monotonic() + TRANSIENT_RETRY_S
     pause = 0.2
@@ -132,7 +133,9 @@ def run_step(session, fetch, feed, cluster, options=None, ran=None):
                 return fetched
             retry = True
             return session.run(fetch, feed, options=options)
-        except tf.errors.UnavailableError:
+        except (tf.errors.UnavailableError, tf.errors.AbortedError) as exc:
+            if isinstance(exc, tf.errors.AbortedError) and (ran is None or not sent_twice(exc)):
+                raise
             if dead_task(cluster) is not None or time.monotonic() + pause > deadline:
                 raise
             time.sleep(pause)
