@@ -27,12 +27,16 @@ variables: parameters and Adam's state).
   traced step routes otherwise (the padded run is in the figures above);
 - plan_published_max_rel_error (and _mean_): the nine published A100 runs
   (``planner.published``) on the A100 preset;
+- plan_step_time_run_to_run_mean_rel_error, plan_step_time_run_to_run_max_rel_error (with
+  ``--against`` an earlier run's JSON): |this run's measured / that run's measured - 1| over the
+  runs both have, and the worst: what a prediction that is the other run itself misses this
+  one by, the floor under the errors above on this machine;
 - calibration_s: how long each round's ``calibrate`` took (with the worker programs' costs);
   calibrations: what each measured;
 - runs: each run's predicted and measured step (ms; each round's), memory by kind (MB), and
   where the predicted and traced timelines part most (``Prediction.differences``).
 
-    python benchmarks/plan.py [--quick] [--rounds 3] [--tries 3]
+    python benchmarks/plan.py [--quick] [--rounds 3] [--tries 3] [--against earlier.json]
 
 Prints one JSON line. --quick: one shape, fewer runs.
 """
@@ -109,7 +113,20 @@ def runs(shape: dict):
     return found
 
 
-def main(quick: bool, rounds: int, tries: int) -> None:
+def run_to_run(rows: list, earlier: dict) -> dict:
+    """This run's measured steps against ``earlier``'s (a JSON this script printed), over the
+    runs both have: the mean and worst relative difference."""
+    before = {row["run"]: row["step_ms"]["measured"] for row in earlier["runs"]}
+    differences = [abs(row["step_ms"]["measured"] / before[row["run"]] - 1)
+                   for row in rows if row["run"] in before]
+    if not differences:
+        raise SystemExit("--against: no run in common with this one; give a JSON of the same "
+                         "shapes (--quick or not)")
+    return {"plan_step_time_run_to_run_mean_rel_error": round(statistics.fmean(differences), 3),
+            "plan_step_time_run_to_run_max_rel_error": round(max(differences), 3)}
+
+
+def main(quick: bool, rounds: int, tries: int, earlier: dict | None = None) -> None:
     import dtflab
     from dtflab import train
     from dtflab.train.planner import published
@@ -188,6 +205,8 @@ def main(quick: bool, rounds: int, tries: int) -> None:
     results["plan_published_mean_rel_error"] = round(
         statistics.fmean(abs(r["error"]) for r in checked), 3)
     results["plan_published_max_rel_error"] = round(max(abs(r["error"]) for r in checked), 3)
+    if earlier is not None:
+        results.update(run_to_run(rows, earlier))
     results["runs"] = rows
     print(json.dumps(results))
 
@@ -197,5 +216,8 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tries", type=int, default=3)
+    parser.add_argument("--against", type=argparse.FileType(), metavar="EARLIER.json",
+                        help="an earlier run's output: report how far this run's steps moved")
     arguments = parser.parse_args()
-    main(arguments.quick, arguments.rounds, arguments.tries)
+    main(arguments.quick, arguments.rounds, arguments.tries,
+         json.load(arguments.against) if arguments.against else None)
