@@ -525,7 +525,7 @@ def test_tensor_and_sharded_parallelism_draws_the_slices_and_the_bytes_against_t
     run_cells(page, lab, "10_tensor_and_sharded_parallelism.ipynb",
               cells_with("def problem_for(batch)", 'slices_picture(problem, "sharded"',
                          "cluster = dtflab.start_cluster(workers=2)", "crossing = next(", "measured = {}",
-                         "Bytes each worker sends per step", "workdir = tempfile.mkdtemp(",
+                         "Bytes each worker sends per step", "workdir = tempfile.TemporaryDirectory(",
                          "%%writefile $program", "def over_the_wire(layout)", "def reports(run)"))
     for code, name in (('slices_picture(problem, "tensor_parallel"', "tensor_parallel_slices.png"),
                        ('slices_picture(problem, "sharded"', "sharded_slices.png")):
