@@ -189,7 +189,8 @@ def test_a_worker_programs_step_is_priced_from_its_own_traced_step_function(here
     print({kind: f"{cost * 1e3:.3f} ms" for kind, cost in costs.items()})
     # a link of the gathers' chain found inside the search's range (1 us to 10 ms), not pinned
     # to an end of it: the probes' graphs, simulated, reach their measured steps at a cost a
-    # call of that order; a broadcast (they run together) at its bytes alone
+    # call of that order (at the bottom, the step's cost an op and the probes were timed again:
+    # the test below); a broadcast (they run together) at its bytes alone
     assert 1.2e-6 < costs["collective_ring"] < 8e-3 and costs["collective_pair"] == 0.0
     # given the calibration again, the run reuses the costs fitted to it (a fit again would
     # read other figures: its probes are timed runs), as a later run with it would
@@ -214,6 +215,38 @@ def test_a_worker_programs_step_is_priced_from_its_own_traced_step_function(here
     assert rows["matrix"][0] > 0 and rows["matrix"][1] > 0, rows
     predicted, traced, note = prediction.figure(history).children
     assert traced.x_range is predicted.x_range and prediction.differences(history) in note.text
+
+
+@pytest.mark.parametrize("links, fits", [((1.3e-3,), 1), ((1.04e-6, 0.7e-3), 2),
+                                          ((1.04e-6, 1.04e-6), 2)])
+def test_a_link_at_the_searchs_bottom_times_the_step_and_the_probes_once_more(
+        monkeypatch, links, fits):
+    from dataclasses import replace
+
+    from dtflab.train.planner import op_costs, predicted_run
+    from dtflab.train.planner.hardware import preset
+
+    calibration = preset("cpu")  # a calibration: what the fits key their costs by
+    cluster = type("Cluster", (), {"intra_op_threads": 1})()  # what the fit reads of one
+    dispatches, seen = iter((1e-6, 2e-6, 3e-6)), []
+
+    def timed_dispatch(machine, cluster):  # with_dispatch's one-task loops, a moment each
+        return predicted_run._once("dispatch", machine, cluster, lambda: replace(
+            machine, op_costs={**machine.op_costs, "dispatch": (next(dispatches), 0.0)}))
+
+    def probes(hardware, graph_seconds, pack_seconds, **_):  # the four probes, a moment each
+        seen.append(hardware.op_costs["dispatch"][0])
+        return replace(hardware, op_costs={**hardware.op_costs,
+                                           "collective_ring": (links[len(seen) - 1], 0.0)})
+
+    monkeypatch.setattr(predicted_run, "with_dispatch", timed_dispatch)
+    monkeypatch.setattr(op_costs, "program_costs", probes)
+    machine = predicted_run.with_program_costs(calibration, cluster)
+    # the probes timed once, or once more on a step's cost an op timed again; the last fit kept
+    assert seen == [1e-6, 2e-6][:fits]
+    assert machine.op_costs["collective_ring"][0] == links[fits - 1]
+    assert timed_dispatch(calibration, cluster).op_costs["dispatch"] == (seen[-1], 0.0)
+    assert predicted_run.with_program_costs(calibration, cluster) is machine
 
 
 def test_a_profiled_kernel_is_classed_by_its_type_and_carries_the_executors_work_around_it():

@@ -292,6 +292,19 @@ def search(error, low: float = 1e-6, high: float = 3e-3, rounds: int = 10) -> fl
     return math.exp((a + b) / 2)
 
 
+#: The range a link of the gathers' chain is searched in (:func:`program_costs`), in seconds.
+LINK_RANGE = (1e-6, 1e-2)
+
+
+def at_lowest_link(hardware: Hardware) -> bool:
+    """Whether :func:`program_costs` put a link at the bottom of :data:`LINK_RANGE` (the
+    search's last interval ends there): the probes' graphs, simulated on the step's cost an op
+    alone, already took their measured steps, so the two were timed in different moments of
+    the machine (a fit in a 2-core CI run, 2026-12-01: 1.04 us and ``call`` 0, where quiet
+    ones read 0.66-1.5 ms)."""
+    return hardware.op_costs["collective_ring"][0] < 1.2 * LINK_RANGE[0]
+
+
 def program_costs(hardware: Hardware, graph_seconds, pack_seconds, *, steps: int = 40,
                   threads: int | None = None) -> Hardware:
     """``hardware`` with the worker programs' costs in ``op_costs``: ``collective_ring``, a
@@ -331,7 +344,7 @@ def program_costs(hardware: Hardware, graph_seconds, pack_seconds, *, steps: int
                    / sum(weights.values()), 0.0)
         return sum(((graph[s] + call) / measured[s] - 1) ** 2 for s in measured), call
 
-    ring = search(lambda c: fitted(c)[0], high=1e-2)  # a link read 1.1-1.5 ms on a quiet machine
+    ring = search(lambda c: fitted(c)[0], *LINK_RANGE)  # a link read 1.1-1.5 ms, quiet machine
     return replace(hardware, op_costs={**hardware.op_costs, "call": (fitted(ring)[1], 0.0),
                                        "collective_ring": (ring, 0.0),
                                        "collective_pair": (0.0, 0.0)})

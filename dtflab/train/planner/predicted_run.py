@@ -229,6 +229,12 @@ def _once(which: str, machine, cluster, fit):
     return fitted[-1][2]
 
 
+def _forget(which: str, machine, cluster) -> None:
+    """Drop what :func:`_once` kept of ``which`` for ``machine`` on ``cluster``."""
+    rows = FITTED.setdefault(cluster, [])
+    rows[:] = [row for row in rows if not (row[0] == which and row[1] is machine)]
+
+
 def with_dispatch(machine, cluster):
     """``machine`` (a calibration) with what an op of a whole step costs beyond one of a chain
     (``op_costs.dispatch_cost``), fitted to the one-task loop of ``op_costs.PROBE`` on
@@ -262,15 +268,25 @@ def with_program_costs(machine, cluster):
     """``machine`` with the worker programs' costs (``op_costs.program_costs``) on
     :func:`with_dispatch`'s, timed on programs of the threads a run on ``cluster`` gives them
     (:func:`program_threads`): once a calibration and cluster (about 40 s), so that every later
-    run given the same ``train.calibrate(cluster)`` reuses them."""
-    from dtflab.train.planner.op_costs import program_costs
+    run given the same ``train.calibrate(cluster)`` reuses them. Where the link comes to the
+    search's bottom (``op_costs.at_lowest_link``), :func:`with_dispatch` and the probes are
+    both timed once more, and that fit is kept whatever it reads."""
+    from dtflab.train.planner import op_costs
 
-    def fit():
-        threads = program_threads(cluster)
-        return program_costs(
+    threads = program_threads(cluster)
+
+    def timed():
+        return op_costs.program_costs(
             with_dispatch(machine, cluster),
             lambda p, stage, h: program_step(p, stage, h, threads=threads).seconds,
             lambda p, h: pack_seconds(p, h, 2), threads=threads)
+
+    def fit():
+        fitted = timed()
+        if op_costs.at_lowest_link(fitted):
+            _forget("dispatch", machine, cluster)
+            fitted = timed()
+        return fitted
 
     return _once("programs", machine, cluster, fit)
 
