@@ -344,7 +344,7 @@ def program_costs(hardware: Hardware, graph_seconds, pack_seconds, *, steps: int
                    / sum(weights.values()), 0.0)
         return sum(((graph[s] + call) / measured[s] - 1) ** 2 for s in measured), call
 
-    ring = search(lambda c: fitted(c)[0], *LINK_RANGE)  # a link read 1.1-1.5 ms, quiet machine
+    ring = search(lambda c: fitted(c)[0], *LINK_RANGE)  # quiet machines: 0.66-1.5 ms
     return replace(hardware, op_costs={**hardware.op_costs, "call": (fitted(ring)[1], 0.0),
                                        "collective_ring": (ring, 0.0),
                                        "collective_pair": (0.0, 0.0)})
