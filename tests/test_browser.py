@@ -129,6 +129,7 @@ def lab_server(tmp_path_factory):
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
                IPYTHONDIR=str(home / "ipython"))
     env.pop("DTFLAB_LOGDIR", None)  # each test's runs go to runs/ beside its notebooks, as a learner's
+    env.pop("DTFLAB_PROFILE", None)  # and their traced steps keep their profiles, as a learner's
     startup = home / "ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True)
     (startup / "00-stacks-on-sigusr1.py").write_text(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import os
 import re
 import tempfile
 import threading
@@ -22,6 +23,9 @@ from dtflab.tracing.step import PROFILED_KERNEL, OpTiming, StepTrace
 
 NOISE = re.compile(r"^ThreadpoolListener::|^\$")
 TRANSFER = re.compile(r"Recv|Send|CopyToDevice|Collective", re.I)  # collectives move tensors too
+#: ``0`` in this variable: a graph loop's traced step is kept without its tasks' profiles
+#: (:func:`profiles_kept`).
+PROFILE_ENV = "DTFLAB_PROFILE"
 
 
 def profile(cluster, fn, *args, duration_ms: int = 1000, **kwargs) -> StepTrace:
@@ -73,6 +77,14 @@ def profile(cluster, fn, *args, duration_ms: int = 1000, **kwargs) -> StepTrace:
     note = (f"TF profiler: {calls[0]} calls of {getattr(fn, '__name__', 'fn')} in "
             f"{duration_ms} ms; TensorFlow gives no partitions or transfers for TF2 code")
     return StepTrace(None, {}, [], [], timings, max(ends, default=0.0), note=note)
+
+
+def profiles_kept() -> bool:
+    """Whether a graph loop that writes TensorBoard files also profiles every task of its
+    traced step for XProf (the capture holds every task for 0.3-3 s): yes unless
+    ``$DTFLAB_PROFILE`` is ``0``. A worker program's step is read from its profiles, so those
+    are kept whatever it says."""
+    return os.environ.get(PROFILE_ENV, "1").strip() != "0"
 
 
 def profiled(cluster, fn, *, duration_ms: int = 1500) -> tuple[object, dict[str, bytes]]:

@@ -236,14 +236,14 @@ class SessionSteps:
 
     def _traced(self, feed, options) -> dict:
         """The step traced into ``history.trace``; where the run writes TensorBoard files,
-        every task profiled as well, for XProf."""
+        every task profiled as well, for XProf (unless ``$DTFLAB_PROFILE`` is ``0``)."""
         from dtflab.tracing.capture import trace
-        from dtflab.tracing.profile import profiled
+        from dtflab.tracing.profile import profiled, profiles_kept
 
         def step():
             return trace(self.session, self.once.fetch, feed, options=options)
 
-        if self.history.logdir and self.cluster is not None:
+        if self.history.logdir and self.cluster is not None and profiles_kept():
             # long enough for a traced step (tracing slows it: four untraced steps' time)
             times = [r.time_s for r in self.history.records[-2:]]
             last_s = times[1] - times[0] if len(times) == 2 else 0.25
