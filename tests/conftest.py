@@ -26,6 +26,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if "DTFLAB_LOGDIR" not in os.environ:
     os.environ["DTFLAB_LOGDIR"] = tempfile.mkdtemp(prefix="dtflab-test-runs-")
     atexit.register(shutil.rmtree, os.environ["DTFLAB_LOGDIR"], ignore_errors=True)
+# A graph loop's traced step profiles every task for XProf only where the run writes TensorBoard
+# files; the suite writes them for every run, and reads a profile in few places: those set
+# DTFLAB_PROFILE=1 around their runs (test_tensorboard), the browser tier's JupyterLab unsets it.
+os.environ.setdefault("DTFLAB_PROFILE", "0")
 
 # A shell without job control starts a background job with SIGINT ignored, and an ignored
 # signal stays ignored in every program started below it: the Ctrl-C tests' own clusters would
@@ -328,6 +332,37 @@ _skipped: dict[str, int] = {}
 _skip_reasons: dict[str, int] = {}
 
 
+def machine_cpu_s() -> float:
+    """CPU seconds every core of this machine has spent busy since boot, all processes
+    (``/proc/stat``: user, nice, system, irq, softirq and steal)."""
+    with open("/proc/stat") as stat:
+        fields = [int(field) for field in stat.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def suite_cpu_s() -> tuple[float, float]:
+    """CPU seconds of this process, and of everything it started: the processes that ended
+    (each counted once its parent waited for it, theirs with them) and the ones still running.
+    A process whose parent ended before it is not counted here (the machine's figure has it)."""
+    import resource
+
+    def total(usage):
+        return usage.ru_utime + usage.ru_stime
+
+    ended = total(resource.getrusage(resource.RUSAGE_CHILDREN))
+    running = 0.0
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            times = child.cpu_times()
+            running += times.user + times.system
+    return total(resource.getrusage(resource.RUSAGE_SELF)), ended + running
+
+
+#: When the run began: its wall clock and the machine's busy CPU seconds then.
+_STARTED = (time.monotonic(), machine_cpu_s())
+
+
 def tier_of(keywords) -> str:
     """The tier a test is counted in: its first marker in ``TIERS`` order ("slow" for the rest
     of the marked ones), else "fast"."""
@@ -353,8 +388,9 @@ def pytest_runtest_logreport(report):
 def pytest_terminal_summary(terminalreporter):
     """Each rerun test's first failure (its last 40 lines); the figures the Binder tier
     printed, a line per notebook; then one line per tier: its tests and their seconds (set-up
-    and teardown included), and how many were skipped; then each reason for a skip, with its
-    count (pytest's own last lines repeat them, with ``-ra``)."""
+    and teardown included), and how many were skipped, and one for the whole run: its wall
+    time and CPU seconds, the suite's processes' and the whole machine's; then each reason for
+    a skip, with its count (pytest's own last lines repeat them, with ``-ra``)."""
     for name, failure in _reruns:
         terminalreporter.section(f"rerun: {name} first failed with")
         for line in failure.splitlines()[-40:]:
@@ -370,6 +406,13 @@ def pytest_terminal_summary(terminalreporter):
             skipped = f", {_skipped[tier]} SKIPPED" if tier in _skipped else ""
             terminalreporter.write_line(f"tier {tier:<9} {_tier_tests.get(tier, 0):>4} tests "
                                         f"{seconds / 60:6.1f} min ({seconds:.0f} s){skipped}")
+    wall, machine = time.monotonic() - _STARTED[0], machine_cpu_s() - _STARTED[1]
+    own, started = suite_cpu_s()
+    terminalreporter.write_line(
+        f"the run: {wall / 60:.1f} min wall ({wall:.0f} s); CPU {own + started:.0f} s by the "
+        f"suite's processes (pytest {own:.0f}, what it started {started:.0f}: task servers, "
+        f"notebook kernels, browsers), {machine:.0f} s by the whole machine, "
+        f"{machine / (wall * (os.cpu_count() or 1)):.0%} of its {os.cpu_count()} cores")
     if _skip_reasons:
         terminalreporter.section(f"{sum(_skip_reasons.values())} skipped: not checked, and why",
                                  yellow=True)
