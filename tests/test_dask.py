@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
@@ -142,7 +141,5 @@ def test_bad_dask_requests(kwargs, message):
 
 
 def test_an_unreachable_scheduler_says_so():
-    started = time.monotonic()
     with pytest.raises(DtflabError, match=r"cannot reach the Dask scheduler at tcp://127.0.0.1:9"):
         dtflab.start_cluster(1, scheduler="tcp://127.0.0.1:9", timeout=3)
-    assert time.monotonic() - started < 30

