@@ -49,6 +49,7 @@ def test_each_layout_is_run_by_the_loop_that_trains_its_ways():
                                      "combined", "combined"]
 
 
+@pytest.mark.slow  # the module's cluster and its calibration
 def test_the_graph_read_before_the_run_crosses_tasks_with_the_bytes_the_run_sent(here):
     cluster, _ = here
     problem = train.transformer(**TINY)
@@ -84,6 +85,7 @@ def test_the_graph_read_before_the_run_crosses_tasks_with_the_bytes_the_run_sent
     assert counted == pytest.approx(sent, rel=0.05)
 
 
+@pytest.mark.slow  # the module's cluster and its calibration
 def test_a_plans_best_layout_runs_with_its_prediction_beside_what_it_measured(here):
     cluster, hardware = here
     problem = train.transformer(**TINY)
@@ -97,6 +99,7 @@ def test_a_plans_best_layout_runs_with_its_prediction_beside_what_it_measured(he
     assert compared["measured_ms"] > 0 and set(compared) >= {"error"}
 
 
+@pytest.mark.slow  # the module's cluster and its calibration
 def test_a_graph_loops_predicted_timeline_is_drawn_above_its_traced_step(here):
     from bokeh.models import Div
 
@@ -120,6 +123,7 @@ def test_a_graph_loops_predicted_timeline_is_drawn_above_its_traced_step(here):
     assert words in note.text
 
 
+@pytest.mark.slow  # the module's cluster and its calibration
 def test_a_graph_loop_is_priced_with_a_steps_cost_an_op_fitted_once_to_this_cluster(here, read):
     from dtflab.train.planner import executor
     from dtflab.train.planner.hardware import a100_node
@@ -141,6 +145,7 @@ def test_a_graph_loop_is_priced_with_a_steps_cost_an_op_fitted_once_to_this_clus
     assert history.prediction.seconds > executor.simulate(read[-1], hardware, threads).seconds
 
 
+@pytest.mark.slow  # the module's cluster and its calibration
 def test_a_routed_mixture_is_priced_as_the_first_step_counted_routes(here, read):
     from dtflab.train.run.history import FIRST_COUNTED_STEP
 
@@ -176,6 +181,7 @@ def test_a_routed_mixture_is_priced_as_the_first_step_counted_routes(here, read)
     assert abs(even - kept) > 2 * abs(predicted - kept)  # even: 9-10% off in the same runs
 
 
+@pytest.mark.slow  # the module's cluster and its calibration
 def test_a_worker_programs_step_is_priced_from_its_own_traced_step_function(here):
     from dtflab.train.planner.predicted_run import with_dispatch, with_program_costs
 
@@ -299,6 +305,7 @@ def test_a_profiled_kernel_is_classed_by_its_type_and_carries_the_executors_work
     ("d2", r"layout='d2': train.run_layout takes a train.Layout\(...\), a Plan or a row of "
            r"dtflab.plan\(...\) \(plans.best\)"),
 ])
+@pytest.mark.slow  # the module's cluster and its calibration
 def test_a_layout_no_loop_can_run_here_is_one_line_and_starts_nothing(here, layout, message):
     cluster, hardware = here
     with pytest.raises(ValueError, match=message):
@@ -312,6 +319,7 @@ def test_calibrating_or_running_on_something_not_a_cluster_is_one_line():
         train.run_layout(train.transformer(**TINY), None, train.Layout())
 
 
+@pytest.mark.slow  # the module's cluster and its calibration
 def test_calibrating_no_times_is_one_line_and_times_nothing(here):
     cluster, _ = here
     before = cluster.cpu_seconds()
@@ -321,6 +329,7 @@ def test_calibrating_no_times_is_one_line_and_times_nothing(here):
     assert cluster.cpu_seconds() - before < 0.5  # no try began: a try keeps both tasks busy
 
 
+@pytest.mark.slow  # the module's cluster and its calibration
 def test_a_plan_for_this_machine_keeps_only_the_layouts_a_loop_runs(here):
     # all_reduce, zero and tensor parallelism run a replica's batch whole: a layout that splits
     # it into micro-batches there cannot be run, and the measured machine's plan leaves it out
