@@ -1,7 +1,7 @@
 """Soak the asynchronous loop where it used to stall: many background runs with a live
 dashboard in one process, both cores kept busy, after TF2 work in the same process.
 
-    python benchmarks/async_soak.py --runs 30
+    python benchmarks/async_soak.py --runs 30 [--smoke]
 
 Set-up, in order, all in this process:
 - two busy loops (subprocesses spinning on the two cores) for the whole soak;
@@ -12,7 +12,7 @@ Set-up, in order, all in this process:
 
 A run *stalled* if the watchdog saw a step take far longer than usual (``history.stalls``);
 *hung* if it had not ended ``--deadline`` seconds after it started (never expected: the
-watchdog recovers or gives up well before). Prints one JSON object.
+watchdog recovers or gives up well before). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 BUSY = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
 
 
-def tf2_first(dtflab, train):
+def tf2_first(dtflab, train, steps: int):
     """What a notebook did before: eager ops on a connected cluster, a ParameterServerStrategy run."""
     import tensorflow as tf
 
@@ -36,8 +36,8 @@ def tf2_first(dtflab, train):
     with tf.device("/job:worker/task:1"):
         assert float(tf.reduce_sum(tf.ones([4, 4]))) == 16.0
     strategy_cluster = dtflab.start_cluster(ps=2, workers=2)
-    history = train.ps_strategy(train.exp_regression(), strategy_cluster, steps=50)
-    assert history.steps == 50, history.summary()
+    history = train.ps_strategy(train.exp_regression(), strategy_cluster, steps=steps)
+    assert history.steps == steps, history.summary()
     return [connected, strategy_cluster]
 
 
@@ -50,7 +50,7 @@ def soak(args) -> dict:
             for _ in range(2)]
     clusters, outcomes, walls = [], [], []
     try:
-        clusters += tf2_first(dtflab, train)
+        clusters += tf2_first(dtflab, train, 3 if args.smoke else 50)
         problem, cluster = train.exp_regression(), None
         for i in range(args.runs):
             if i % args.runs_per_cluster == 0:
@@ -107,11 +107,15 @@ def main() -> None:
                         help="seconds after which a run that has not ended counts as hung")
     parser.add_argument("--busy-s", type=float, default=3600.0,
                         help="how long the busy loops may spin at most (they end with the soak)")
+    parser.add_argument("--smoke", action="store_true", help="a few steps of each figure, for "
+                        "the test suite: the figures are not meaningful")
     args = parser.parse_args()
+    if args.smoke:
+        args.runs, args.steps, args.runs_per_cluster = 1, 3, 1
     for name in ("runs", "steps", "runs_per_cluster"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
-    print(json.dumps(soak(args), indent=2))
+    print(json.dumps(soak(args)))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ each alike; figures are medians. TensorFlow is imported in this process before a
 it is in a notebook kernel after ``%load_ext dtflab``. ``pss_mb`` is the proportional memory
 of a warm 3-task local cluster plus its fork server.
 
-    python benchmarks/cluster_start.py [--runs 5]
+    python benchmarks/cluster_start.py [--runs 5] [--smoke]
 
 Prints one JSON line.
 """
@@ -135,7 +135,11 @@ def kernel_pss_mb(mode: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs per variant (default 5)")
+    parser.add_argument("--smoke", action="store_true", help="a few steps of each figure, for "
+                        "the test suite: the figures are not meaningful")
     args = parser.parse_args()
+    if args.smoke:
+        args.runs = 1
     raw, local, warm, inprocess, memory, restart = [], [], [], [], [], []
     for _ in range(args.runs):
         raw.append(time_raw())

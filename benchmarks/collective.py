@@ -8,7 +8,7 @@ against the baseline in the same run: one ``memcpy`` of the same bytes (numpy, t
 On 2 cores that CPU comes out of the cores the workers compute on, so it adds to every step of
 ``train.all_reduce`` at 2 workers whether or not it overlaps the backward pass.
 
-    python benchmarks/collective.py [--sizes 1,4.4,16] [--repeat 40]
+    python benchmarks/collective.py [--sizes 1,4.4,16] [--repeat 40] [--smoke]
 
 Prints one JSON line.
 """
@@ -80,7 +80,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,4.4,16", help="MB per all-reduce, comma-separated")
     parser.add_argument("--repeat", type=int, default=40)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help="a few steps of each figure, for "
+                        "the test suite: the figures are not meaningful")
     args = parser.parse_args()
+    if args.smoke:
+        args.sizes, args.repeat = "1", 3
     sizes = [float(s) for s in args.sizes.split(",")]
     if args.worker:
         worker(sizes, args.repeat)

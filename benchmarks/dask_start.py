@@ -2,7 +2,7 @@
 
 "Ready" as in cluster_start.py: every task answers a session run. Interleaved runs, medians.
 
-    python benchmarks/dask_start.py [--runs 3]
+    python benchmarks/dask_start.py [--runs 3] [--smoke]
 
 Prints one JSON line.
 """
@@ -32,7 +32,11 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="a few steps of each figure, for "
+                        "the test suite: the figures are not meaningful")
     args = parser.parse_args()
+    if args.smoke:
+        args.runs = 1
     local, new, existing = [], [], []
     with LocalCluster(n_workers=3, threads_per_worker=1, host="127.0.0.1",
                       dashboard_address="127.0.0.1:0", silence_logs=40) as dask_cluster, \

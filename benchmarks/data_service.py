@@ -18,7 +18,7 @@ time to make (``train.input_pipeline``, calibrated and measured here).
   (``parallel_epochs`` receives each element once per data worker: its repeats are counted
   beyond that).
 
-    python benchmarks/data_service.py [--data-workers 2] [--work-ms 1.0] [--rounds 3]
+    python benchmarks/data_service.py [--data-workers 2] [--work-ms 1.0] [--rounds 3] [--smoke]
 
 Prints one JSON line.
 """
@@ -54,7 +54,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--elements", type=int, default=600)
+    parser.add_argument("--smoke", action="store_true", help="a few steps of each figure, for "
+                        "the test suite: the figures are not meaningful")
     args = parser.parse_args()
+    if args.smoke:  # 9 steps: the fewest train.input_scaling measures a rate from
+        args.rounds, args.steps, args.elements = 1, 9, 100
 
     import dtflab
     from dtflab import train

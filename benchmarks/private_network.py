@@ -7,7 +7,7 @@ Measures, for each network, interleaved so machine noise hits both alike:
 - step: one step of a graph where worker:0 reads a 4 MiB variable on ps:0 (ms, median of 50;
   task-to-task traffic stays on the namespace's loopback, so this shows what tasks pay).
 
-    python benchmarks/private_network.py [--rounds 3]
+    python benchmarks/private_network.py [--rounds 3] [--smoke]
 
 Prints one JSON line: medians per network and private/host ratios.
 """
@@ -27,6 +27,7 @@ from dtflab._quiet import import_tf  # noqa: E402
 
 tf = import_tf()
 MIB = 1 << 20
+REPEATS = {"round_trip": 200, "fetch": 10, "step": 50}
 
 
 def timed(fn, repeat: int) -> list[float]:
@@ -38,7 +39,7 @@ def timed(fn, repeat: int) -> list[float]:
     return times
 
 
-def measure(network: str) -> dict[str, float]:
+def measure(network: str, repeats: dict[str, int]) -> dict[str, float]:
     start = time.perf_counter()
     cluster = dtflab.start_cluster(3, network=network)
     started = time.perf_counter() - start
@@ -54,9 +55,9 @@ def measure(network: str) -> dict[str, float]:
             with tf.compat.v1.Session(cluster.target("worker", 0)) as session:
                 session.run(weights.initializer)
                 session.run([small, big, step])  # warm up
-                round_trip = timed(lambda: session.run(small), 200)
-                fetch = timed(lambda: session.run(big), 10)
-                steps = timed(lambda: session.run(step), 50)
+                round_trip = timed(lambda: session.run(small), repeats["round_trip"])
+                fetch = timed(lambda: session.run(big), repeats["fetch"])
+                steps = timed(lambda: session.run(step), repeats["step"])
     finally:
         cluster.stop()
     return {"start_s": started, "round_trip_ms": 1e3 * statistics.median(round_trip),
@@ -67,11 +68,16 @@ def measure(network: str) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="a few steps of each figure, for "
+                        "the test suite: the figures are not meaningful")
     args = parser.parse_args()
+    repeats = REPEATS
+    if args.smoke:
+        args.rounds, repeats = 1, {"round_trip": 3, "fetch": 1, "step": 3}
     runs = {"private": [], "host": []}
     for _ in range(args.rounds):
         for network in runs:
-            runs[network].append(measure(network))
+            runs[network].append(measure(network, repeats))
     medians = {network: {key: round(statistics.median(r[key] for r in results), 3)
                          for key in results[0] if key != "exposed"}
                for network, results in runs.items()}

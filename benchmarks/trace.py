@@ -4,7 +4,7 @@ For each graph: an untraced step (baseline), ``dtflab.trace`` of one step (run +
 building the three views, writing standalone HTML, and untraced steps again after tracing
 (tracing is opt-in per step: the ratio should be ~1). Medians; one JSON line.
 
-    python benchmarks/trace.py [--repeat 5]
+    python benchmarks/trace.py [--repeat 5] [--smoke]
 """
 
 from __future__ import annotations
@@ -58,7 +58,11 @@ def measure(cluster, built, repeat):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="a few steps of each figure, for "
+                        "the test suite: the figures are not meaningful")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeat = 1
     cluster = dtflab.start_cluster(jobs="master=1,ps=2,worker=2", backend="inprocess")
     devices = ["/job:worker/task:0", "/job:worker/task:1", "/job:ps/task:0"]
     print(json.dumps({
