@@ -36,9 +36,11 @@ variables: parameters and Adam's state).
 - runs: each run's predicted and measured step (ms; each round's), memory by kind (MB), and
   where the predicted and traced timelines part most (``Prediction.differences``).
 
-    python benchmarks/plan.py [--quick] [--rounds 3] [--tries 3] [--against earlier.json]
+    python benchmarks/plan.py [--quick] [--rounds 3] [--tries 3] [--against earlier.json] [--smoke]
 
-Prints one JSON line. --quick: one shape, fewer runs.
+Prints one JSON line. --quick: one shape, fewer runs; --smoke: one shape, two runs (tensor
+parallel for the memory figures, routed experts for theirs), one round of one try, 6 steps
+(step 5 traced): every figure, none of them meaningful.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ import statistics
 import time
 
 STEPS, TRACE = 10, 9
+SMOKE_STEPS, SMOKE_TRACE = 6, 5  # the fewest a traced run's step is measured from
+#: --smoke's runs: the cheapest of the forms whose memory is set before they run, and the
+#: routed mixture (plan_memory_routed_experts_max_rel_error)
+SMOKE_RUNS = ("tensor parallel", "expert parallel (routed)")
 
 
 def described(hardware) -> dict:
@@ -126,29 +132,33 @@ def run_to_run(rows: list, earlier: dict) -> dict:
             "plan_step_time_run_to_run_max_rel_error": round(max(differences), 3)}
 
 
-def main(quick: bool, rounds: int, tries: int, earlier: dict | None = None) -> None:
+def main(quick: bool, rounds: int, tries: int, earlier: dict | None = None,
+         smoke: bool = False) -> None:
     import dtflab
     from dtflab import train
     from dtflab.train.planner import published
-    from dtflab.train.planner.predicted_run import with_program_costs
+    from dtflab.train.planner.predicted_run import GRAPH_LOOPS, loop_for, with_program_costs
 
     shapes = [dict(blocks=4, d_model=128, heads=4, sequence=64, batch_size=16)]
     if not quick:
         shapes.append(dict(blocks=4, d_model=256, heads=4, sequence=128, batch_size=8))
     results, rows = {}, {}
-    go = dict(steps=STEPS, seed=0, trace_step=TRACE, watchdog=False)
-    for workers in (2, 4):
+    go = dict(steps=SMOKE_STEPS if smoke else STEPS, seed=0,
+              trace_step=SMOKE_TRACE if smoke else TRACE, watchdog=False)
+    for workers in (2,) if smoke else (2, 4):
         with dtflab.start_cluster(workers=workers, inter_op_threads=2,
                                   intra_op_threads=1) as cluster:
             todo = [(shape, r) for shape in shapes for r in runs(shape) if r[1] == workers]
-            if quick:
+            if smoke:
+                todo = [(shape, r) for shape, r in todo if r[0] in SMOKE_RUNS]
+            elif quick:
                 todo = todo[::2] if workers == 2 else todo
             # interleaved rounds: every form once a round, so the machine's drift falls on all;
             # the machine calibrated afresh each round, and that round's runs predicted from it
             for round_ in range(rounds):
                 start = time.perf_counter()
                 hardware = train.calibrate(cluster, tries=tries)
-                if any(r[3].data > 1 and r[3].tensor == r[3].pipeline == 1 for _, r in todo):
+                if any(loop_for(r[3])[0] not in GRAPH_LOOPS for _, r in todo):  # a program
                     hardware = with_program_costs(hardware, cluster)
                 if workers == 2:
                     results.setdefault("calibration_s", []).append(
@@ -218,6 +228,10 @@ if __name__ == "__main__":
     parser.add_argument("--tries", type=int, default=3)
     parser.add_argument("--against", type=argparse.FileType(), metavar="EARLIER.json",
                         help="an earlier run's output: report how far this run's steps moved")
+    parser.add_argument("--smoke", action="store_true", help="a few steps of each figure, for "
+                        "the test suite: the figures are not meaningful")
     arguments = parser.parse_args()
+    if arguments.smoke:
+        arguments.quick, arguments.rounds, arguments.tries = True, 1, 1
     main(arguments.quick, arguments.rounds, arguments.tries,
-         json.load(arguments.against) if arguments.against else None)
+         json.load(arguments.against) if arguments.against else None, arguments.smoke)

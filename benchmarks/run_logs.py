@@ -18,9 +18,10 @@ Where the noise is larger than that bound, ``log_us_per_step`` says what the wri
 costs: the CPU time a fresh run log takes a step for that run's own records, events written
 (its start and end, once a run, left out), and ``log_share`` that over the step without files.
 
-    python benchmarks/run_logs.py [--rounds 5] [--steps 200]
+    python benchmarks/run_logs.py [--rounds 5] [--steps 200] [--smoke]
 
-Prints one JSON line.
+Prints one JSON line. --smoke: one round of 8 steps (all-reduce's 4: the fewest a step is
+measured from); the figures are not meaningful.
 """
 
 from __future__ import annotations
@@ -67,7 +68,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--loops", default="single,sync,all_reduce",
                         help="which of the three to run, comma-separated")
+    parser.add_argument("--smoke", action="store_true", help="a few steps of each figure, for "
+                        "the test suite: the figures are not meaningful")
     args = parser.parse_args()
+    if args.smoke:  # all-reduce runs steps // 2: 4, the fewest median_step_s measures from
+        args.rounds, args.steps = 1, 8
 
     import dtflab
     from dtflab import train
