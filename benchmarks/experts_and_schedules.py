@@ -23,9 +23,10 @@ computes).
   (p - 1)(F + B - W) / (m (F + B + W))); pipeline_idle_share_measured beside them, and
   pipeline_vs_single_max_abs_loss_diff over all four.
 
-    python benchmarks/experts_and_schedules.py [--quick] [--rounds 3]
+    python benchmarks/experts_and_schedules.py [--quick] [--rounds 3] [--smoke]
 
 Prints one JSON line. --quick: a smaller model and fewer steps (about a minute on 2 cores).
+--smoke: --quick's, one round and a few steps of each figure (the figures are not meaningful).
 """
 
 from __future__ import annotations
@@ -42,20 +43,22 @@ import numpy as np
 SCHEDULES = {"gpipe": 1, "1f1b": 1, "interleaved": 2, "zero_bubble": 1}
 
 
-def schedules(cluster, quick: bool, rounds: int) -> dict:
+def schedules(cluster, quick: bool, rounds: int, smoke: bool = False) -> dict:
     from dtflab import train
 
     # 32 -> five full-width layers -> 10: every stage, and every chunk of the interleaved
     # schedule, gets the same arithmetic (a stage's narrow input or output layer costs little)
-    problem = train.classification(width=512 if quick else 1024, batch_size=1024, features=32,
-                                   hidden_layers=5)
-    alone = train.single(problem, steps=4, seed=0)
+    problem = train.classification(width=64 if smoke else 512 if quick else 1024,
+                                   batch_size=64 if smoke else 1024, features=32, hidden_layers=5)
+    steps = 2 if smoke else 4
+    alone = train.single(problem, steps=steps, seed=0)
     measured, formula, idle, worst = {}, {}, {}, 0.0
     for schedule, chunks in SCHEDULES.items():
         ratios, formulas, shares = [], [], []
         for _ in range(rounds):
             run = train.pipeline(problem, cluster, stages=2, micro_batches=4, schedule=schedule,
-                                 chunks=chunks, steps=4, seed=0, trace_step=3, watchdog=False)
+                                 chunks=chunks, steps=steps, seed=0, trace_step=steps - 1,
+                                 watchdog=False)
             worst = max(worst, float(np.max(np.abs(np.array(alone.losses) - np.array(run.losses)))))
             ratios.append(run.bubble.bubble_ratio)
             formulas.append(run.bubble.formula_ratio)
@@ -68,7 +71,7 @@ def schedules(cluster, quick: bool, rounds: int) -> dict:
             "pipeline_setting": f"p = 2, m = 4, v = 2 (interleaved); {problem.name}"}
 
 
-def main(quick: bool, rounds: int) -> None:
+def main(quick: bool, rounds: int, smoke: bool = False) -> None:
     import dtflab
     from dtflab import train
     from dtflab.train.formulas import split_bytes
@@ -101,7 +104,7 @@ def main(quick: bool, rounds: int) -> None:
         # d = 128 a router started at skew=1.0 with learning_rate=0.01 stayed on one expert a
         # block for 80 steps with the loss and without it
         small = dict(shape, d_model=32, sequence=16, batch_size=32)
-        steps = 60
+        steps = 10 if smoke else 60
         for label, balance in (("without", 0.0), ("with", 0.2)):
             skewed = train.transformer(**small, top_k=1, capacity_factor=4.0, skew=1.0,
                                        balance=balance, learning_rate=0.01)
@@ -129,7 +132,7 @@ def main(quick: bool, rounds: int) -> None:
             by_step[label] = [round(float(ratio[i]), 3) for i in range(0, steps, 10)]
         results["experts_busy_max_over_mean"] = busy
         results["experts_tokens_max_over_mean_by_step"] = by_step
-        results.update(schedules(cluster, quick, rounds))
+        results.update(schedules(cluster, quick, rounds, smoke))
     results["shape"] = train.transformer(**shape).name
     print(json.dumps(results))
 
@@ -138,5 +141,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="a few steps of each figure, for "
+                        "the test suite: the figures are not meaningful")
     arguments = parser.parse_args()
-    main(arguments.quick, arguments.rounds)
+    if arguments.smoke:
+        arguments.quick, arguments.rounds = True, 1
+    main(arguments.quick, arguments.rounds, arguments.smoke)

@@ -25,9 +25,10 @@ each for the first two, so each worker's ops run in one order).
 - combined_vs_single_max_abs_loss_diff: the worst |loss difference| per step of those runs
   against train.single.
 
-    python benchmarks/long_sequences_and_3d.py [--quick]
+    python benchmarks/long_sequences_and_3d.py [--quick] [--smoke]
 
-Prints one JSON line. --quick uses shorter sequences (about a minute on 2 cores).
+Prints one JSON line. --quick uses shorter sequences (about a minute on 2 cores); --smoke,
+--quick's with a few steps of each figure (the figures are not meaningful).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import numpy as np
 WAYS = 2
 
 
-def main(quick: bool) -> None:
+def main(quick: bool, smoke: bool = False) -> None:
     import dtflab
     from dtflab import train
     from dtflab.train.formulas.memory import split_activation_bytes
@@ -53,15 +54,17 @@ def main(quick: bool) -> None:
     def worst(a, b):
         return float(np.max(np.abs(np.array(a.losses) - np.array(b.losses))))
 
+    # steps a run, and steps WireBytes counts from step 3 on
+    steps, counted = (4, 1) if smoke else (8, 4)
     results, diffs = {}, []
     with dtflab.start_cluster(workers=3, inter_op_threads=1, intra_op_threads=1) as cluster:
         tp = train.transformer(blocks=2, d_model=64 if quick else 128, heads=4,
                                sequence=64 if quick else 128, batch_size=8)
-        alone = train.single(tp, steps=8, seed=0)
+        alone = train.single(tp, steps=steps, seed=0)
         wires, runs = {}, {}
         for sp in (False, True):
-            wires[sp] = train.WireBytes(after_step=2, steps=4)
-            runs[sp] = train.tensor_parallel(tp, cluster, ways=2, steps=8, seed=0, trace_step=1,
+            wires[sp] = train.WireBytes(after_step=2, steps=counted)
+            runs[sp] = train.tensor_parallel(tp, cluster, ways=2, steps=steps, seed=0, trace_step=1,
                                              sequence_parallel=sp, callbacks=[wires[sp]])
             diffs.append(worst(alone, runs[sp]))
         total = {sp: sum(w.per_step.sent_by().values()) for sp, w in wires.items()}
@@ -82,12 +85,12 @@ def main(quick: bool) -> None:
 
         cp = train.transformer(blocks=2, d_model=64, heads=2, sequence=192 if quick else 384,
                                batch_size=4)
-        alone = train.single(cp, steps=8, seed=0)
+        alone = train.single(cp, steps=steps, seed=0)
         single_activations = train.memory(cp).measured["activations"]
         over, busy, activations = {}, {}, {}
         for cut in ring.CUTS:
-            wire = train.WireBytes(after_step=2, steps=4)
-            run = train.context_parallel(cp, cluster, ways=WAYS, cut=cut, steps=8, seed=0,
+            wire = train.WireBytes(after_step=2, steps=counted)
+            run = train.context_parallel(cp, cluster, ways=WAYS, cut=cut, steps=steps, seed=0,
                                          trace_step=1, callbacks=[wire])
             diffs.append(worst(alone, run))
             over[cut] = {w: round(wire.per_step.sent_by()[w] / sum(f.values()), 4)
@@ -107,12 +110,13 @@ def main(quick: bool) -> None:
 
     three = train.transformer(blocks=2, d_model=128, heads=2, sequence=64 if quick else 128,
                               batch_size=8)
-    alone = train.single(three, steps=6, seed=0)
+    steps, counted = (4, 1) if smoke else (6, 3)
+    alone = train.single(three, steps=steps, seed=0)
     over, per_step, combined_diffs = {}, {}, []
     with dtflab.start_cluster(workers=8, inter_op_threads=2, intra_op_threads=1) as cluster:
         for layout in (train.Layout(data=2, tensor=2), train.Layout(data=2, tensor=2, pipeline=2)):
-            wire = train.WireBytes(after_step=2, steps=3)
-            run = train.combined(three, cluster, layout, steps=6, seed=0, trace_step=1,
+            wire = train.WireBytes(after_step=2, steps=counted)
+            run = train.combined(three, cluster, layout, steps=steps, seed=0, trace_step=1,
                                  callbacks=[wire])
             combined_diffs.append(worst(alone, run))
             formula = run.details["bytes_formula"]
@@ -134,4 +138,7 @@ def main(quick: bool) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    main(parser.parse_args().quick)
+    parser.add_argument("--smoke", action="store_true", help="a few steps of each figure, for "
+                        "the test suite: the figures are not meaningful")
+    arguments = parser.parse_args()
+    main(arguments.quick or arguments.smoke, arguments.smoke)

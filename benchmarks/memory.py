@@ -35,9 +35,11 @@
   saving over ZeRO's (1 - 1/N) M of gradients, and each loop's median step time over
   all-reduce's.
 
-    python benchmarks/memory.py [--quick]
+    python benchmarks/memory.py [--quick] [--smoke]
 
-Prints one JSON line. --quick uses two shapes and fewer steps (under 2 minutes on 2 cores).
+Prints one JSON line. --quick uses two shapes and fewer steps (under 2 minutes on 2 cores);
+--smoke: one shape, one lever, a few steps of each figure and a small model for zero_step_peak
+(the figures are not meaningful).
 """
 
 from __future__ import annotations
@@ -132,14 +134,14 @@ def zero_figures(steps: int) -> tuple[dict, dict]:
     return state, wire
 
 
-def zero_peaks(steps: int) -> dict:
+def zero_peaks(steps: int, d_model: int = 512) -> dict:
     """The step's measured peak (beyond what the worker held before it; median over steps 1..
     and both workers) over the model's bytes, for all-reduce and ZeRO stages 1, 2 and 3, on a
     model whose parameters outweigh its activations; stage 1's over its formula, and stage 2's
     saving over ZeRO's (1 - 1/N) x M of gradients it no longer keeps."""
     from dtflab.train.formulas import costs
 
-    problem = train.transformer(blocks=2, d_model=512, heads=4, sequence=16, batch_size=4)
+    problem = train.transformer(blocks=2, d_model=d_model, heads=4, sequence=16, batch_size=4)
     m = problem.parameter_bytes
     runs = {"all_reduce": lambda: train.all_reduce(problem, workers=2, steps=steps),
             "stage_1": lambda: train.zero(problem, stage=1, workers=2, steps=steps),
@@ -172,8 +174,11 @@ def flops_ratio(problem) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="a few steps of each figure, for "
+                        "the test suite: the figures are not meaningful")
     args = parser.parse_args()
-    shapes = SHAPES[:2] if args.quick else SHAPES
+    smoke, quick = args.smoke, args.quick or args.smoke
+    shapes = SHAPES[:1] if smoke else SHAPES[:2] if quick else SHAPES
     errors, peaks, flops = {}, {}, {}
     for shape in shapes:
         problem = train.transformer(**shape)
@@ -182,19 +187,19 @@ def main() -> None:
             errors[kind] = max(errors.get(kind, 0.0), abs(error))
         peaks[problem.name] = round(report.measured["peak"] / report.measured["activations"], 3)
         flops[problem.name] = round(flops_ratio(problem), 4)
-    for levers in LEVERS[: 2 if args.quick else None]:
+    for levers in LEVERS[: 1 if smoke else 2 if quick else None]:
         report = train.memory(train.transformer(**shapes[-1], **levers))
         for kind, error in report.errors.items():
             errors[kind] = max(errors.get(kind, 0.0), abs(error))
-    by_loop = loops_against_single(8 if args.quick else 20)
+    by_loop = loops_against_single(3 if smoke else 8 if quick else 20)
     recompute, precision = lever_ratios()
-    zero_state, zero_wire = zero_figures(4 if args.quick else 8)
-    zero_peak = zero_peaks(6 if args.quick else 16)
-    lever_steps = 30 if args.quick else 100
+    zero_state, zero_wire = zero_figures(1 if smoke else 4 if quick else 8)
+    zero_peak = zero_peaks(3, d_model=64) if smoke else zero_peaks(6 if quick else 16)
+    lever_steps = 3 if smoke else 30 if quick else 100
     base = step_time(train.transformer(), lever_steps)
     times_over_none = {"_".join(levers.values()): round(
         step_time(train.transformer(**levers), lever_steps) / base, 3) for levers in LEVERS}
-    steps = 60 if args.quick else 200
+    steps = 3 if smoke else 60 if quick else 200
     history = train.single(train.transformer(), steps=steps, seed=0)
     times = np.diff([r.time_s for r in history.records])
     print(json.dumps({
@@ -208,7 +213,8 @@ def main() -> None:
         "steps": steps,
         "recompute_activation_ratio": recompute,
         "mixed_precision_activation_ratio": precision,
-        "accumulation_vs_big_batch_max_abs_diff": accumulation_diff(8 if args.quick else 20),
+        "accumulation_vs_big_batch_max_abs_diff": accumulation_diff(
+            3 if smoke else 8 if quick else 20),
         "lever_step_time_over_none": times_over_none,
         "zero_state_bytes_over_formula": zero_state,
         "zero_wire_bytes_over_formula": zero_wire,

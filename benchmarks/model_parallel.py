@@ -48,9 +48,11 @@ Two stages of the classifier with three hidden layers (two layers a stage, width
 - sharded_vs_single_max_abs_loss_diff: exp(x) (200 steps) and the classifier (30 steps), 2
   workers, against train.single, same seed and batches.
 
-    python benchmarks/model_parallel.py [--quick] [--rounds 5]
+    python benchmarks/model_parallel.py [--quick] [--rounds 5] [--smoke]
 
-Prints one JSON line. --quick uses width 512 and batch 1024 (under 3 minutes on 2 cores).
+Prints one JSON line. --quick uses width 512 and batch 1024 (under 3 minutes on 2 cores);
+--smoke, width 64, batch 64, one round and a few steps of each figure (the figures are not
+meaningful).
 """
 
 from __future__ import annotations
@@ -137,10 +139,11 @@ def model_predictions(model, arithmetic=None) -> tuple[dict, dict]:
     return {m: model.predicted_step_s(m, arithmetic) * 1e3 for m in MICRO_BATCHES}, parts
 
 
-def loss_agreement(cluster) -> float:
+def loss_agreement(cluster, smoke: bool = False) -> float:
     worst = 0.0
-    for problem, steps in ((train.exp_regression(), 200),
-                           (train.classification(width=64, batch_size=256, hidden_layers=3), 30)):
+    for problem, steps in ((train.exp_regression(), 3 if smoke else 200),
+                           (train.classification(width=64, batch_size=256, hidden_layers=3),
+                            3 if smoke else 30)):
         alone = train.single(problem, steps=steps, seed=1)
         for schedule in ("gpipe", "1f1b"):
             piped = train.pipeline(problem, cluster, stages=2, micro_batches=4, schedule=schedule,
@@ -149,22 +152,24 @@ def loss_agreement(cluster) -> float:
     return worst
 
 
-def tensor_parallel_figures(cluster) -> dict:
+def tensor_parallel_figures(cluster, smoke: bool = False) -> dict:
     """Tensor parallelism, 2 ways: bytes at the transport over the formula, and the losses
     against one process (both from this one call, on ``cluster``'s first two workers)."""
     ratios = {}
     for batch in (128, 512):
         problem = train.classification(width=256, batch_size=batch, hidden_layers=3)
-        wire = train.WireBytes(after_step=2, steps=8)
-        train.tensor_parallel(problem, cluster, ways=2, steps=12, callbacks=[wire], watchdog=False)
+        wire = train.WireBytes(after_step=2, steps=1 if smoke else 8)
+        train.tensor_parallel(problem, cluster, ways=2, steps=4 if smoke else 12, callbacks=[wire],
+                              watchdog=False)
         formula = costs.tensor_parallel_bytes(2, batch, problem.layers)
         ratios[batch] = {source: round(wire.per_step.sent[source, destination]
                                        / sum(formula[worker].values()), 4)
                          for worker, (source, destination) in enumerate(
                              (("worker:0", "worker:1"), ("worker:1", "worker:0")))}
     worst = 0.0
-    for problem, steps in ((train.exp_regression(), 200),
-                           (train.classification(width=64, batch_size=256, hidden_layers=3), 30)):
+    for problem, steps in ((train.exp_regression(), 3 if smoke else 200),
+                           (train.classification(width=64, batch_size=256, hidden_layers=3),
+                            3 if smoke else 30)):
         alone = train.single(problem, steps=steps, seed=1)
         split = train.tensor_parallel(problem, cluster, ways=2, steps=steps, seed=1)
         worst = max(worst, float(np.max(np.abs(np.array(alone.losses) - np.array(split.losses)))))
@@ -172,19 +177,20 @@ def tensor_parallel_figures(cluster) -> dict:
             "tensor_parallel_vs_single_max_abs_loss_diff": worst}
 
 
-def sharded_figures() -> dict:
+def sharded_figures(smoke: bool = False) -> dict:
     """ZeRO-3 / FSDP against a plain all-reduce in the same call, 2 workers each: the state each
     worker holds, the bytes each sends per step, and the losses against one process."""
     problem = train.classification(width=256, batch_size=256)
     runs = {}
     for loop in (train.all_reduce, train.sharded_data_parallel):
-        wire = train.WireBytes(after_step=2, steps=8)
-        runs[loop] = (loop(problem, workers=2, steps=12, callbacks=[wire], watchdog=False), wire)
+        wire = train.WireBytes(after_step=2, steps=1 if smoke else 8)
+        runs[loop] = (loop(problem, workers=2, steps=4 if smoke else 12, callbacks=[wire],
+                           watchdog=False), wire)
     (plain, plain_wire), (sharded, sharded_wire) = runs.values()
     pairs = (("worker:0", "worker:1"), ("worker:1", "worker:0"))
     worst = 0.0
-    for checked, steps in ((train.exp_regression(), 200),
-                           (train.classification(width=64, batch_size=256), 30)):
+    for checked, steps in ((train.exp_regression(), 3 if smoke else 200),
+                           (train.classification(width=64, batch_size=256), 3 if smoke else 30)):
         alone = train.single(checked, steps=steps, seed=1)
         history = train.sharded_data_parallel(checked, workers=2, steps=steps, seed=1, watchdog=False)
         for worker in history.workers:
@@ -219,8 +225,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="width 512, batch 1024")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians)")
     parser.add_argument("--steps", type=int, default=12, help="steps per run")
+    parser.add_argument("--smoke", action="store_true", help="a few steps of each figure, for "
+                        "the test suite: the figures are not meaningful")
     args = parser.parse_args()
-    width, batch = (512, 1024) if args.quick else (1024, 2048)
+    if args.smoke:  # 5 steps: the fewest step_times reads a step time from
+        args.rounds, args.steps = 1, 5
+    width, batch = (64, 64) if args.smoke else (512, 1024) if args.quick else (1024, 2048)
     problem = train.classification(width=width, batch_size=batch, hidden_layers=3)
     result = {"stages": 2, "width": width, "batch": batch, "cores": os.cpu_count(),
               "rounds": args.rounds}
@@ -230,7 +240,8 @@ def main() -> None:
             for m in naive:
                 naive[m] += naive_step_times(problem, cluster, m, args.steps)
     with dtflab.start_cluster(workers=2, inter_op_threads=2, intra_op_threads=1) as cluster:
-        arithmetic = train.stage_arithmetic_s(problem, cluster, stages=2, micro_batches=MICRO_BATCHES)
+        arithmetic = train.stage_arithmetic_s(problem, cluster, stages=2, micro_batches=MICRO_BATCHES,
+                                              repeats=1 if args.smoke else 5)
         times, bubbles = pipelined(problem, cluster, args.rounds, args.steps)
         peaks = {}
         for schedule in ("gpipe", "1f1b"):
@@ -238,9 +249,9 @@ def main() -> None:
                 history = train.pipeline(problem, cluster, stages=2, micro_batches=m,
                                          schedule=schedule, steps=3, trace_step=1, watchdog=False)
                 peaks.setdefault(schedule, {})[m] = history.bubble.peak_activation_bytes[0]
-        result["pipeline_vs_single_max_abs_loss_diff"] = loss_agreement(cluster)
-        result.update(tensor_parallel_figures(cluster))
-    result.update(sharded_figures())
+        result["pipeline_vs_single_max_abs_loss_diff"] = loss_agreement(cluster, args.smoke)
+        result.update(tensor_parallel_figures(cluster, args.smoke))
+    result.update(sharded_figures(args.smoke))
     step_ms = {m: statistics.median(times[m]) * 1e3 for m in MICRO_BATCHES}
     every = bubbles[MODEL_FROM] + [b for m in MICRO_BATCHES if m != MODEL_FROM for b in bubbles[m]]
     model = train.StepModel.median_of(every, arithmetic)

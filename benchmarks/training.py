@@ -16,9 +16,11 @@
 - allreduce_bytes_per_worker_step / sync_ps_bytes_per_ps_step: bytes each sends per step,
   counted at the transport (train.WireBytes), heavy classifier, 2 workers; and the model's.
 
-    python benchmarks/training.py [--quick]
+    python benchmarks/training.py [--quick] [--smoke]
 
-Prints one JSON line. --quick runs fewer steps (under 5 minutes on 2 cores).
+Prints one JSON line. --quick runs fewer steps (under 5 minutes on 2 cores). --smoke: one
+repeat, a few steps of each figure on a light classifier (width 64, batch 256), the steady
+rate from the first record on (the figures are not meaningful).
 """
 
 from __future__ import annotations
@@ -105,11 +107,18 @@ def steady_rate(history, skip_s: float = 1.0) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps: under 5 minutes")
+    parser.add_argument("--smoke", action="store_true", help="a few steps of each figure, for "
+                        "the test suite: the figures are not meaningful")
     args = parser.parse_args()
-    steps = 150 if args.quick else 600
-    async_steps = 500 if args.quick else 1500  # long enough that the dashboard's set-up is amortised
-    heavy_steps = 8 if args.quick else 30
-    repeats = 3 if args.quick else 5
+    smoke = args.smoke
+    steps = 3 if smoke else 150 if args.quick else 600
+    # long enough that the dashboard's set-up is amortised (--smoke: a run that can end
+    # within the second its steady rate skips, so it is read from the first record)
+    async_steps = 20 if smoke else 500 if args.quick else 1500
+    skip_s = 0.0 if smoke else 1.0
+    heavy_steps = 4 if smoke else 8 if args.quick else 30
+    repeats = 1 if smoke else 3 if args.quick else 5
+    checked = 3 if smoke else 200  # steps of the loss comparisons
     toy = train.exp_regression()
     out = {"benchmark": "training", "quick": args.quick}
 
@@ -129,19 +138,20 @@ def main() -> None:
             dashboard = Dashboard(run)
             on = run.wait()
             dashboard.wait()
-            on_off.append(steady_rate(on) / steady_rate(off))
+            on_off.append(steady_rate(on, skip_s) / steady_rate(off, skip_s))
             on_off_whole.append(on.examples_per_s / off.examples_per_s)
         out["dashboard_on_over_off"] = round(statistics.median(on_off), 3)
         out["dashboard_on_over_off_runs"] = [round(r, 3) for r in on_off]
         out["dashboard_on_over_off_whole_run"] = round(statistics.median(on_off_whole), 3)
 
-        single = train.single(toy, steps=200, seed=1)
-        sync = train.sync_data_parallel(toy, cluster, steps=200, seed=1)
+        single = train.single(toy, steps=checked, seed=1)
+        sync = train.sync_data_parallel(toy, cluster, steps=checked, seed=1)
         out["single_vs_sync_max_abs_loss_diff"] = float(
             np.max(np.abs(np.array(single.losses) - np.array(sync.losses))))
         out["toy_sync_over_single_time"] = round(sync.wall_s / single.wall_s, 2)
 
-    heavy = train.classification(width=1024, batch_size=4096)
+    heavy = (train.classification(width=64, batch_size=256) if smoke
+             else train.classification(width=1024, batch_size=4096))
     with dtflab.start_cluster(jobs="ps=1,worker=2", intra_op_threads=1, inter_op_threads=1) as cluster:
         one, two = [], []
         for _ in range(repeats):
@@ -170,8 +180,8 @@ def main() -> None:
     out["sync_ps_bytes_per_ps_step"] = {
         "sent": round(sum(v for (s, d), v in ps_wire.per_step.sent.items() if s == "ps:0" and d != "other")),
         "received": round(sum(v for (s, d), v in ps_wire.per_step.sent.items() if d == "ps:0" and s != "other"))}
-    single = train.single(toy, steps=200, seed=1)
-    reduced = train.all_reduce(toy, workers=2, steps=200, seed=1)
+    single = train.single(toy, steps=checked, seed=1)
+    reduced = train.all_reduce(toy, workers=2, steps=checked, seed=1)
     out["allreduce_vs_single_max_abs_loss_diff"] = float(max(
         abs(r.loss - single.losses[r.step]) for r in reduced.records))
     out.update(cpus=os.cpu_count(), tensorflow=tf.__version__)

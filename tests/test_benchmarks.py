@@ -48,20 +48,71 @@ KEYS = {
                 "plan_step_time_mean_rel_error", "plan_step_time_noise", "runs"},
     "run_logs.py": {"loops", "rounds", "steps"},
     "notebook_memory.py": {"benchmark", "largest_peak_pss_mb", "notebooks"},
+    "experts_and_schedules.py": {"experts_all_to_all_bytes_over_formula",
+                                 "experts_busy_max_over_mean",
+                                 "experts_tokens_max_over_mean_by_step",
+                                 "experts_vs_single_max_abs_loss_diff", "pipeline_bubble_formula",
+                                 "pipeline_bubble_measured", "pipeline_idle_share_measured",
+                                 "pipeline_setting", "pipeline_vs_single_max_abs_loss_diff",
+                                 "shape"},
+    "long_sequences_and_3d.py": {"combined_vs_single_max_abs_loss_diff",
+                                 "context_parallel_activations_over_single",
+                                 "context_parallel_busy_max_over_min",
+                                 "context_parallel_bytes_over_formula",
+                                 "long_sequences_vs_single_max_abs_loss_diff", "median_loss_diff",
+                                 "sequence_parallel_activation_ratio",
+                                 "sequence_parallel_bytes_over_formula",
+                                 "sequence_parallel_bytes_over_tensor_parallel", "shapes",
+                                 "three_d_bytes_over_formula", "three_d_bytes_per_step"},
+    "memory.py": {"accumulation_vs_big_batch_max_abs_diff", "flops_matmul_over_6n",
+                  "lever_step_time_over_none", "loss_first_last", "memory_model_max_rel_error",
+                  "mixed_precision_activation_ratio", "peak_over_activations",
+                  "recompute_activation_ratio", "seconds_per_step_single", "steps",
+                  "transformer_vs_single_by_loop", "transformer_vs_single_max_abs_loss_diff",
+                  "zero_state_bytes_over_formula", "zero_step_peak",
+                  "zero_wire_bytes_over_formula"},
+    "model_parallel.py": {"all_reduce_pss_bytes", "batch", "cores", "naive_best_speedup_over_m1",
+                          "naive_step_ms", "pipeline_1f1b_over_gpipe_peak_activation_bytes",
+                          "pipeline_best_m", "pipeline_best_over_naive_best_steps_per_s",
+                          "pipeline_best_speedup_over_m1", "pipeline_equal_shares_best_m",
+                          "pipeline_idle_share", "pipeline_idle_share_formula",
+                          "pipeline_model_best_m", "pipeline_peak_activation_bytes",
+                          "pipeline_stage_arithmetic_ms",
+                          "pipeline_step_model_equal_shares_max_rel_error",
+                          "pipeline_step_model_equal_shares_ms",
+                          "pipeline_step_model_m4_traces_max_rel_error",
+                          "pipeline_step_model_max_rel_error", "pipeline_step_model_ms",
+                          "pipeline_step_model_no_overlap_max_rel_error",
+                          "pipeline_step_model_one_trace_max_rel_error",
+                          "pipeline_step_model_parts_ms", "pipeline_step_model_traced_steps",
+                          "pipeline_step_ms", "pipeline_vs_single_max_abs_loss_diff", "rounds",
+                          "sharded_bytes_over_formula", "sharded_bytes_per_step_over_all_reduce",
+                          "sharded_pss_bytes", "sharded_state_bytes_formula_over_all_reduce",
+                          "sharded_state_bytes_per_worker_over_all_reduce",
+                          "sharded_vs_single_max_abs_loss_diff", "stages",
+                          "tensor_parallel_bytes_over_formula",
+                          "tensor_parallel_vs_single_max_abs_loss_diff", "width"},
+    "todays_blocks.py": {"forms", "memory_max_rel_error", "tensor_parallel_activations_rel_error"},
+    "training.py": {"allreduce_bytes_per_worker_step", "allreduce_heavy_steps_per_s_1_worker",
+                    "allreduce_heavy_steps_per_s_2_workers", "allreduce_over_sync_ps",
+                    "allreduce_speedup_2_workers", "allreduce_vs_single_max_abs_loss_diff",
+                    "benchmark", "cpus", "dashboard_on_over_off", "dashboard_on_over_off_runs",
+                    "dashboard_on_over_off_whole_run", "heavy_steps_per_s_1_worker",
+                    "heavy_steps_per_s_2_workers", "loop_over_handwritten",
+                    "loop_over_handwritten_runs", "model_bytes", "quick",
+                    "single_vs_sync_max_abs_loss_diff", "sync_dp_speedup_2_workers",
+                    "sync_ps_bytes_per_ps_step", "tensorflow", "toy_sync_over_single_time"},
 }
 #: Scripts another test module runs (with smaller counts) and reads the figures of.
 RUN_ELSEWHERE = {"start_stop_cycles.py": "test_load.py"}
-#: Scripts without a smoke mode yet: each one here is a benchmark that can rot unseen.
-NO_SMOKE_YET = {"experts_and_schedules.py", "long_sequences_and_3d.py", "memory.py",
-                "model_parallel.py", "todays_blocks.py", "training.py"}
 #: Scripts that build network namespaces: root only.
 NEEDS_ROOT = {"private_network.py"}
 
 
 def test_every_benchmark_is_run_by_the_suite():
     scripts = {path.name for path in BENCHMARKS.glob("*.py")}
-    assert scripts == set(KEYS) | set(RUN_ELSEWHERE) | NO_SMOKE_YET, (
-        f"a script under benchmarks/ with no smoke run here: {sorted(scripts - set(KEYS) - set(RUN_ELSEWHERE) - NO_SMOKE_YET)}; "
+    assert scripts == set(KEYS) | set(RUN_ELSEWHERE), (
+        f"a script under benchmarks/ with no smoke run here: {sorted(scripts - set(KEYS) - set(RUN_ELSEWHERE))}; "
         f"give it --smoke and add its keys to KEYS")
     for script, module in RUN_ELSEWHERE.items():
         assert script in (ROOT / "tests" / module).read_text()
