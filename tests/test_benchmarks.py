@@ -119,12 +119,13 @@ def test_every_benchmark_is_run_by_the_suite():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # memory.py's smoke run starts about ten worker-program runs
 @pytest.mark.parametrize("script", sorted(KEYS))
 def test_a_benchmark_runs_in_its_smoke_mode_and_prints_its_figures(script):
     if script in NEEDS_ROOT and os.geteuid() != 0:
         not_here(f"{script.upper()} NOT RUN: it builds network namespaces, which needs root")
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), "--smoke"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=280)
+                          capture_output=True, text=True, timeout=560)
     assert done.returncode == 0, f"{script} --smoke exited {done.returncode}:\n{done.stderr[-3000:]}"
     lines = done.stdout.strip().splitlines()
     assert lines, f"{script} --smoke printed nothing:\n{done.stderr[-3000:]}"
