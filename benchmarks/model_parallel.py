@@ -139,11 +139,16 @@ def model_predictions(model, arithmetic=None) -> tuple[dict, dict]:
     return {m: model.predicted_step_s(m, arithmetic) * 1e3 for m in MICRO_BATCHES}, parts
 
 
+def loss_checks(smoke: bool, **classifier) -> tuple:
+    """The problems each split's losses are checked on against one process, with their steps:
+    exp(x) (200 steps) and a small classifier (30), 3 steps each with --smoke."""
+    return ((train.exp_regression(), 3 if smoke else 200),
+            (train.classification(width=64, batch_size=256, **classifier), 3 if smoke else 30))
+
+
 def loss_agreement(cluster, smoke: bool = False) -> float:
     worst = 0.0
-    for problem, steps in ((train.exp_regression(), 3 if smoke else 200),
-                           (train.classification(width=64, batch_size=256, hidden_layers=3),
-                            3 if smoke else 30)):
+    for problem, steps in loss_checks(smoke, hidden_layers=3):
         alone = train.single(problem, steps=steps, seed=1)
         for schedule in ("gpipe", "1f1b"):
             piped = train.pipeline(problem, cluster, stages=2, micro_batches=4, schedule=schedule,
@@ -167,9 +172,7 @@ def tensor_parallel_figures(cluster, smoke: bool = False) -> dict:
                          for worker, (source, destination) in enumerate(
                              (("worker:0", "worker:1"), ("worker:1", "worker:0")))}
     worst = 0.0
-    for problem, steps in ((train.exp_regression(), 3 if smoke else 200),
-                           (train.classification(width=64, batch_size=256, hidden_layers=3),
-                            3 if smoke else 30)):
+    for problem, steps in loss_checks(smoke, hidden_layers=3):
         alone = train.single(problem, steps=steps, seed=1)
         split = train.tensor_parallel(problem, cluster, ways=2, steps=steps, seed=1)
         worst = max(worst, float(np.max(np.abs(np.array(alone.losses) - np.array(split.losses)))))
@@ -189,8 +192,7 @@ def sharded_figures(smoke: bool = False) -> dict:
     (plain, plain_wire), (sharded, sharded_wire) = runs.values()
     pairs = (("worker:0", "worker:1"), ("worker:1", "worker:0"))
     worst = 0.0
-    for checked, steps in ((train.exp_regression(), 3 if smoke else 200),
-                           (train.classification(width=64, batch_size=256), 3 if smoke else 30)):
+    for checked, steps in loss_checks(smoke):
         alone = train.single(checked, steps=steps, seed=1)
         history = train.sharded_data_parallel(checked, workers=2, steps=steps, seed=1, watchdog=False)
         for worker in history.workers:
