@@ -325,8 +325,6 @@ _tier_tests: dict[str, int] = {}
 #: Lines a test prints that the run's summary repeats (captured output is shown only on failure).
 FIGURES = "Binder's limits:"
 _figures: list[str] = []
-#: Each rerun test's first failure: pytest-rerunfailures prints none for a test that then passed.
-_reruns: list[tuple[str, str]] = []
 #: Skipped cases by tier and by reason: the run's last section says what it did not check.
 _skipped: dict[str, int] = {}
 _skip_reasons: dict[str, int] = {}
@@ -376,8 +374,6 @@ def pytest_runtest_logreport(report):
         _tier_tests[tier] = _tier_tests.get(tier, 0) + 1
     if report.when == "call":
         _figures.extend(line for line in report.capstdout.splitlines() if line.startswith(FIGURES))
-    if report.outcome == "rerun":
-        _reruns.append((f"{report.nodeid} ({report.when})", str(report.longrepr)))
     if report.skipped:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         reason = reason.removeprefix("Skipped: ")
@@ -386,15 +382,11 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Each rerun test's first failure (its last 40 lines); the figures the Binder tier
-    printed, a line per notebook; then one line per tier: its tests and their seconds (set-up
-    and teardown included), and how many were skipped, and one for the whole run: its wall
-    time and CPU seconds, the suite's processes' and the whole machine's; then each reason for
-    a skip, with its count (pytest's own last lines repeat them, with ``-ra``)."""
-    for name, failure in _reruns:
-        terminalreporter.section(f"rerun: {name} first failed with")
-        for line in failure.splitlines()[-40:]:
-            terminalreporter.write_line(line)
+    """The figures the Binder tier printed, a line per notebook; then one line per tier: its
+    tests and their seconds (set-up and teardown included), and how many were skipped, and one
+    for the whole run: its wall time and CPU seconds, the suite's processes' and the whole
+    machine's; then each reason for a skip, with its count (pytest's own last lines repeat
+    them, with ``-ra``)."""
     if _figures:
         terminalreporter.section("each notebook inside Binder's limits")
         for line in _figures:

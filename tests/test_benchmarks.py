@@ -92,6 +92,8 @@ KEYS = {
                           "sharded_vs_single_max_abs_loss_diff", "stages",
                           "tensor_parallel_bytes_over_formula",
                           "tensor_parallel_vs_single_max_abs_loss_diff", "width"},
+    "waits_for_a_core.py": {"accounted_share", "benchmark", "cpus", "queued_share", "rounds",
+                            "steps"},
     "todays_blocks.py": {"forms", "memory_max_rel_error", "tensor_parallel_activations_rel_error"},
     "training.py": {"allreduce_bytes_per_worker_step", "allreduce_heavy_steps_per_s_1_worker",
                     "allreduce_heavy_steps_per_s_2_workers", "allreduce_over_sync_ps",

@@ -195,20 +195,30 @@ def lab_api(url, token, path, method="GET"):
     return json.loads(body) if body else None
 
 
-@pytest.fixture
-def page():
+@pytest.fixture(scope="module")
+def browser():
+    """One chromium for the module's tests; each test has a context of its own (``page``)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.console_errors, page.console_all = [], []
-        page.on("console", lambda m: m.type == "error" and not tensorboards_fonts(m)
-                and page.console_errors.append(m.text))
-        page.on("console", lambda m: page.console_all.append(f"{m.type}: {m.text[:300]}"))
-        page.on("pageerror", lambda e: page.console_errors.append(str(e)))
-        yield page
+        yield browser
         browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A page in a fresh browser context (no cookie, storage or cache of an earlier test's),
+    its console's errors kept in ``page.console_errors``."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.console_errors, page.console_all = [], []
+    page.on("console", lambda m: m.type == "error" and not tensorboards_fonts(m)
+            and page.console_errors.append(m.text))
+    page.on("console", lambda m: page.console_all.append(f"{m.type}: {m.text[:300]}"))
+    page.on("pageerror", lambda e: page.console_errors.append(str(e)))
+    yield page
+    context.close()
 
 
 def tensorboards_fonts(message) -> bool:

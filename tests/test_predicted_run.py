@@ -7,7 +7,7 @@ import pytest
 
 import dtflab
 from dtflab import train
-from dtflab.train.planner import graph_ops
+from dtflab.train.planner import graph_ops, op_costs
 from dtflab.train.planner.device_memory import per_device
 from dtflab.train.planner.loops import loop_for, runs
 from dtflab.train.planner.predicted_run import plan_of
@@ -193,11 +193,12 @@ def test_a_worker_programs_step_is_priced_from_its_own_traced_step_function(here
     costs = {kind: machine.op_costs[kind][0]
              for kind in ("call", "collective_ring", "collective_pair")}
     print({kind: f"{cost * 1e3:.3f} ms" for kind, cost in costs.items()})
-    # a link of the gathers' chain found inside the search's range (1 us to 10 ms), not pinned
-    # to an end of it: the probes' graphs, simulated, reach their measured steps at a cost a
-    # call of that order (at the bottom, the step's cost an op and the probes were timed again:
-    # the test below); a broadcast (they run together) at its bytes alone
-    assert 1.2e-6 < costs["collective_ring"] < 8e-3 and costs["collective_pair"] == 0.0
+    # a link of the gathers' chain found inside the search's range (at its bottom, the step's
+    # cost an op and the probes are timed again: the test below); where in it is a timing,
+    # ``benchmarks/plan.py``'s calibrations print it; a broadcast (they run together) at its
+    # bytes alone
+    low, high = op_costs.LINK_RANGE
+    assert low <= costs["collective_ring"] <= high and costs["collective_pair"] == 0.0
     # given the calibration again, the run reuses the costs fitted to it (a fit again would
     # read other figures: its probes are timed runs), as a later run with it would
     history = train.run_layout(problem, cluster, train.Layout(data=2, zero=2), hardware=hardware,
