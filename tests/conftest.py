@@ -102,13 +102,19 @@ PROCESS_SINGLETONS = ("multiprocessing.resource_tracker",)
 KERNEL_SERVICES = {"dtflab.network.gate": 2, "dtflab.processes.forkserver": 2}
 
 
+#: Pids of processes a module's fixture keeps for the whole module (the browser tier's one
+#: chromium, by its Playwright driver): they and what they start are the fixture's, not a
+#: test's (chromium starts helper processes when a page first needs them).
+LASTING: set[int] = set()
+
+
 def _children(services: bool = False) -> dict[int, str]:
     """This process's live descendants, without the singletons and, unless ``services``,
     without dtflab's per-process services (forked tasks inherit the fork server's command
     line: a fork server is one whose parent is not one; what a fork server runs while it
     warms up, ``uname -p`` say, is its own too). The notebook executor that ``notebook_runs``
     runs beside the tests is not counted, nor its kernels and what they start: each notebook's
-    leftovers are checked in its own cgroup."""
+    leftovers are checked in its own cgroup; nor what a module keeps (``LASTING``)."""
     commands, mine = {}, os.getpid()
     for child in psutil.Process().children(recursive=True):
         try:
@@ -117,7 +123,7 @@ def _children(services: bool = False) -> dict[int, str]:
         except psutil.Error:
             pass
     executors = {pid for pid, (command, parent) in commands.items()
-                 if parent == mine and "notebook_runs.py" in command}
+                 if parent == mine and "notebook_runs.py" in command} | LASTING
 
     def under_an_executor(pid):
         chain, parent = {pid}, commands[pid][1]

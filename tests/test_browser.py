@@ -27,7 +27,7 @@ from typing import NamedTuple
 import pytest
 
 from bokeh_page import DATA, LABELS_FIT, TITLES_FIT, WHERE
-from conftest import free_ports, not_here, wait_until
+from conftest import LASTING, free_ports, not_here, wait_until
 
 from dtflab import exercises
 
@@ -86,7 +86,11 @@ UNFINISHED = """() => { const nb = window.jupyterapp.shell.currentWidget;
     return `kernel ${nb.sessionContext.session.kernel.status}; ${open.length} of ${cells.length} code cells `
         + `unfinished; the first: ${first ? JSON.stringify(first.model.sharedModel.getSource().slice(0, 200)) : '-'}`
         + `; its output ends ${JSON.stringify(text.slice(-300))}`; }"""
-#: How long a notebook's run-all may take in the browser (the longest took 50 s in CI).
+#: How long a test waits for what it expects on the page (an element, a drawn plot, a kernel's
+#: answer): a wait that succeeds ends at once, so this is what a loaded machine may need, short
+#: of the module's timeout; a shorter wait would be a timed assertion.
+PATIENCE_S = 240
+#: How long a notebook's Run All may take in the browser.
 RUN_ALL_S = 300
 #: url -> (the lab server's pid, its log): where a hung kernel's stacks are printed.
 SERVERS = {}
@@ -143,7 +147,7 @@ def lab_server(tmp_path_factory):
     url = f"http://127.0.0.1:{port}"
     SERVERS[url] = (server.pid, home / "lab.log")
     try:
-        assert wait_until(lambda: lab_api(url, token, "status") is not None, timeout=90), (
+        assert wait_until(lambda: lab_api(url, token, "status") is not None, timeout=PATIENCE_S), (
             (home / "lab.log").read_text()[-3000:])
         yield url, token, root, server.pid
     finally:
@@ -196,14 +200,30 @@ def lab_api(url, token, path, method="GET"):
 
 
 @pytest.fixture(scope="module")
-def browser():
-    """One chromium for the module's tests; each test has a context of its own (``page``)."""
+def browser(tmp_path_factory):
+    """One chromium for the module's tests; each test has a context of its own (``page``).
+    Its processes are the module's (``conftest.LASTING``), not a test's leftovers."""
+    import concurrent.futures
+
+    import psutil
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright:
+    before = {child.pid for child in psutil.Process().children()}
+    manager = sync_playwright()
+    with manager as playwright:
+        LASTING.update(child.pid for child in psutil.Process().children() if child.pid not in before)
+        # Playwright writes a screenshot's file on its event loop's thread pool: one thread,
+        # started here with the module's browser, not inside the test that first saves one
+        # (whose leak check would count it)
+        manager._loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="playwright-files"))
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        warm = browser.new_page()
+        warm.screenshot(path=tmp_path_factory.mktemp("browser") / "blank.png")
+        warm.close()
         yield browser
         browser.close()
+    LASTING.clear()
 
 
 @pytest.fixture
@@ -233,8 +253,8 @@ def open_and_run_all(page, lab, notebook):
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     page.goto(lab.address(notebook))
-    page.wait_for_selector(".jp-Notebook", timeout=90_000)
-    page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+    page.wait_for_selector(".jp-Notebook", timeout=PATIENCE_S * 1000)
+    page.wait_for_function(KERNEL_IDLE, timeout=PATIENCE_S * 1000)
     # Not awaited: execute()'s promise ends with the last cell, and evaluate() has no timeout.
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
     try:
@@ -294,11 +314,11 @@ def shot(page, locator, path=None) -> bytes:
         boxes.append(locator.bounding_box())
         return bool(boxes[-1] and boxes[-1]["width"] > 0 and boxes[-1]["height"] > 0)
 
-    assert wait_until(laid_out, timeout=30, interval=0.1), "the element is not on the page"
+    assert wait_until(laid_out, timeout=PATIENCE_S, interval=0.1), "the element is not on the page"
     return page.screenshot(path=path, clip=boxes[-1])
 
 
-def painted(page, locator, least: int, path=None, canvases: int = 1, timeout: float = 60) -> bytes:
+def painted(page, locator, least: int, path=None, canvases: int = 1, timeout: float = PATIENCE_S) -> bytes:
     """A screenshot of ``locator`` once it holds ``canvases`` canvases and ``least`` pixels of
     ink (Bokeh paints on a later animation frame, later still on a loaded machine); the last
     one taken if that does not happen within ``timeout`` s (the caller's assertion says so)."""
@@ -388,7 +408,7 @@ def test_quickstart_shows_the_cluster_panel_row_by_row(lab, page):
     shot(page, page.locator(".jp-Notebook"), str(SHOTS / "exercise_open.png"))
     solve_by_hand(page)
     assert wait_until(lambda: check.locator(".jp-OutputArea").inner_text().strip() == "correct",
-                      timeout=90), check.locator(".jp-OutputArea").inner_text()
+                      timeout=PATIENCE_S), check.locator(".jp-OutputArea").inner_text()
     legacy_cell = cell_containing(page, "--name legacy")  # the learner's cell, now
     reveal(legacy_cell)
     legacy = legacy_cell.locator("tr.dtflab-task")
@@ -422,17 +442,17 @@ def test_data_parallel_views_render_and_the_live_plot_streams_until_stopped(lab,
     live = cell_containing(page, "added by the browser test")
     reveal(live)
     plot = live.locator("canvas").first
-    plot.wait_for(timeout=60_000)
+    plot.wait_for(timeout=PATIENCE_S * 1000)
     painted(page, plot, 1_000, canvases=0)  # the first render's frame and legend: compare drawn states only
     status = live.locator(".widget-html-content").last
     first = shot(page, plot)
     mark("live plot painted")
-    # 90 s: on a loaded machine a first step that stalls is retried by the watchdog after 30 s.
-    if not wait_until(lambda: shot(page, plot) != first, timeout=90, interval=0.5):
+    # on a loaded machine a first step that stalls is retried by the watchdog after 30 s
+    if not wait_until(lambda: shot(page, plot) != first, timeout=PATIENCE_S, interval=0.5):
         shot(page, live, str(SHOTS / "live_dashboard_unchanged.png"))
         kernel = page.evaluate(KERNEL_PRINT_WITHIN, [
             "print(live.history.steps_per_worker, repr(live.history.status), live.done, live.error)", 10_000])
-        pytest.fail(f"the live loss plot did not change in 90 s; the run says {status.inner_text()!r}, "
+        pytest.fail(f"the live loss plot did not change in {PATIENCE_S} s; the run says {status.inner_text()!r}, "
                     f"the browser console {page.console_errors}; in the kernel: {kernel}\n"
                     f"the page's plot sources: {page.evaluate(PAGE_SOURCES)}\n"
                     f"all console lines: {page.console_all[-40:]}\n"
@@ -440,7 +460,7 @@ def test_data_parallel_views_render_and_the_live_plot_streams_until_stopped(lab,
     mark("live plot changed")
     shot(page, live, str(SHOTS / "live_dashboard.png"))
     live.get_by_role("button", name="Stop").dispatch_event("click")  # no wait for a still layout
-    assert wait_until(lambda: "steps in" in status.inner_text(), timeout=60), status.inner_text()
+    assert wait_until(lambda: "steps in" in status.inner_text(), timeout=PATIENCE_S), status.inner_text()
     mark("stopped")
     assert live.get_by_role("button", name="Stop").is_disabled()
     def settled():  # the page may still be drawing the last update when Stop takes effect
@@ -448,7 +468,7 @@ def test_data_parallel_views_render_and_the_live_plot_streams_until_stopped(lab,
         page.wait_for_timeout(1500)
         return shot(page, plot) == before
 
-    assert wait_until(settled, timeout=15, interval=0.1), "the plot kept changing after Stop"
+    assert wait_until(settled, timeout=PATIENCE_S, interval=0.1), "the plot kept changing after Stop"
     shot(page, live, str(SHOTS / "live_dashboard_stopped.png"))
     assert_readable(page)
 
@@ -481,17 +501,17 @@ def test_a_live_plot_whose_view_began_mid_message_draws_every_later_point(lab, p
                                             "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}
     (lab.root / "notebooks" / "live_model.ipynb").write_text(json.dumps(notebook))
     open_and_run_all(page, lab, "live_model.ipynb")
-    cell_containing(page, "LiveBokehModel(plot)").locator("canvas").first.wait_for(timeout=60_000)
+    cell_containing(page, "LiveBokehModel(plot)").locator("canvas").first.wait_for(timeout=PATIENCE_S * 1000)
     for stray, rows in ((1, 10), (2, 20)):  # one fragment out of step, then two in all
         assert page.evaluate(KERNEL_PRINT_WITHIN, [STRAY_THEN_STREAM, 30_000]) == str(rows)
-        assert wait_until(lambda: page.evaluate(PAGE_SOURCES) == [[rows]], timeout=30), (
+        assert wait_until(lambda: page.evaluate(PAGE_SOURCES) == [[rows]], timeout=PATIENCE_S), (
             f"after {stray} stray fragment(s) the page holds {page.evaluate(PAGE_SOURCES)} rows, "
             f"the kernel {rows}; console: {page.console_all[-10:]}")
     # The page's echo of the patches and its autoscaled ranges stayed on the page: the whole
     # document sent again is the kernel's 20 points, drawn over the range they span.
     assert page.evaluate(KERNEL_PRINT_WITHIN, [
         "live.refresh()\nprint(len(source.data['x']), plot.x_range.start)", 30_000]) == "20 nan"
-    assert wait_until(lambda: page.evaluate(PAGE_SOURCES) == [[20]], timeout=30), page.evaluate(PAGE_SOURCES)
+    assert wait_until(lambda: page.evaluate(PAGE_SOURCES) == [[20]], timeout=PATIENCE_S), page.evaluate(PAGE_SOURCES)
     assert_readable(page)
 
 
@@ -507,10 +527,10 @@ def test_parameter_servers_vs_all_reduce_draws_both_architectures_and_the_live_a
     live = cell_containing(page, "dashboard = Dashboard(run)")
     reveal(live)
     status = live.locator(".widget-html-content").last
-    assert wait_until(lambda: "steps in" in status.inner_text(), timeout=60), status.inner_text()
+    assert wait_until(lambda: "steps in" in status.inner_text(), timeout=PATIENCE_S), status.inner_text()
     # the run has ended: the plot draws every point again (``LiveBokehModel.refresh``)
     plot = painted(page, live.locator("canvas").first, 5_000, SHOTS / "all_reduce_dashboard.png",
-                   canvases=0, timeout=30)
+                   canvases=0)
     assert ink(plot) > 5_000, "the all-reduce run's loss plot is empty"
     assert_readable(page)
 
@@ -550,7 +570,7 @@ def test_tensor_and_sharded_parallelism_draws_the_slices_and_the_bytes_against_t
     layouts = cell_containing(page, "for layout in costs.LAYOUTS:\n    run = dtflab.run")
     reveal(layouts)
     table = layouts.locator(".jp-OutputArea")
-    assert wait_until(lambda: "both" in table.inner_text(), timeout=30), table.inner_text()
+    assert wait_until(lambda: "both" in table.inner_text(), timeout=PATIENCE_S), table.inner_text()
     assert_readable(page)
 
 
@@ -567,7 +587,7 @@ def test_the_memory_planner_draws_moves_with_a_field_and_measures(lab, page):
     reveal(big)
     assert ink(painted(page, big, 5_000, SHOTS / "memory_planner.png")) > 5_000
     big.locator("button", has_text="Measure").click()
-    assert wait_until(lambda: "Measure runs one replica" in big.inner_text(), timeout=30), \
+    assert wait_until(lambda: "Measure runs one replica" in big.inner_text(), timeout=PATIENCE_S), \
         big.inner_text()[-500:]
     # the small plan, measured in its cell: predicted and measured bars, on the page
     small = cell_containing(page, "small.measure()").locator(".jp-OutputArea")
@@ -583,12 +603,12 @@ def test_the_memory_planner_draws_moves_with_a_field_and_measures(lab, page):
         now = page.evaluate(DATA, "planner_activations")
         return list(now["bar"]) == ["predicted"] and now["activations"][0] < bars["activations"][0]
 
-    assert wait_until(moved, timeout=30), page.evaluate(DATA, "planner_activations")
+    assert wait_until(moved, timeout=PATIENCE_S), page.evaluate(DATA, "planner_activations")
     small.locator("button", has_text="Measure").click()
     # the bars (a Bokeh document) and the text (a widget) reach the page by two channels
     assert wait_until(lambda: len(page.evaluate(DATA, "planner_activations")["bar"]) == 2
                       and "measured vs predicted" in small.inner_text(),
-                      timeout=90), small.inner_text()[-500:]
+                      timeout=PATIENCE_S), small.inner_text()[-500:]
     shot(page, small, str(SHOTS / "memory_planner_measured.png"))
     assert_readable(page)
 
@@ -616,7 +636,7 @@ def test_after_run_all_the_schedule_playground_redraws_runs_and_the_saved_notebo
         now = page.evaluate(DATA, "formula_forward")
         return now is not None and "gpipe" in now["_title"]
 
-    assert wait_until(redrawn, timeout=30), page.evaluate(DATA, "formula_forward")
+    assert wait_until(redrawn, timeout=PATIENCE_S), page.evaluate(DATA, "formula_forward")
     assert "(bubble 0.250 of the work)" in widget.inner_text()
     widget.locator("button", has_text="Run").click()
 
@@ -625,7 +645,7 @@ def test_after_run_all_the_schedule_playground_redraws_runs_and_the_saved_notebo
         now = page.evaluate(DATA, "measured_backward")
         return now is not None and len(now["label"]) == 2 * 4 and "Measured" in now["_title"]
 
-    assert wait_until(ran, timeout=120), widget.inner_text()[-500:]
+    assert wait_until(ran, timeout=PATIENCE_S), widget.inner_text()[-500:]
     text = widget.inner_text()
     assert "measured: idle" in text and "Ran on 2 workers of its own" in text, text[-500:]
     shot(page, widget, str(SHOTS / "schedule_playground_gpipe.png"))
@@ -639,7 +659,7 @@ def test_after_run_all_the_schedule_playground_redraws_runs_and_the_saved_notebo
     saved, committed = lab.root / "notebooks" / notebook, ROOT / "notebooks" / notebook
     before = saved.stat().st_mtime_ns
     page.evaluate(SAVE)
-    assert wait_until(lambda: saved.stat().st_mtime_ns != before, timeout=30), "not saved"
+    assert wait_until(lambda: saved.stat().st_mtime_ns != before, timeout=PATIENCE_S), "not saved"
     outputs = [output for cell in json.loads(saved.read_text())["cells"]
                for output in cell.get("outputs", [])]
     assert len(outputs) >= 10  # what Run All printed and drew, saved
@@ -736,8 +756,8 @@ def test_persistent_workers_print_into_their_cell_live_labelled_by_worker(lab, p
                                dict(picked[-1], source="%dtf_workers stop", outputs=[], id="stop")]
     (lab.root / "notebooks" / f"part_of_{notebook}").write_text(json.dumps(cells))
     page.goto(lab.address(f"part_of_{notebook}"))
-    page.wait_for_selector(".jp-Notebook", timeout=90_000)
-    page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+    page.wait_for_selector(".jp-Notebook", timeout=PATIENCE_S * 1000)
+    page.wait_for_function(KERNEL_IDLE, timeout=PATIENCE_S * 1000)
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
     cell = cell_containing(page, "print('second', second)")
 
@@ -746,11 +766,11 @@ def test_persistent_workers_print_into_their_cell_live_labelled_by_worker(lab, p
         return cell.locator(".jp-OutputArea").inner_text()
 
     assert wait_until(lambda: "[worker:0] second 1" in said() and "[worker:1] second 1" in said(),
-                      timeout=180), said()
+                      timeout=PATIENCE_S), said()
     assert "second 7" not in said(), said()  # shown as it came, not once the cell ended
     shot(page, cell, str(SHOTS / "workers_live_output.png"))
     try:
-        page.wait_for_function(ALL_EXECUTED, timeout=120_000, polling=1000)
+        page.wait_for_function(ALL_EXECUTED, timeout=PATIENCE_S * 1000, polling=1000)
     except PlaywrightTimeout:
         raise AssertionError(f"the workers' cells did not finish: {said()}") from None
     for worker in ("worker:0", "worker:1"):
@@ -804,7 +824,7 @@ def test_dragging_a_chip_moves_the_variable_in_the_kernel_and_measures_the_new_b
     page.mouse.up()
     moved = board.locator(f".dtflab-device[data-device='{target}'] .dtflab-chip[data-variable='w1']")
     try:
-        moved.wait_for(timeout=15_000)  # the kernel changed the plan and sent the chips back
+        moved.wait_for(timeout=PATIENCE_S * 1000)  # the kernel changed the plan and sent the chips back
     except Exception:
         shot(page, board, str(SHOTS / "placement_board_drag_failed.png"))
         state = page.evaluate(KERNEL_PRINT, "print(editor.plan.device_for('w1'), repr(editor.board.status), editor._undo[-1:] and editor._undo[-1][1])")
@@ -812,7 +832,7 @@ def test_dragging_a_chip_moves_the_variable_in_the_kernel_and_measures_the_new_b
         raise AssertionError(f"w1 did not reach {target}; kernel: {state}; ghosts {ghosts}; "
                              f"console: {page.console_errors}") from None
     assert page.evaluate(KERNEL_PRINT, "print(editor.plan.device_for('w1'))") == "/job:master/task:0"
-    assert wait_until(lambda: rows.count() == before + 1, timeout=60), "no traced step after the drag"
+    assert wait_until(lambda: rows.count() == before + 1, timeout=PATIENCE_S), "no traced step after the drag"
     last = rows.nth(before)
     assert "w1 → " + target in last.inner_text()
     measured = int(page.evaluate(KERNEL_PRINT, "print(sum(t.nbytes for t in editor.step.transfers))"))
@@ -824,8 +844,8 @@ def test_dragging_a_chip_moves_the_variable_in_the_kernel_and_measures_the_new_b
     number = home.locator(".dtflab-device-name").inner_text().split(" ")[0]
     moved.focus()
     page.keyboard.press(number)
-    home.locator(".dtflab-chip[data-variable='w1']").wait_for(timeout=15_000)
-    assert wait_until(lambda: rows.count() == before + 2, timeout=60)
+    home.locator(".dtflab-chip[data-variable='w1']").wait_for(timeout=PATIENCE_S * 1000)
+    assert wait_until(lambda: rows.count() == before + 2, timeout=PATIENCE_S)
     shot(page, board, str(SHOTS / "placement_board.png"))  # docs/placement_board.png is one
     # Below the board: the partition graph, collapsed by scope. Click a scope: it opens.
     before = page.evaluate(DATA, "ops")
@@ -839,7 +859,7 @@ def test_dragging_a_chip_moves_the_variable_in_the_kernel_and_measures_the_new_b
         names = page.evaluate(DATA, "ops")["name"]
         return any(name.startswith(scope + "/") and name != scope + "/" for name in names)
 
-    assert wait_until(opened, timeout=10), f"clicking {scope!r} did not open it"
+    assert wait_until(opened, timeout=PATIENCE_S), f"clicking {scope!r} did not open it"
     assert_readable(page)
 
 
@@ -887,7 +907,7 @@ def test_the_site_shows_a_guide_page_the_api_a_tutorial_plot_and_finds_by_search
     assert signature.count() == 1 and "start_cluster" in signature.inner_text()
 
     page.goto(f"{site}/tutorials/en/01_model_parallelism.html")
-    page.wait_for_function("() => window.Bokeh && Object.keys(window.Bokeh.index).length > 0", timeout=60_000)
+    page.wait_for_function("() => window.Bokeh && Object.keys(window.Bokeh.index).length > 0", timeout=PATIENCE_S * 1000)
     canvases = page.locator(".cell_output canvas")  # Playwright's selectors pierce Bokeh's shadow roots
     plot = next(c for c in canvases.all() if (c.bounding_box() or {}).get("width", 0) > 100)
     assert ink(painted(page, plot, 5_000, SHOTS / "site_tutorial_plot.png", canvases=0)) > 5_000, \
@@ -902,7 +922,7 @@ def test_the_site_shows_a_guide_page_the_api_a_tutorial_plot_and_finds_by_search
 
     # the memory planner, which needs a kernel, shows a still of itself: its bars, drawn
     page.goto(f"{site}/tutorials/en/11_transformer_memory.html")
-    page.wait_for_function("() => window.Bokeh && Object.keys(window.Bokeh.index).length > 0", timeout=60_000)
+    page.wait_for_function("() => window.Bokeh && Object.keys(window.Bokeh.index).length > 0", timeout=PATIENCE_S * 1000)
     still = page.locator(".dtflab-still").first
     assert "the fullest holds" in still.inner_text()
     assert ink(painted(page, still, 5_000, SHOTS / "site_memory_planner.png")) > 5_000
@@ -923,13 +943,13 @@ def test_the_site_shows_a_guide_page_the_api_a_tutorial_plot_and_finds_by_search
         stills[address] = len(texts)
     assert stills["tutorials/en/00_quickstart.html"] >= 3, stills  # the cluster panels
     page.goto(f"{site}/tutorials/en/03_sync_data_parallelism.html")
-    page.wait_for_function("() => window.Bokeh && Object.keys(window.Bokeh.index).length > 0", timeout=60_000)
+    page.wait_for_function("() => window.Bokeh && Object.keys(window.Bokeh.index).length > 0", timeout=PATIENCE_S * 1000)
     dashboard = page.locator(".dtflab-still", has_text="as the finished run left it").first
     assert ink(painted(page, dashboard, 5_000, SHOTS / "site_dashboard.png")) > 5_000
 
     page.goto(f"{site}/search.html?q=start_cluster")
     results = page.locator("#search-results li a")
-    results.first.wait_for(timeout=30_000)
+    results.first.wait_for(timeout=PATIENCE_S * 1000)
     assert any("start_cluster" in text for text in results.all_inner_texts())
     assert_readable(page)
 
@@ -958,26 +978,26 @@ def test_tensorboard_in_the_page_draws_the_runs_their_hparams_and_each_workers_t
     cell = cell_containing(page, "dtflab.tensorboard()")
     reveal(cell)
     frame = cell.locator("iframe")
-    frame.wait_for(state="attached", timeout=30_000)
+    frame.wait_for(state="attached", timeout=PATIENCE_S * 1000)
     source = frame.get_attribute("src")  # through the notebook server, as on Binder
     assert re.fullmatch(r"/proxy/\d+/", source), source
-    cell.frame_locator("iframe").locator("tb-webapp").wait_for(timeout=60_000)
+    cell.frame_locator("iframe").locator("tb-webapp").wait_for(timeout=PATIENCE_S * 1000)
     shot(page, cell, str(SHOTS / "tensorboard_in_the_page.png"))
     # Scalars: every run's curves (the page's own tab, through the same proxy)
     page.goto(f"{lab.url}{source}#scalars")
     for name in names:
-        page.get_by_text(name, exact=True).first.wait_for(timeout=60_000)
+        page.get_by_text(name, exact=True).first.wait_for(timeout=PATIENCE_S * 1000)
     card = page.locator("tf-scalar-card, .tf-scalar-card, tf-line-chart-data-loader").first
-    card.wait_for(timeout=60_000)
+    card.wait_for(timeout=PATIENCE_S * 1000)
     assert page.get_by_text("examples_per_s", exact=True).count() >= 1
     chart = page.locator("vz-line-chart2").first
-    assert wait_until(lambda: ink(shot(page, chart)) > 2_000, timeout=30), "no curve drawn"
+    assert wait_until(lambda: ink(shot(page, chart)) > 2_000, timeout=PATIENCE_S), "no curve drawn"
     shot(page, chart, str(SHOTS / "tensorboard_scalars.png"))
     # HParams: one row a run, its loop and layout beside its final loss
     page.goto(f"{lab.url}{source}#hparams")
     for loop in ("all_reduce", "sync", "single"):
-        page.get_by_text(loop, exact=True).first.wait_for(timeout=60_000)
-    page.get_by_text("final/loss").first.wait_for(state="attached", timeout=30_000)  # a metric
+        page.get_by_text(loop, exact=True).first.wait_for(timeout=PATIENCE_S * 1000)
+    page.get_by_text("final/loss").first.wait_for(state="attached", timeout=PATIENCE_S * 1000)  # a metric
     page.screenshot(path=str(SHOTS / "tensorboard_hparams.png"))
     # Profile (XProf): the trace viewer draws worker 1's traced step, its all-reduce among the
     # events, and the hosts to choose from are the two workers
@@ -985,17 +1005,17 @@ def test_tensorboard_in_the_page_draws_the_runs_their_hparams_and_each_workers_t
         status=200, content_type="text/javascript", body=CHARTS_STUB))
     session = next((runs / traced / "plugins" / "profile").iterdir()).name
     page.goto(f"{lab.url}{source}?run={traced}%2F{session}&tag=trace_viewer%40&hosts=worker-1#profile")
-    viewer = wait_for_frames(page, "trace_viewer_index.html", timeout=90)[0]
-    viewer.get_by_text("worker-1 /host:CPU").first.wait_for(state="attached", timeout=60_000)
+    viewer = wait_for_frames(page, "trace_viewer_index.html", timeout=PATIENCE_S)[0]
+    viewer.get_by_text("worker-1 /host:CPU").first.wait_for(state="attached", timeout=PATIENCE_S * 1000)
     search = viewer.get_by_placeholder("Find Events...")
     search.fill("CollectiveReduceV2")  # the step's all-reduce, found among the drawn events
     search.press("Enter")
-    viewer.get_by_text(re.compile(r"^\d+ of [1-9]\d*$")).wait_for(timeout=30_000)  # "0 of 1"
+    viewer.get_by_text(re.compile(r"^\d+ of [1-9]\d*$")).wait_for(timeout=PATIENCE_S * 1000)  # "0 of 1"
     page.screenshot(path=str(SHOTS / "tensorboard_trace_viewer.png"))
     tool = next(f for f in page.frames if "trace_viewer@;" in f.url)
     tool.get_by_text("worker-1", exact=True).first.click()  # the hosts' list: every worker
     for worker in ("worker-0", "worker-1"):
-        tool.get_by_role("option", name=worker).wait_for(timeout=30_000)
+        tool.get_by_role("option", name=worker).wait_for(timeout=PATIENCE_S * 1000)
 
 
 def wait_for_frames(page, part: str, timeout: float = 60):
