@@ -479,6 +479,21 @@ def split_cluster():
         yield c
 
 
+_one_process: dict = {}
+
+
+def one_process(problem, **options):
+    """``train.single(problem, **options)``, run once per test run for each problem and options
+    (problems compare by value): the one-process baseline that many tests compare a loop's
+    losses with. The same History is handed to every test that asks: read it, do not change it."""
+    from dtflab import train
+
+    key = (problem, tuple(sorted(options.items())))
+    if key not in _one_process:
+        _one_process[key] = train.single(problem, **options)
+    return _one_process[key]
+
+
 def max_loss_diff(a, b) -> float:
     """The worst |loss difference| per step between two histories."""
     import numpy as np

@@ -8,7 +8,7 @@ from dtflab import train
 from dtflab.train.formulas import split_bytes
 from dtflab.train.layouts.layers import layer_ranges
 
-from conftest import max_loss_diff
+from conftest import max_loss_diff, one_process
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def mesh():
     ids=["data-2-tensor-2", "data-2-tensor-2-pipeline-2", "llama-data-2-tensor-2-pipeline-2"])
 def test_the_forms_combined_train_as_one_process_and_send_each_axis_formula(mesh, layout, shape):
     problem = train.transformer(**shape)
-    alone = train.single(problem, steps=6, seed=4)
+    alone = one_process(problem, steps=6, seed=4)
     wire = train.WireBytes(after_step=2, steps=3)
     run = train.combined(problem, mesh, layout, steps=6, seed=4, trace_step=1, callbacks=[wire])
     print(f"{layout}: vs single {max_loss_diff(alone, run):.2e}")

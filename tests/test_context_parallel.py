@@ -12,7 +12,7 @@ from dtflab import names, train
 from dtflab.train.formulas import split_bytes
 from dtflab.train.layouts import ring
 
-from conftest import max_loss_diff
+from conftest import max_loss_diff, one_process
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ SCORES = re.compile(r"^block1/ring_attention_on_worker\d+/q\d+_k\d+_(full|causal
 @pytest.mark.parametrize("ways, cut", [(2, "naive"), (2, "zigzag"), (3, "naive"), (3, "zigzag")])
 def test_ring_attention_trains_exactly_as_one_process(split_cluster, ways, cut):
     problem = train.transformer(blocks=2, d_model=32, heads=2, sequence=48, batch_size=8)
-    alone = train.single(problem, steps=5, seed=4)
+    alone = one_process(problem, steps=5, seed=4)
     split = train.context_parallel(problem, split_cluster, ways=ways, cut=cut, steps=5, seed=4,
                                    trace_step=2)
     print(f"{ways} ways, {cut}: vs single {max_loss_diff(alone, split):.2e}")

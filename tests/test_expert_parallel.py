@@ -14,7 +14,7 @@ from dtflab.train.measure.memory import step_memory
 from dtflab.train.planner.device_memory import per_device
 from dtflab.train.planner.predicted_run import plan_of
 
-from conftest import max_loss_diff
+from conftest import max_loss_diff, one_process
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,7 @@ def test_the_router_keeps_capacity_and_the_balance_loss_spreads_a_skewed_router(
 
 def test_expert_parallel_trains_as_one_process_and_sends_the_formulas_bytes(split_cluster):
     problem = train.transformer(**MOE)
-    alone = train.single(problem, steps=7, seed=0)
+    alone = one_process(problem, steps=7, seed=0)
     wire = train.WireBytes(after_step=2, steps=4)
     run = train.expert_parallel(problem, split_cluster, workers=2, steps=7, seed=0,
                                 trace_step=1, callbacks=[wire])

@@ -15,6 +15,7 @@ from dtflab.train.layouts.layers import balanced_cut, layer_ranges
 from dtflab.viz.compare import compare
 
 from conftest import max_loss_diff as max_diff
+from conftest import one_process
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +36,7 @@ def cluster(split_cluster):
     (DEEP, 3, 4, "1f1b"),
 ], ids=["exp-2x4-gpipe", "exp-3x5-1f1b", "classification-2x8-gpipe", "classification-3x4-1f1b"])
 def test_a_pipeline_trains_exactly_as_one_process(cluster, problem, stages, micro_batches, schedule):
-    alone = train.single(problem, steps=30, seed=4)
+    alone = one_process(problem, steps=30, seed=4)
     piped = train.pipeline(problem, cluster, stages=stages, micro_batches=micro_batches,
                            schedule=schedule, steps=30, seed=4)
     assert piped.steps == 30 and piped.loop == "pipeline"
@@ -54,7 +55,7 @@ SMALL_TRANSFORMER = train.transformer(blocks=4, d_model=32, heads=2, sequence=16
         "transformer-zero-bubble"])
 def test_interleaved_and_zero_bubble_pipelines_train_exactly_as_one_process(cluster, problem,
                                                                            schedule, chunks):
-    alone = train.single(problem, steps=12, seed=2)
+    alone = one_process(problem, steps=12, seed=2)
     piped = train.pipeline(problem, cluster, stages=2, micro_batches=4, schedule=schedule,
                            chunks=chunks, steps=12, seed=2)
     print(f"{problem.name} {schedule}: {max_diff(alone, piped):.2e} from one process")

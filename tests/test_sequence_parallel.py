@@ -10,7 +10,7 @@ from dtflab.train.formulas import split_bytes
 from dtflab.train.formulas.memory import split_activation_bytes
 from dtflab.train.measure.memory import step_memory
 
-from conftest import max_loss_diff
+from conftest import max_loss_diff, one_process
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def cluster():
 ], ids=["2-ways", "3-ways-untied-full-recompute", "2-ways-selective"])
 def test_sequence_parallel_blocks_train_exactly_as_one_process(cluster, shape, ways):
     problem = train.transformer(**shape)
-    alone = train.single(problem, steps=6, seed=4)
+    alone = one_process(problem, steps=6, seed=4)
     split = train.tensor_parallel(problem, cluster, ways=ways, steps=6, seed=4,
                                   sequence_parallel=True)
     print(f"{problem.name}: {ways}-way sequence parallel vs single {max_loss_diff(alone, split):.2e}")

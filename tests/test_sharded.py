@@ -7,7 +7,7 @@ import pytest
 from dtflab import train
 from dtflab.train.formulas import costs
 
-from conftest import wait_for_records
+from conftest import one_process, wait_for_records
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def worst_loss_diff(history, alone) -> float:
 
 
 def test_sharded_matches_one_process_and_every_worker_agrees():
-    alone = train.single(PROBLEM, steps=40, seed=5)
+    alone = one_process(PROBLEM, steps=40, seed=5)
     history = train.sharded_data_parallel(PROBLEM, workers=2, steps=40, seed=5)
     assert history.steps_per_worker == {"worker:0": 40, "worker:1": 40}
     assert worst_loss_diff(history, alone) <= TOLERANCE
@@ -38,7 +38,7 @@ def test_sharded_matches_one_process_and_every_worker_agrees():
 def test_softmax_with_three_workers_matches_one_process():
     # three workers: every pair of workers exchanges its chunks in the reduce-scatter
     problem = train.classification(width=32, batch_size=96)
-    alone = train.single(problem, steps=15, seed=1)
+    alone = one_process(problem, steps=15, seed=1)
     history = train.sharded_data_parallel(problem, workers=3, steps=15, seed=1)
     assert set(history.steps_per_worker.values()) == {15}
     assert worst_loss_diff(history, alone) <= TOLERANCE

@@ -16,6 +16,7 @@ from dtflab.train.layouts.layers import split_layers, tensor_parallel_pairs
 from dtflab.viz.compare import compare
 
 from conftest import max_loss_diff as max_diff
+from conftest import one_process
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +40,7 @@ def cluster(split_cluster):
 ], ids=["exp-2-ways", "classification-4-layers-2-ways", "classification-3-layers-3-ways",
         "classification-6-layers-3-ways"])
 def test_split_layers_train_exactly_as_one_process(cluster, problem, ways):
-    alone = train.single(problem, steps=30, seed=4)
+    alone = one_process(problem, steps=30, seed=4)
     split = train.tensor_parallel(problem, cluster, ways=ways, steps=30, seed=4)
     assert split.steps == 30 and split.loop == "tensor_parallel"
     assert max_diff(alone, split) <= TOLERANCE

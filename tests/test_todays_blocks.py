@@ -15,7 +15,7 @@ from dtflab.train.formulas import memory as memory_formula, split_bytes
 from dtflab.train.measure.memory import step_memory
 from dtflab.train.problems import transformer_ops as ops
 
-from conftest import max_loss_diff
+from conftest import max_loss_diff, one_process
 
 tf = import_tf()
 TOLERANCE = 1e-5
@@ -178,7 +178,7 @@ def test_llamas_and_deepseeks_blocks_learn_dtflabs_text():
                                               ("zero_bubble", 1)])
 def test_the_pipeline_trains_llamas_block_as_one_process(split_cluster, schedule, chunks):
     problem = train.transformer(**dict(LLAMA, blocks=4))
-    alone = train.single(problem, steps=5, seed=4)
+    alone = one_process(problem, steps=5, seed=4)
     piped = train.pipeline(problem, split_cluster, layout=train.Layout(
         pipeline=2, micro_batches=2, schedule=schedule, chunks=chunks), steps=5, seed=4)
     assert max_loss_diff(alone, piped) <= TOLERANCE
@@ -193,7 +193,7 @@ def test_the_pipeline_trains_llamas_block_as_one_process(split_cluster, schedule
 def test_tensor_parallelism_trains_llamas_block_as_one_process(split_cluster, shape, ways,
                                                                sequence_parallel):
     problem = train.transformer(**shape)
-    alone = train.single(problem, steps=5, seed=4)
+    alone = one_process(problem, steps=5, seed=4)
     split = train.tensor_parallel(problem, split_cluster, ways=ways, steps=5, seed=4,
                                   sequence_parallel=sequence_parallel)
     assert max_loss_diff(alone, split) <= TOLERANCE
@@ -233,7 +233,7 @@ def test_tensor_parallel_bytes_and_activations_with_grouped_query_attention(one_
 def test_ring_attention_passes_grouped_keys_and_trains_llamas_block_as_one_process(
         split_cluster, cut):
     problem = train.transformer(**dict(LLAMA, d_model=64, heads=4, kv_heads=1, sequence=48))
-    alone = train.single(problem, steps=5, seed=4)
+    alone = one_process(problem, steps=5, seed=4)
     run = train.context_parallel(problem, split_cluster, layout=train.Layout(context=3), cut=cut,
                                  steps=5, seed=4, trace_step=1)
     assert max_loss_diff(alone, run) <= TOLERANCE
@@ -268,7 +268,7 @@ def test_ulysses_trains_as_one_process_and_sends_less_than_the_ring_only_with_ma
     for kv in (6, 1):
         problem = train.transformer(blocks=2, d_model=48, heads=6, kv_heads=kv, sequence=96,
                                     batch_size=4, positions="rotary")
-        alone = train.single(problem, steps=5, seed=4)
+        alone = one_process(problem, steps=5, seed=4)
         for attention in ("ulysses", "ring"):
             wire = train.WireBytes(after_step=2, steps=2)
             run = train.context_parallel(problem, split_cluster, ways=3, attention=attention,
@@ -290,7 +290,7 @@ def test_ulysses_trains_as_one_process_and_sends_less_than_the_ring_only_with_ma
 @pytest.mark.slow
 def test_expert_parallelism_trains_shared_and_routed_experts_as_one_process(split_cluster):
     problem = train.transformer(**dict(DEEPSEEK, d_model=64, sequence=32))
-    alone = train.single(problem, steps=5, seed=0)
+    alone = one_process(problem, steps=5, seed=0)
     run = train.expert_parallel(problem, split_cluster, workers=2, steps=5, seed=0, trace_step=1)
     assert max_loss_diff(alone, run) <= TOLERANCE
     traced = split_bytes.expert_parallel_bytes(problem, run.details["per_step"]["routed"][1])
@@ -335,7 +335,7 @@ def test_the_planner_predicts_each_forms_bytes_by_kind_for_llamas_block(one_orde
 @pytest.mark.slow
 def test_zero_and_all_reduce_train_llamas_block_as_one_process():
     problem = train.transformer(**LLAMA)
-    alone = train.single(problem, steps=4, seed=4)
+    alone = one_process(problem, steps=4, seed=4)
     for stage in (1, 2, 3):
         assert max_loss_diff(alone, train.zero(problem, stage=stage, workers=2, steps=4,
                                                seed=4)) <= TOLERANCE

@@ -7,7 +7,7 @@ import pytest
 from dtflab import train
 from dtflab.train.formulas import split_bytes
 
-from conftest import max_loss_diff
+from conftest import max_loss_diff, one_process
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ STEPS = 6
 ], ids=["tied-2-stages-gpipe", "untied-3-stages-1f1b-selective"])
 def test_blocks_as_pipeline_stages_train_exactly_as_one_process(split_cluster, problem, stages,
                                                                  micro_batches, schedule):
-    alone = train.single(problem, steps=STEPS, seed=4)
+    alone = one_process(problem, steps=STEPS, seed=4)
     piped = train.pipeline(problem, split_cluster, stages=stages, micro_batches=micro_batches,
                            schedule=schedule, steps=STEPS, seed=4, trace_step=3)
     print(f"{problem.name}: pipeline vs single {max_loss_diff(alone, piped):.2e}")
@@ -54,7 +54,7 @@ def test_a_tied_embedding_is_read_by_the_last_stage_and_updated_once(split_clust
                        recompute="selective"), 2),
 ], ids=["2-ways", "3-ways-untied-full-recompute", "2-ways-selective"])
 def test_heads_split_across_workers_train_exactly_as_one_process(split_cluster, problem, ways):
-    alone = train.single(problem, steps=STEPS, seed=4)
+    alone = one_process(problem, steps=STEPS, seed=4)
     split = train.tensor_parallel(problem, split_cluster, ways=ways, steps=STEPS, seed=4)
     print(f"{problem.name}: {ways}-way tensor parallel vs single {max_loss_diff(alone, split):.2e}")
     assert split.steps == STEPS and max_loss_diff(alone, split) <= TOLERANCE

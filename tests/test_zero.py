@@ -7,6 +7,7 @@ import pytest
 
 from dtflab import train
 from dtflab.train.formulas import costs
+from conftest import one_process
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +23,7 @@ def worst_loss_diff(history, alone) -> float:
 
 @pytest.mark.parametrize("stage", [1, 2])
 def test_each_stage_trains_the_transformer_as_one_process_does(stage):
-    alone = train.single(PROBLEM, steps=12, seed=3)
+    alone = one_process(PROBLEM, steps=12, seed=3)
     history = train.zero(PROBLEM, stage=stage, workers=2, steps=12, seed=3)
     assert history.steps_per_worker == {"worker:0": 12, "worker:1": 12}
     assert worst_loss_diff(history, alone) <= TOLERANCE
@@ -66,7 +67,7 @@ def test_stage_three_shards_the_transformers_parameters_too():
     sends 3 (N-1)/N of the bytes it gathers per step (a tied embedding, read by the first and
     the last block, twice)."""
     problem = train.transformer(blocks=2, d_model=64, heads=4, sequence=16, batch_size=8)
-    alone = train.single(problem, steps=8, seed=3)
+    alone = one_process(problem, steps=8, seed=3)
     wire = train.WireBytes(after_step=2, steps=4)
     history = train.zero(problem, stage=3, workers=2, steps=8, seed=3, callbacks=[wire])
     assert worst_loss_diff(history, alone) <= TOLERANCE
