@@ -32,8 +32,11 @@ def pin(pid: int, cpus: set[int]) -> None:
             os.sched_setaffinity(int(tid), cpus)
 
 
-def one_run(problem, steps: int, busy_loop: bool) -> dict:
-    """One run on a fresh cluster, every thread on core 0, a busy loop beside it there or not."""
+def pinned_run(problem, steps: int, busy_loop: bool):
+    """One synchronous data-parallel run (a ps and a worker) on a fresh cluster, every thread
+    of its tasks and of this process on one core, a busy loop beside it there or not. Returns
+    its ``CpuPerStep`` (steps 2 to the last) and the names of its tasks (the test of
+    ``queued_s`` runs it too)."""
     import dtflab
     from dtflab import train
     from dtflab.train.measure.cpu import CpuPerStep
@@ -51,7 +54,13 @@ def one_run(problem, steps: int, busy_loop: bool) -> dict:
             if hog is not None:
                 hog.kill()
                 hog.wait()
-            pin(os.getpid(), everywhere)
+            pin(os.getpid(), everywhere)  # threads started meanwhile inherited the one core
+        return cpu, [task.name for task in cluster.tasks]
+
+
+def shares(cpu) -> dict:
+    """What a run's threads waited for a core, and what ran and waited together, over its wall
+    time."""
     ran = sum(cpu.per_step.values())
     return {"queued": cpu.queued_s / cpu.wall_s, "accounted": (ran + cpu.queued_s) / cpu.wall_s}
 
@@ -72,15 +81,16 @@ def main() -> None:
     seen = {"alone": [], "beside_a_busy_loop": []}
     for _ in range(args.rounds):
         for name in ("alone", "beside_a_busy_loop", "alone"):
-            seen[name].append(one_run(problem, args.steps, busy_loop=name != "alone"))
+            cpu, _ = pinned_run(problem, args.steps, busy_loop=name != "alone")
+            seen[name].append(shares(cpu))
 
-    def shares(key: str) -> dict:
+    def summed(key: str) -> dict:
         return {name: {"median": round(statistics.median(r[key] for r in runs), 3),
                        "rounds": [round(r[key], 3) for r in runs]} for name, runs in seen.items()}
 
     print(json.dumps({"benchmark": "waits_for_a_core", "rounds": args.rounds, "steps": args.steps,
-                      "cpus": len(os.sched_getaffinity(0)), "queued_share": shares("queued"),
-                      "accounted_share": shares("accounted")}))
+                      "cpus": len(os.sched_getaffinity(0)), "queued_share": summed("queued"),
+                      "accounted_share": summed("accounted")}))
 
 
 if __name__ == "__main__":

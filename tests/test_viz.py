@@ -1,6 +1,5 @@
 """The step views build from real traces and draw what the trace holds."""
 
-import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -200,34 +199,18 @@ def test_the_time_a_run_waits_for_a_core_is_read_apart_from_its_cpu_time():
     ``queued_s`` says so, apart from their CPU time. The scaling model takes those waits out of
     the exchange. What share of the step they wait, alone and beside the loop, is
     ``benchmarks/waits_for_a_core.py``'s figure."""
-    import os
-    import subprocess
     import sys
 
     from dtflab import train
-    from dtflab.train.measure.cpu import CpuPerStep
 
-    def pin(pid, cpus):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):  # a thread that ended meanwhile
-                os.sched_setaffinity(int(tid), cpus)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from waits_for_a_core import pinned_run
 
-    problem = train.classification(width=512, batch_size=2048)
-    everywhere = os.sched_getaffinity(0)
-    with dtflab.start_cluster(jobs="ps=1,worker=1", intra_op_threads=1, inter_op_threads=1) as cluster:
-        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        try:
-            for pid in [t.pid for t in cluster.tasks] + [hog.pid, os.getpid()]:
-                pin(pid, {0})
-            cpu = CpuPerStep(cluster, skip=2)
-            train.sync_data_parallel(problem, cluster, steps=8, watchdog=False, callbacks=[cpu])
-        finally:
-            hog.kill()
-            hog.wait()
-            pin(os.getpid(), everywhere)  # threads started meanwhile too: they inherited one core
+    cpu, tasks = pinned_run(train.classification(width=512, batch_size=2048), steps=8,
+                            busy_loop=True)
     # every task and this process ran, they waited, and on one core no more ran than the wall
     # time holds
-    assert set(cpu.per_step) == {t.name for t in cluster.tasks} | {"client"}, cpu.per_step
+    assert set(cpu.per_step) == {*tasks, "client"}, cpu.per_step
     assert all(seconds > 0 for seconds in cpu.per_step.values()), cpu.per_step
     assert cpu.queued_s > 0 and sum(cpu.per_step.values()) <= cpu.wall_s * 1.05
 
