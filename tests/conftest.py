@@ -122,17 +122,17 @@ def _children(services: bool = False) -> dict[int, str]:
                 commands[child.pid] = (" ".join(child.cmdline()[:6]), child.ppid())
         except psutil.Error:
             pass
-    executors = {pid for pid, (command, parent) in commands.items()
-                 if parent == mine and "notebook_runs.py" in command} | LASTING
+    apart = {pid for pid, (command, parent) in commands.items()
+             if parent == mine and "notebook_runs.py" in command} | LASTING
 
-    def under_an_executor(pid):
+    def below_one_apart(pid):
         chain, parent = {pid}, commands[pid][1]
         while parent in commands and parent not in chain:
             chain.add(parent)
             parent = commands[parent][1]
-        return bool(chain & executors)
+        return bool(chain & apart)
 
-    for pid in [pid for pid in commands if under_an_executor(pid)]:
+    for pid in [pid for pid in commands if below_one_apart(pid)]:
         del commands[pid]
 
     def service(pid):

@@ -1005,7 +1005,7 @@ def test_tensorboard_in_the_page_draws_the_runs_their_hparams_and_each_workers_t
         status=200, content_type="text/javascript", body=CHARTS_STUB))
     session = next((runs / traced / "plugins" / "profile").iterdir()).name
     page.goto(f"{lab.url}{source}?run={traced}%2F{session}&tag=trace_viewer%40&hosts=worker-1#profile")
-    viewer = wait_for_frames(page, "trace_viewer_index.html", timeout=PATIENCE_S)[0]
+    viewer = wait_for_frames(page, "trace_viewer_index.html")[0]
     viewer.get_by_text("worker-1 /host:CPU").first.wait_for(state="attached", timeout=PATIENCE_S * 1000)
     search = viewer.get_by_placeholder("Find Events...")
     search.fill("CollectiveReduceV2")  # the step's all-reduce, found among the drawn events
@@ -1018,7 +1018,7 @@ def test_tensorboard_in_the_page_draws_the_runs_their_hparams_and_each_workers_t
         tool.get_by_role("option", name=worker).wait_for(timeout=PATIENCE_S * 1000)
 
 
-def wait_for_frames(page, part: str, timeout: float = 60):
+def wait_for_frames(page, part: str, timeout: float = PATIENCE_S):
     """The page's frames whose address holds ``part``, once there is one (polled with the
     page's own wait: Playwright learns of new frames only while it is called)."""
     for _ in range(int(timeout * 4)):
