@@ -26,13 +26,15 @@ const withRenderer = (name) => {  // the last one on the page (earlier views may
 """
 
 #: ``name`` -> the renderer's data source columns (or null when no plot has it), with its plot's
-#: title (``_title``) and every title line above the plot (``_titles``: the title and subtitles).
+#: title (``_title``), every title line above the plot (``_titles``: the title and subtitles) and
+#: the y range the page draws (``_y``: its start and end, in data units).
 DATA = "(name) => {" + _PLOTS + """
   const found = withRenderer(name);
   if (!found) return null;
   const plot = found[0].model;
   const titles = [plot.title, ...plot.above].filter((t) => t && typeof t.text === "string");
-  return {...found[1].data_source.data, _title: plot.title.text, _titles: titles.map((t) => t.text)};
+  return {...found[1].data_source.data, _title: plot.title.text, _titles: titles.map((t) => t.text),
+          _y: [found[0].frame.y_range.start, found[0].frame.y_range.end]};
 }"""
 
 #: ``[name, column, value]`` -> page coordinates {x, y} of the first glyph whose column equals
@@ -84,4 +86,14 @@ TITLES_FIT = "() => {" + _PLOTS + """
     }
   }
   return found;
+}"""
+
+#: ``name`` -> the renderer's plot ranged again by BokehJS, as a later change of its data or a
+#: view rendered again ranges it (true, or null when no plot has it).
+RANGE_AGAIN = "(name) => {" + _PLOTS + """
+  const found = withRenderer(name);
+  if (!found) return null;
+  found[0].invalidate_dataranges = true;
+  found[0].request_paint();
+  return true;
 }"""

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import pytest
 
-from bokeh_page import DATA, LABELS_FIT, TITLES_FIT, WHERE
+from bokeh_page import DATA, LABELS_FIT, RANGE_AGAIN, TITLES_FIT, WHERE
 from conftest import LASTING, free_ports, not_here, wait_until
 
 from dtflab import exercises
@@ -86,6 +86,8 @@ UNFINISHED = """() => { const nb = window.jupyterapp.shell.currentWidget;
     return `kernel ${nb.sessionContext.session.kernel.status}; ${open.length} of ${cells.length} code cells `
         + `unfinished; the first: ${first ? JSON.stringify(first.model.sharedModel.getSource().slice(0, 200)) : '-'}`
         + `; its output ends ${JSON.stringify(text.slice(-300))}`; }"""
+#: Resolves after two animation frames: a paint requested before it has run.
+FRAMES = "() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))"
 #: How long a test waits for what it expects on the page (an element, a drawn plot, a kernel's
 #: answer): a wait that succeeds ends at once, so this is what a loaded machine may need, short
 #: of the module's timeout; a shorter wait would be a timed assertion.
@@ -610,6 +612,23 @@ def test_the_memory_planner_draws_moves_with_a_field_and_measures(lab, page):
                       and "measured vs predicted" in small.inner_text(),
                       timeout=PATIENCE_S), small.inner_text()[-500:]
     shot(page, small, str(SHOTS / "memory_planner_measured.png"))
+    # a far larger preset (Llama 3 70B on one device): its bars stand whole inside the plot,
+    # however short the first plan's were, also once BokehJS ranges the plot again
+    first = page.evaluate(DATA, "planner_activations")
+    small.locator("select").first.select_option("Llama 3 70B")
+
+    def taller():
+        now = page.evaluate(DATA, "planner_activations")
+        return now["activations"][0] > 2 * first["activations"][0] and now["_y"][1] > first["_y"][1]
+
+    wait_until(taller, timeout=PATIENCE_S)
+    assert page.evaluate(RANGE_AGAIN, "planner_activations")
+    page.evaluate(FRAMES)  # the paint it asked for has run
+    now = page.evaluate(DATA, "planner_activations")
+    top = sum(now[kind][0] for kind in ("parameters", "gradients", "optimizer", "activations"))
+    assert now["_y"][0] <= 0 and top <= now["_y"][1], \
+        f"the predicted bar reaches {top:.4g} in a plot drawn from {now['_y'][0]:.4g} to {now['_y'][1]:.4g}"
+    shot(page, small, str(SHOTS / "memory_planner_llama_3_70b.png"))
     assert_readable(page)
 
 

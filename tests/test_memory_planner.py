@@ -114,6 +114,23 @@ def test_the_preset_menu_names_the_shape_it_shows_and_your_own_once_a_field_leav
     assert dtflab.memory_planner(blocks=3).preset.value == "(your own)"
 
 
+def test_a_zero_in_a_count_field_is_the_models_default_and_the_widget_says_so():
+    import ipywidgets as w
+
+    planner = dtflab.memory_planner("Llama 3 8B").set(kv_heads=0, hidden=0)
+    assert (planner.plan.kv_heads, planner.plan.hidden) == (planner.plan.heads, 4 * planner.plan.d_model)
+
+    def texts(widget):
+        if isinstance(widget, w.HTML):
+            yield widget.value
+        for child in getattr(widget, "children", ()):
+            yield from texts(child)
+
+    said = " ".join(texts(planner.view()))
+    for name in ("kv_heads", "hidden", "experts"):
+        assert f"<b>{name}</b> 0" in said, said
+
+
 def test_the_verdict_says_each_amount_in_its_own_unit_and_no_error_reads_minus_zero():
     from dtflab.ui.memory_planner import amount, percent
 

@@ -59,6 +59,10 @@ def percent(share: float) -> str:
 #: one per query head; a hidden width of 0: 4 d_model), tied, no experts.
 BLOCK_DEFAULTS = dict(tied=True, kv_heads=0, hidden=0, activation="gelu", norm="layer",
                       positions="learned", experts=0, top_k=1, shared_experts=0)
+#: What a 0 in a count field means, said under those fields.
+DEFAULTS_SAID = ("0 means the model's default: <b>kv_heads</b> 0, one key/value head per query "
+                 "head; <b>hidden</b> 0, 4 x d_model; <b>experts</b> 0, a dense block "
+                 "(no experts)")
 #: The fields that make a model's shape (what a preset sets).
 SHAPE = ("blocks", "d_model", "heads", "sequence", "vocabulary", "batch", *BLOCK_DEFAULTS)
 
@@ -111,7 +115,7 @@ class MemoryPlanner:
         fields["zero"] = w.ToggleButtons(options=list(ZERO_STAGES), value=self.plan.zero,
                                          description="ZeRO stage")
         fields["tied"] = w.Checkbox(value=self.plan.tied, description="tied output layer")
-        # the block's choices (0 key/value heads: one per query head; hidden 0: 4 d_model)
+        # the block's choices, 0 meaning the model's default (DEFAULTS_SAID says which)
         for name, low in (("kv_heads", 0), ("hidden", 0), ("experts", 0), ("top_k", 1),
                           ("shared_experts", 0)):
             fields[name] = w.BoundedIntText(value=_shown(self.plan, name), min=low, max=10**7,
@@ -220,6 +224,7 @@ class MemoryPlanner:
                 w.HBox([f["blocks"], f["d_model"], f["heads"]]),
                 w.HBox([f["sequence"], f["vocabulary"], f["batch"]]),
                 w.HBox([f["kv_heads"], f["hidden"], f["experts"]]),
+                w.HTML(f"<small>{DEFAULTS_SAID}</small>"),
                 w.HBox([f["top_k"], f["shared_experts"]]),
                 f["activation"], f["norm"], f["positions"],
                 w.HBox([f["data"], f["tensor"], f["pipeline"]]),
@@ -229,11 +234,13 @@ class MemoryPlanner:
         return self.widget
 
     def _figure(self):
-        from bokeh.models import ColumnDataSource, HoverTool, Span
+        from bokeh.models import ColumnDataSource, HoverTool, Range1d, Span
         from bokeh.plotting import figure
 
         source = ColumnDataSource({"bar": [], **{kind: [] for kind in COLOURS}})
-        fig = figure(x_range=["predicted", "measured"], height=320, width=720,
+        # a range of its own, set by _draw: BokehJS's automatic range keeps the end it first
+        # had in the page, which would cut a taller plan's bars at the first plan's height
+        fig = figure(x_range=["predicted", "measured"], y_range=Range1d(0, 1), height=320, width=720,
                      title="bytes on the fullest device (dashed: the budget)", toolbar_location=None, name="memory_planner")
         bars = fig.vbar_stack(list(COLOURS), x="bar", width=0.6, source=source,
                               color=list(COLOURS.values()), legend_label=list(COLOURS))
@@ -244,7 +251,6 @@ class MemoryPlanner:
         fig.add_layout(self.budget_line)
         fig.add_tools(HoverTool(tooltips=[(kind, f"@{kind}{{0.000}}") for kind in COLOURS]))
         fig.add_layout(fig.legend[0], "right")
-        fig.y_range.start = 0
         return source, fig
 
     def _changed(self, change):
