@@ -49,6 +49,33 @@ def test_each_layout_is_run_by_the_loop_that_trains_its_ways():
                                      "combined", "combined"]
 
 
+def test_where_a_prediction_and_its_run_part_is_said_in_a_learners_words_with_the_task():
+    from dtflab.names import full
+    from dtflab.tracing.step import OpTiming, StepTrace
+    from dtflab.train.planner.predicted_run import Prediction
+    from dtflab.train.run.history import RunHistory, StepRecord
+
+    def step(ops):  # (task, op type, start ms, ms)
+        timings = {}
+        for task, op, start, ms in ops:
+            timings.setdefault(full(task), []).append(
+                OpTiming(full(task), f"{op}_{start}", op, start * 1e3, ms * 1e3))
+        return StepTrace(None, {}, [], [], timings, 20e3)
+
+    predicted = step([("worker:0", "MatMul", 0, 4), ("worker:1", "MatMul", 0, 4),
+                      ("worker:1", "Reshape", 4, 12)])
+    traced = step([("worker:0", "MatMul", 0, 4), ("worker:1", "MatMul", 0, 3),
+                   ("worker:1", "Reshape", 3, 2)])
+    history = RunHistory("pipeline", "pipeline", trace=traced)
+    for i in range(6):
+        history.add(StepRecord(i, "all", 1.0, 0.02 * i, 8))
+    words = Prediction("pipeline", 0.02, {}, {}, "simulated", predicted).differences(history)
+    assert words.startswith("reshapes, variable reads and other bookkeeping 10.0 ms (500%) over, "
+                            "most on worker:1; matrix multiplies 1.0 ms (14%) over, most on "
+                            "worker:1"), words
+    assert "free" not in words.split()
+
+
 @pytest.mark.slow  # the module's cluster and its calibration
 def test_the_graph_read_before_the_run_crosses_tasks_with_the_bytes_the_run_sent(here):
     cluster, _ = here

@@ -8,42 +8,72 @@ from __future__ import annotations
 from dtflab.train.planner import executor, graph_ops
 
 
+#: Each kind in the words a learner reads (``Prediction.differences``): what the ops do.
+WORDS = {"matrix": "matrix multiplies", "elementwise": "element-wise arithmetic",
+         "transcendental": "exponentials, tanh and softmax", "reduce": "sums and means",
+         "scatter": "gradients of slices", "move": "copies, slices and casts",
+         "update": "optimizer updates", "free": "reshapes, variable reads and other bookkeeping",
+         "transfer": "tensors sent between tasks", "collective": "collectives between workers"}
+
+
+def by_device(predicted, traced) -> dict[str, dict[str, tuple[float, float]]]:
+    """Each device's kinds of op, ``{device: {kind: (predicted ms, traced ms)}}``: on each
+    device every moment something runs is split evenly among the ops running then (threads and
+    transfers overlap), each op's share counted to its kind, so each side adds up to the
+    device's busy time. Traced ops are classed by :func:`traced_kind`. A profiled worker
+    program's kernels each carry their share of the executor's work around them
+    (``tracing.profile.with_executor_time``), as a simulated op's cost does; its collectives in
+    flight on the collective thread (a wait for the other worker among them) count only in
+    moments when no kernel runs: the step waiting on them."""
+    ours, theirs = _shares(predicted), _shares(traced)
+    return {device: {kind: (ours.get(device, {}).get(kind, 0.0),
+                            theirs.get(device, {}).get(kind, 0.0))
+                     for kind in executor.KINDS
+                     if kind in ours.get(device, {}) or kind in theirs.get(device, {})}
+            for device in sorted({*ours, *theirs})}
+
+
 def by_kind(predicted, traced) -> list[tuple[str, float, float]]:
-    """Each kind of op's share of the step, in milliseconds, ``(kind, predicted, traced)``,
-    largest difference first: on each device every moment something runs is split evenly
-    among the ops running then (threads and transfers overlap), each op's share counted to its
-    kind, and the devices summed, so each side adds up to its devices' busy time. Traced ops
-    are classed by :func:`traced_kind`. A profiled worker program's kernels each carry their
-    share of the executor's work around them (``tracing.profile.with_executor_time``), as a
-    simulated op's cost does; its collectives in flight on the collective thread (a wait for
-    the other worker among them) count only in moments when no kernel runs: the step waiting
-    on them."""
+    """Each kind of op's share of the step in milliseconds, ``(kind, predicted, traced)``, the
+    devices summed (:func:`by_device`), largest difference first."""
+    rows = {}
+    for kinds in by_device(predicted, traced).values():
+        for kind, (ours, theirs) in kinds.items():
+            before = rows.get(kind, (0.0, 0.0))
+            rows[kind] = (before[0] + ours, before[1] + theirs)
+    ordered = [(kind, *rows[kind]) for kind in executor.KINDS if kind in rows]
+    return sorted(ordered, key=lambda row: -abs(row[1] - row[2]))
+
+
+def gap(kinds: dict, kind: str) -> float:
+    """Predicted less traced milliseconds of ``kind`` on one device (a :func:`by_device` row)."""
+    predicted, traced = kinds.get(kind, (0.0, 0.0))
+    return predicted - traced
+
+
+def _shares(trace) -> dict[str, dict[str, float]]:
     from dtflab.tracing.profile import in_flight, with_executor_time
 
-    def shares(trace):
-        total = {}
-        for timings in trace.timings.values():
-            events = []
-            for timing in with_executor_time(timings):
-                kind = traced_kind(timing)
-                if kind is not None:
-                    side = "waits" if in_flight(timing) else "work"
-                    events += [(timing.start_us, 1, kind, side), (timing.end_us, -1, kind, side)]
-            running, last = {"work": {}, "waits": {}}, None
-            for at, change, kind, side in sorted(events, key=lambda e: (e[0], e[1])):
-                now = running["work"] if sum(running["work"].values()) else running["waits"]
-                count = sum(now.values())
-                if last is not None and count:
-                    for name, n in now.items():
-                        total[name] = total.get(name, 0.0) + (at - last) * n / count / 1e3
-                running[side][kind] = running[side].get(kind, 0) + change
-                last = at
-        return total
-
-    ours, theirs = shares(predicted), shares(traced)
-    rows = [(kind, ours.get(kind, 0.0), theirs.get(kind, 0.0)) for kind in executor.KINDS
-            if kind in ours or kind in theirs]
-    return sorted(rows, key=lambda row: -abs(row[1] - row[2]))
+    total = {}
+    for device, timings in trace.timings.items():
+        events = []
+        for timing in with_executor_time(timings):
+            kind = traced_kind(timing)
+            if kind is not None:
+                side = "waits" if in_flight(timing) else "work"
+                events += [(timing.start_us, 1, kind, side), (timing.end_us, -1, kind, side)]
+        running, last, mine = {"work": {}, "waits": {}}, None, {}
+        for at, change, kind, side in sorted(events, key=lambda e: (e[0], e[1])):
+            now = running["work"] if sum(running["work"].values()) else running["waits"]
+            count = sum(now.values())
+            if last is not None and count:
+                for name, n in now.items():
+                    mine[name] = mine.get(name, 0.0) + (at - last) * n / count / 1e3
+            running[side][kind] = running[side].get(kind, 0) + change
+            last = at
+        if mine:
+            total[device] = mine
+    return total
 
 
 def traced_kind(timing) -> str | None:
