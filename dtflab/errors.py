@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class DtflabError(Exception):
     """Base class. IPython shows these as their message alone (``_render_traceback_``)."""
@@ -24,7 +26,7 @@ class TaskError(DtflabError):
         lines = [f"{type(self).__name__}: {self}"]
         if self.log_tail.strip():
             lines.append(f"last lines printed by {self.job}:{self.index}:")
-            lines += ["    " + line for line in self.log_tail.strip().splitlines()[-8:]]
+            lines += ["    " + line for line in explaining(self.log_tail)]
         return lines
 
 
@@ -70,6 +72,22 @@ def did_you_mean(word, choices) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+#: What TensorFlow prints as a task starts, whatever ends it later: the GPU it looks for on a
+#: machine without one, the instructions it was built for, the absl logging notice.
+STARTUP_NOISE = re.compile(
+    r"failed call to cuInit|Could not find cuda drivers|cuda_diagnostics|retrieving CUDA "
+    r"diagnostic|oneDNN custom operations are on|This TensorFlow binary is optimized|To enable "
+    r"the following instructions|Unable to register cu(DNN|FFT|BLAS) factory|computation "
+    r"placer already registered|All log messages before absl::InitializeLog|TF-TRT Warning|"
+    r"Attempting to register factory")
+
+
+def explaining(text: str, last: int = 8) -> list[str]:
+    """A task's last ``last`` log lines that can say why it ended: TensorFlow's start-up
+    lines (``STARTUP_NOISE``) left out."""
+    return [line for line in text.strip().splitlines() if not STARTUP_NOISE.search(line)][-last:]
+
+
 #: How faulthandler begins its report of a crash (the stacks follow it).
 CRASH_MARK = "Fatal Python error:"
 
@@ -84,7 +102,7 @@ def last_meaningful_line(text: str) -> str:
         before = last_meaningful_line("\n".join(lines[:fatal[-1]]))
         return "; ".join(part for part in (before, lines[fatal[-1]]) if part)[:300]
     for line in reversed(lines):
-        if line and not line.startswith(("WARNING: All log messages", "I0000", "W0000")):
+        if line and not line.startswith(("I0000", "W0000")) and not STARTUP_NOISE.search(line):
             return line[:300]
     return ""
 

@@ -161,11 +161,12 @@ def test_the_kernels_interrupt_reaches_every_worker_and_keeps_their_variables(wo
 def test_a_worker_that_dies_is_named_and_restarts_without_its_variables():
     lines, show = collected()
     with dtflab.start_workers(1) as alone:  # its own: the restarted process ends with the test
-        alone.run("import os\nbefore = 1")
+        alone.run("import os\nimport tensorflow as tf\nbefore = int(tf.constant(1))")
         run = alone.run("os.write(2, b'last words\\n')\nos._exit(3)", show=show)
         assert run.states == {"worker:0": "died"}
         assert "worker:0 died: exit code 3, its last lines:\n" in plain(lines)
         assert "last words" in plain(lines)
+        assert "cuInit" not in plain(lines), plain(lines)  # TensorFlow's start-up, not the death
         assert "workers.restart('worker:0')" in plain(lines)
         alone.restart("worker:0")
         assert alone.pull("1 + 1") == {"worker:0": 2}

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from dtflab import scratch
+from dtflab.errors import explaining
 from dtflab.cluster.ports import free_ports
 from dtflab.processes import engine as engine_program
 from dtflab.processes.spawn import child_env
@@ -222,11 +223,12 @@ class Workers:
                 if state.value == "running"}
 
     def ended(self, task: str) -> str:
-        """How ``task``'s process ended, and its last log lines (what TensorFlow's C++ and the
-        process wrote to its file descriptors)."""
+        """How ``task``'s process ended, and its last log lines that can say why (what it and
+        TensorFlow's C++ wrote to its file descriptors, TensorFlow's start-up lines left out:
+        ``errors.explaining``)."""
         info = next(info for info in self.cluster.tasks if info.name == task)
         how = (f"exit code {info.exit_code}" if info.exit_code is not None else info.state.value)
-        tail = "\n".join(self.cluster.logs(task).strip().splitlines()[-LAST_LINES:])
+        tail = "\n".join(explaining(self.cluster.logs(task), LAST_LINES))
         return f"{how}, " + (f"its last lines:\n{tail}" if tail else "it logged nothing")
 
     def _task_of(self, engine: int) -> str:
