@@ -30,6 +30,7 @@ from bokeh_page import DATA, LABELS_FIT, RANGE_AGAIN, TITLES_FIT, WHERE
 from conftest import LASTING, free_ports, not_here, wait_until
 
 from dtflab import exercises
+from dtflab.ui.panel import AS_THEY_RAN
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[1]
@@ -400,6 +401,10 @@ def test_quickstart_shows_the_cluster_panel_row_by_row(lab, page):
     assert [rows.nth(i).get_attribute("data-task") for i in range(3)] == ["ps:0", "worker:0", "worker:1"]
     # The notebook ended by stopping this cluster: the panel followed.
     assert {rows.nth(i).get_attribute("data-state") for i in range(3)} == {"stopped"}
+    # ... and still shows the tasks as they ran (their pids), and says so: not an empty table
+    assert AS_THEY_RAN in panel.inner_text(), panel.inner_text()
+    pids = [rows.nth(i).locator("td.dtflab-state + td").inner_text().strip() for i in range(3)]
+    assert all(pid.isdigit() for pid in pids), pids
     # Run All left the exercise open; the learner copies the solution into their cell and runs it.
     check = cell_containing(page, "exercises.check(answer")
     assert check.locator(".jp-OutputArea").inner_text().strip() == exercises.OPEN

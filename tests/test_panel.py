@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from dtflab.ui.panel import render_html
+from dtflab.ui.panel import AS_THEY_RAN, render_html
 
 
 def rows(html):
@@ -32,5 +32,10 @@ def test_widget_follows_kill_restart_and_stop(start_cluster):
     assert rows(table.value)[1] == ("worker:0", "killed")
     cluster.restart("worker:0")
     assert rows(table.value)[1] == ("worker:0", "running")
+    running = re.findall(r"<td>(\d+)</td>\s*<td>\d+</td>", table.value)
     cluster.stop()
     assert {state for _, state in rows(table.value)} == {"stopped"}
+    # scrolled back to after the stop, the panel still shows the tasks as they ran, and says so
+    assert re.findall(r"<td>(\d+)</td>\s*<td>\d+</td>", table.value) == running
+    assert AS_THEY_RAN in table.value
+    assert AS_THEY_RAN not in render_html(cluster)  # a table read now, with nothing kept

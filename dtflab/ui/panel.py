@@ -25,14 +25,29 @@ STARTED = {"fork": "tasks forked from a warm TensorFlow",
            "spawn": "tasks spawned (each imports TensorFlow)"}
 
 
-def render_html(cluster) -> str:
-    """The status table of ``cluster`` as HTML (states and memory read now)."""
+#: Under a stopped cluster's table, where the panel read its tasks while they ran.
+AS_THEY_RAN = ("Stopped. The pid and memory columns show each task as this panel last read it "
+               "while it ran.")
+
+
+def render_html(cluster, ran: dict | None = None) -> str:
+    """The status table of ``cluster`` as HTML (states and memory read now). ``ran``: each
+    task's ``(pid, memory MiB)`` as last read while it ran, kept up to date here; once every
+    task has stopped, the table shows those, and says so."""
     tasks = cluster.tasks
     counts = collections.Counter(str(task.state) for task in tasks)
     summary = ", ".join(f"{count} {state}" for state, count in sorted(counts.items()))
+    read = {task.name: (task.pid, task.memory_mb) for task in tasks}
+    stopped = bool(tasks) and all(str(task.state) == "stopped" for task in tasks)
+    if ran is not None:
+        if stopped and ran:
+            read = {name: ran.get(name, (None, None)) for name in read}
+        else:
+            ran.update({name: seen for name, seen in read.items() if seen[0] is not None})
     return _template("cluster.html.j2").render(
-        backend=cluster.backend, tasks=tasks, summary=summary,
-        show_pid=any(task.pid is not None for task in tasks) or cluster.backend == "local",
+        backend=cluster.backend, tasks=tasks, summary=summary, read=read,
+        as_they_ran=AS_THEY_RAN if stopped and ran else "",
+        show_pid=any(pid is not None for pid, _ in read.values()) or cluster.backend == "local",
         show_host=any(task.host for task in tasks), note=NOTES.get(cluster.backend, ""),
         dashboard=getattr(cluster, "dashboard_link", None), exposed=cluster.exposed,
         max_exposed=6, reason=cluster.exposure_reason,
@@ -53,13 +68,14 @@ def ClusterPanel(cluster):
 
         return HTML(render_html(cluster))
 
-    table = ipywidgets.HTML(render_html(cluster))
+    ran = {}  # each task's pid and memory as last read while it ran
+    table = ipywidgets.HTML(render_html(cluster, ran))
     refresh = ipywidgets.Button(description="Refresh", icon="refresh",
                                 tooltip="read task states and memory again",
                                 layout=ipywidgets.Layout(width="auto"))
 
     def update(*_):
-        table.value = render_html(cluster)
+        table.value = render_html(cluster, ran)
 
     refresh.on_click(update)
     cluster._watchers.append(update)
