@@ -135,7 +135,7 @@ def lab_server(tmp_path_factory):
     (port,), token = free_ports(1), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
                IPYTHONDIR=str(home / "ipython"))
-    env.pop("DTFLAB_LOGDIR", None)  # each test's runs go to runs/ beside its notebooks, as a learner's
+    env.pop("DTFLAB_LOGDIR", None)  # each test's runs go to runs/<notebook> beside it, as a learner's
     env.pop("DTFLAB_PROFILE", None)  # and their traced steps keep their profiles, as a learner's
     startup = home / "ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True)
@@ -995,6 +995,10 @@ def test_tensorboard_in_the_page_draws_the_runs_their_hparams_and_each_workers_t
                          "traced = train.all_reduce(problem, workers=2, steps=6, trace_step=3)",
                          "dtflab.tensorboard()"))
     runs = lab.root / "notebooks" / "runs"  # beside the notebook, where a learner's go
+    # a folder for this notebook's runs alone (JupyterLab tells the kernel its notebook: here
+    # run_cells's copy of the cells it runs)
+    assert [path.name for path in runs.iterdir()] == ["part_of_08_parameter_servers_vs_all_reduce"]
+    runs = runs / "part_of_08_parameter_servers_vs_all_reduce"
     names = sorted(path.name for path in runs.iterdir())
     assert [name.split("-1")[0] for name in names] == [
         "all_reduce-d2", "all_reduce-d2", "single", "sync-d2"], names

@@ -257,3 +257,19 @@ def test_a_run_too_short_to_time_a_step_still_writes_its_files(start_cluster, tm
     with pytest.raises(ValueError, match="a step is measured from the fourth on"):
         history.median_step_s()
     assert history.logdir is not None and any(Path(history.logdir).rglob("events.out.tfevents.*"))
+
+
+def test_a_notebooks_runs_go_to_a_folder_named_for_it_beside_it(monkeypatch):
+    from dtflab.train.run.logdir import NOTEBOOK, run_directory
+
+    monkeypatch.delenv("DTFLAB_LOGDIR", raising=False)
+    monkeypatch.setenv(NOTEBOOK, "/home/learner/notebooks/ja/14_plan_a_run.ipynb")
+    assert run_directory(None) == Path("runs/14_plan_a_run")
+    assert run_directory("elsewhere") == Path("elsewhere") and run_directory(False) is None
+    monkeypatch.setenv(NOTEBOOK, "/home/learner/console-1")  # a console's session: no notebook
+    assert run_directory(None) == Path("runs")
+    monkeypatch.delenv(NOTEBOOK)
+    assert run_directory(None) == Path("runs")
+    monkeypatch.setenv("DTFLAB_LOGDIR", "/tmp/all-runs")
+    monkeypatch.setenv(NOTEBOOK, "/home/learner/notebooks/14_plan_a_run.ipynb")
+    assert run_directory(None) == Path("/tmp/all-runs")

@@ -7,7 +7,7 @@ a port chosen now, ended with the kernel. The page reaches it through the notebo
 cannot reach the kernel's localhost; without jupyter-server-proxy, at ``http://HOST:PORT/``
 of the page's own host. Every ``train`` loop writes its run there (``train.run.logdir``).
 
-In [1]: dtflab.tensorboard()            # runs/ beside the notebook, or $DTFLAB_LOGDIR
+In [1]: dtflab.tensorboard()            # runs/<notebook> beside it, or $DTFLAB_LOGDIR
 In [2]: %dtf_tensorboard other/runs
 """
 
@@ -107,7 +107,7 @@ class TensorBoard:
 
 def tensorboard(logdir=None, *, height: int = 800) -> TensorBoard:
     """TensorBoard on ``logdir`` (None: where the loops write, ``$DTFLAB_LOGDIR`` or
-    ``runs``), started once per folder and kernel; a notebook shows what it returns. Refuses,
+    ``runs/<notebook>``: ``logdir.run_directory``), started once per folder and kernel; a notebook shows what it returns. Refuses,
     in one line, a folder that holds no run yet."""
     where = run_directory(None if logdir is None else logdir)
     if where is None:

@@ -1,5 +1,6 @@
 """Every run's TensorBoard files: one folder per run under a run directory (``logdir=``; by
-default ``$DTFLAB_LOGDIR`` or ``runs/`` beside the notebook), named by its loop and layout.
+default ``$DTFLAB_LOGDIR``, or ``runs/<notebook>`` beside the notebook, ``runs/`` outside one),
+named by its loop and layout.
 
 - **Scalars**, per step: ``loss``, ``step_time_s``, ``examples_per_s`` (``tokens_per_s`` for a
   transformer), ``input_wait_s`` where the input is timed; steps that come faster than one
@@ -40,9 +41,12 @@ from dtflab.train.run.events import EventFile
 from dtflab.train.run.history import merged
 
 #: Where runs go when a loop is not given ``logdir=``: this variable, or ``runs`` (relative to
-#: the working folder: a notebook's kernel runs beside the notebook).
+#: the working folder: a notebook's kernel runs beside the notebook), in a notebook's kernel a
+#: folder of it named for the notebook, so each notebook's TensorBoard shows its own runs.
 ENV = "DTFLAB_LOGDIR"
 DEFAULT = "runs"
+#: The notebook's path, in the environment of each kernel Jupyter's server starts.
+NOTEBOOK = "JPY_SESSION_NAME"
 #: Seconds between writes of a run's queued events to its files.
 FLUSH_S = 0.5
 #: The least run time between two steps' figures: faster steps are written as their means.
@@ -52,12 +56,15 @@ MEMORY = "dtflab.train.measure.memory"
 
 
 def run_directory(logdir) -> Path | None:
-    """The folder runs go in: ``logdir`` as given, ``$DTFLAB_LOGDIR`` or ``runs`` for None;
-    ``False`` for none at all."""
+    """The folder runs go in: ``logdir`` as given; for None, ``$DTFLAB_LOGDIR``, else
+    ``runs/<notebook>`` in a notebook's kernel (``runs/14_plan_a_run``), else ``runs``; ``False``
+    for none at all."""
     if logdir is False:
         return None
     if logdir is None or logdir is True:
-        logdir = os.environ.get(ENV) or DEFAULT
+        notebook = os.environ.get(NOTEBOOK, "")
+        logdir = os.environ.get(ENV) or (os.path.join(DEFAULT, Path(notebook).stem)
+                                         if notebook.endswith(".ipynb") else DEFAULT)
     if not isinstance(logdir, (str, os.PathLike)):
         raise ValueError(f"logdir={logdir!r}: a folder's path (str), or False to write no "
                          f"TensorBoard files")

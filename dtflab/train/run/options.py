@@ -28,7 +28,7 @@ class RunOptions:
     ``predict`` (what prices the step before it runs: ``train.run_layout`` gives it),
     ``inputs`` (a ``train.input_pipeline``: the batches come from it, not ``Problem.batch``,
     and each step's wait for its batch is recorded) and ``logdir`` (where the run's TensorBoard
-    files go, a folder of their own in it: ``None`` for ``$DTFLAB_LOGDIR`` or ``runs``,
+    files go, a folder of their own in it: ``None`` for ``$DTFLAB_LOGDIR`` or ``runs/<notebook>``,
     ``False`` for none; ``train.run.logdir``)."""
 
     steps: int = 200
