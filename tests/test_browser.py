@@ -30,6 +30,7 @@ from bokeh_page import DATA, LABELS_FIT, RANGE_AGAIN, TITLES_FIT, WHERE
 from conftest import LASTING, free_ports, not_here, wait_until
 
 from dtflab import exercises
+from dtflab.ui.memory_planner import COLOURS
 from dtflab.ui.panel import AS_THEY_RAN
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -630,7 +631,7 @@ def test_the_memory_planner_draws_moves_with_a_field_and_measures(lab, page):
     assert page.evaluate(RANGE_AGAIN, "planner_activations")
     page.evaluate(FRAMES)  # the paint it asked for has run
     now = page.evaluate(DATA, "planner_activations")
-    top = sum(now[kind][0] for kind in ("parameters", "gradients", "optimizer", "activations"))
+    top = sum(now[kind][0] for kind in COLOURS)  # the kinds the planner stacks
     assert now["_y"][0] <= 0 and top <= now["_y"][1], \
         f"the predicted bar reaches {top:.4g} in a plot drawn from {now['_y'][0]:.4g} to {now['_y'][1]:.4g}"
     shot(page, small, str(SHOTS / "memory_planner_llama_3_70b.png"))
