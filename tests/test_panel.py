@@ -32,7 +32,7 @@ def test_widget_follows_kill_restart_and_stop(start_cluster):
     assert rows(table.value)[1] == ("worker:0", "killed")
     cluster.restart("worker:0")
     assert rows(table.value)[1] == ("worker:0", "running")
-    running = re.findall(r"<td>(\d+)</td>\s*<td>\d+</td>", table.value)
+    running = [str(task.pid) for task in cluster.tasks]
     cluster.stop()
     assert {state for _, state in rows(table.value)} == {"stopped"}
     # scrolled back to after the stop, the panel still shows the tasks as they ran, and says so

@@ -1,6 +1,5 @@
-"""Every run's TensorBoard files: one folder per run under a run directory (``logdir=``; by
-default ``$DTFLAB_LOGDIR``, or ``runs/<notebook>`` beside the notebook, ``runs/`` outside one),
-named by its loop and layout.
+"""Every run's TensorBoard files: one folder per run, named by its loop and layout, under a run
+directory (``logdir=``; by default ``$DTFLAB_LOGDIR``, or ``runs/<notebook>`` beside it).
 
 - **Scalars**, per step: ``loss``, ``step_time_s``, ``examples_per_s`` (``tokens_per_s`` for a
   transformer), ``input_wait_s`` where the input is timed; steps that come faster than one
@@ -41,16 +40,11 @@ from dtflab.train.run.events import EventFile
 from dtflab.train.run.history import merged
 
 #: Where runs go when a loop is not given ``logdir=``: this variable, or ``runs`` (relative to
-#: the working folder: a notebook's kernel runs beside the notebook), in a notebook's kernel a
-#: folder of it named for the notebook, so each notebook's TensorBoard shows its own runs.
-ENV = "DTFLAB_LOGDIR"
-DEFAULT = "runs"
-#: The notebook's path, in the environment of each kernel Jupyter's server starts.
-NOTEBOOK = "JPY_SESSION_NAME"
-#: Seconds between writes of a run's queued events to its files.
-FLUSH_S = 0.5
-#: The least run time between two steps' figures: faster steps are written as their means.
-EVERY_S = 0.01
+#: the working folder: a notebook's kernel runs beside the notebook; ``run_directory``).
+ENV, DEFAULT = "DTFLAB_LOGDIR", "runs"
+NOTEBOOK = "JPY_SESSION_NAME"  # the notebook's path, in each kernel Jupyter's server starts
+FLUSH_S = 0.5  # seconds between writes of a run's queued events to its files
+EVERY_S = 0.01  # the least run time between two steps' figures: faster ones go as their means
 #: What reads a traced step's memory by kind, reached by name (the loops' room sits below it).
 MEMORY = "dtflab.train.measure.memory"
 
