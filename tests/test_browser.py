@@ -945,6 +945,15 @@ def test_the_site_shows_a_guide_page_the_api_a_tutorial_plot_and_finds_by_search
     assert "$$" not in page.locator("main").inner_text()
     shot(page, page.locator("div.math").first, str(SHOTS / "site_formula.png"))
 
+    # the schedule playground's still fits the page's column (its last labels and legend were cut)
+    page.goto(f"{site}/tutorials/en/13_experts_and_schedules.html")
+    page.wait_for_function("() => window.Bokeh && Object.keys(window.Bokeh.index).length > 0", timeout=PATIENCE_S * 1000)
+    column = page.locator("article.bd-article").first.bounding_box()
+    playground = page.locator(".dtflab-still", has_text="bubble").first
+    painted(page, playground, 5_000, SHOTS / "site_schedule_playground.png")
+    edges = [box["x"] + box["width"] for box in (c.bounding_box() for c in playground.locator("canvas").all()) if box]
+    assert edges and max(edges) <= column["x"] + column["width"], (edges, column)
+
     # the memory planner, which needs a kernel, shows a still of itself: its bars, drawn
     page.goto(f"{site}/tutorials/en/11_transformer_memory.html")
     page.wait_for_function("() => window.Bokeh && Object.keys(window.Bokeh.index).length > 0", timeout=PATIENCE_S * 1000)

@@ -5,6 +5,7 @@ schedule on real task servers and draws what it ran under the formula's."""
 import pytest
 
 import dtflab
+from dtflab import machine
 from dtflab.train.formulas import schedules
 from dtflab.ui.schedule_playground import OWN_WORKERS
 
@@ -80,6 +81,8 @@ def test_run_draws_the_measured_timeline_under_the_formulas(split_cluster):
                                                                    for _ in range(2))
     assert f"bubble {bubble.bubble_ratio:.3f} of the work" in playground.status
     assert f"{bubble.formula_ratio:.3f}" in playground.status
+    # the measured bubble comes with the condition it was measured under: workers and cores
+    assert f"here 2 workers had {machine.cpus():g} CPUs' worth of time" in playground.status
     playground.set(micro_batches=8)  # a new setting: the old measurement goes
     assert not playground.measured_chart.figure.visible and playground.bubble is None
 

@@ -19,7 +19,7 @@ stops it once the step is traced: nothing of it outlives the click.
 
 from __future__ import annotations
 
-from dtflab import checks
+from dtflab import checks, machine
 from dtflab.train.formulas import schedules
 from dtflab.train.layouts.layout import Layout, said_as
 
@@ -27,6 +27,9 @@ from dtflab.train.layouts.layout import Layout, said_as
 MAX_PIECES = 400
 #: The most workers Run starts a cluster of its own with (about 140 MB of memory each here).
 OWN_WORKERS = 4
+#: Each chart's width: its still fits the documentation site's column (656 px, the output's
+#: margin taken off), the legend's last entry and the last stage's labels included.
+CHART_PX = 600
 
 #: Each whole-number control's slider: (least, most, an example a refusal suggests).
 RANGES = {"stages": (2, 8, 2), "micro_batches": (1, 32, 4), "chunks": (1, 4, 1)}
@@ -77,8 +80,12 @@ class SchedulePlayground:
                                    tooltip="run this schedule on the cluster and trace a step")
         self.run_button.on_click(lambda _: self._clicked())
         self.line = w.HTML()
-        self.formula_chart = Timeline(prefix="formula_", x_label="time (a forward takes 1)")
-        self.measured_chart = Timeline(prefix="measured_", x_label="ms from the first piece")
+        self.formula_chart = Timeline(prefix="formula_", x_label="time (a forward takes 1)",
+                                      width=CHART_PX)
+        self.measured_chart = Timeline(prefix="measured_", x_label="ms from the first piece",
+                                       width=CHART_PX)
+        for chart in (self.formula_chart, self.measured_chart):  # not over the title's end
+            chart.figure.toolbar_location = "right"
         self.measured_chart.figure.visible = False
         self.widget = None
         self._redraw()
@@ -147,7 +154,9 @@ class SchedulePlayground:
                        f"{bubble.bubble_ratio:.3f} of the work; the formula with this run's "
                        f"pieces: {bubble.formula:.1%}, {bubble.formula_ratio:.3f}. What the "
                        f"formula leaves out (each piece's start-up, the hops between workers) "
-                       f"is the difference"
+                       f"is the difference where each worker has a core to itself; here {p} "
+                       f"workers had {machine.cpus():g} CPUs' worth of time, shared with "
+                       f"whatever else ran, and their waits for a core count as idle too"
                        + (f". Ran on {p} workers of its own, started for this run and stopped "
                           f"after (the playground's cluster "
                           f"{'was stopped' if self.cluster is not None else 'was not given'})"
