@@ -71,7 +71,7 @@ class Prediction:
             return ""
         devices = step_kinds.by_device(self.timeline, history.trace)
         words = []
-        for kind, predicted, traced in self.against(history)["by_kind"][:3]:
+        for kind, predicted, traced in step_kinds.summed(devices)[:3]:  # by_kind's rows
             gap = predicted - traced
             share = f"{abs(gap) / traced:.0%}" if traced else f"{abs(gap):.1f} ms"
             most = max(devices, key=lambda d: abs(step_kinds.gap(devices[d], kind)))

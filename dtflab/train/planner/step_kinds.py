@@ -36,8 +36,13 @@ def by_device(predicted, traced) -> dict[str, dict[str, tuple[float, float]]]:
 def by_kind(predicted, traced) -> list[tuple[str, float, float]]:
     """Each kind of op's share of the step in milliseconds, ``(kind, predicted, traced)``, the
     devices summed (:func:`by_device`), largest difference first."""
+    return summed(by_device(predicted, traced))
+
+
+def summed(devices: dict) -> list[tuple[str, float, float]]:
+    """A :func:`by_device` answer's kinds, the devices summed, largest difference first."""
     rows = {}
-    for kinds in by_device(predicted, traced).values():
+    for kinds in devices.values():
         for kind, (ours, theirs) in kinds.items():
             before = rows.get(kind, (0.0, 0.0))
             rows[kind] = (before[0] + ours, before[1] + theirs)
