@@ -291,6 +291,13 @@ def free(ports: list[int]) -> list[int]:
     return found
 
 
+def holders(ports: set[int]) -> list[tuple[int, str, int | None]]:
+    """``(port, state, pid)`` of each TCP socket on this machine bound to one of ``ports``
+    (pid None: a socket no process holds any more, or one this process may not see)."""
+    return sorted((c.laddr.port, c.status, c.pid) for c in psutil.net_connections("tcp")
+                  if c.laddr and c.laddr.port in ports)
+
+
 FREEZER = Path("/sys/fs/cgroup/freezer")  # cgroup v1's: a frozen process cannot end, even killed
 
 
@@ -390,13 +397,15 @@ def test_the_magics_start_run_pull_and_stop_workers_in_a_real_shell(ip, capsys):
                                              r"makes it there first, e.g. %%dtf_px worker:1$"):
             ip.run_line_magic("dtf_pull", "missing worker:1")
         ports = list(workers.controller.ports)
-        pids = [info.pid for info in workers.cluster.tasks] + [workers.controller.process.pid]
+        controller = psutil.Process(workers.controller.process.pid)
+        pids = ([info.pid for info in workers.cluster.tasks] + [controller.pid]
+                + [child.pid for child in controller.children()])  # and its heartbeat monitor
     finally:
         ip.run_line_magic("dtf_workers", "stop")
     assert "workers" not in ip.user_ns
-    assert free(ports) == ports  # no port held
     assert not [pid for pid in pids if psutil.pid_exists(pid)
                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert free(ports) == ports, holders(set(ports) - set(free(ports)))  # no port held
     with pytest.raises(UsageError, match="no persistent workers are running"):
         ip.run_cell_magic("dtf_px", "", "pass")
 
@@ -430,3 +439,18 @@ def test_nothing_outlives_the_program_that_started_workers(tmp_path):
             break
         time.sleep(0.2)
     assert not left, [psutil.Process(pid).cmdline() for pid in left]
+
+
+def test_a_controller_group_that_outlives_its_wait_is_named_not_passed_over():
+    from dtflab.cluster.workers import _wait_group_ended
+
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             start_new_session=True)
+    try:
+        with pytest.raises(RuntimeError, match=rf"process group {alive.pid}, has not ended 0.5 s "
+                                               rf"after its kill \(pid {alive.pid} \(\w+\)\)"):
+            _wait_group_ended(alive.pid, timeout=0.5)
+    finally:
+        alive.kill()
+        alive.wait()
+    _wait_group_ended(alive.pid, timeout=0.5)  # ended: returns

@@ -69,37 +69,46 @@ class Controller:
         return str(self.folder / "security" / "ipcontroller-client.json")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            try:  # the controller and its heartbeat monitor: a process group of their own
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.process.wait()
-        _wait_group_ended(self.process.pid)  # the monitor, forked, holds the sockets too
-        if self.process.stdin:
-            self.process.stdin.close()
-        self._log.close()
-        scratch.remove(self.folder)
+        """Kill the controller's process group and wait until it has ended (its sockets
+        closed); raises if some of it is still there after the wait."""
+        if self._log.closed:  # stopped already
+            return
+        try:  # the controller and its forked heartbeat monitor: a process group of their own
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:  # every one of them already gone
+            pass
+        self.process.wait()
+        try:
+            _wait_group_ended(self.process.pid)  # the monitor holds the sockets too
+        finally:
+            if self.process.stdin:
+                self.process.stdin.close()
+            self._log.close()
+            scratch.remove(self.folder)
 
 
 def _wait_group_ended(group: int, timeout: float = 30.0) -> None:
     """Wait until every process of process group ``group`` (killed) has ended: gone, or a zombie,
     whose sockets are closed. A killed process needs CPU to end, which a busy machine may give
-    it late."""
+    it late; one still there after ``timeout`` seconds is named in the error raised."""
     import psutil
 
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         left = []
         for process in psutil.process_iter(["status"]):
             try:
                 if (os.getpgid(process.pid) == group
                         and process.info["status"] != psutil.STATUS_ZOMBIE):
-                    left.append(process)
+                    left.append(f"pid {process.pid} ({process.info['status']})")
             except OSError:  # gone
                 pass
         if not left:
             return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the workers' controller, process group {group}, has not ended "
+                               f"{timeout:g} s after its kill ({', '.join(left)}): its ports "
+                               f"stay held until it does")
         time.sleep(0.02)
 
 
