@@ -499,3 +499,27 @@ def max_loss_diff(a, b) -> float:
     import numpy as np
 
     return float(np.max(np.abs(np.array(a.losses) - np.array(b.losses))))
+
+
+def free(ports: list[int]) -> list[int]:
+    """Those of ``ports`` that this process can listen on now on 127.0.0.1 (as a server does,
+    past the closed connections' TIME_WAIT)."""
+    import socket
+
+    found = []
+    for port in ports:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+                found.append(port)
+            except OSError:
+                pass
+    return found
+
+
+def holders(ports: set[int]) -> list[tuple[int, str, int | None]]:
+    """``(port, state, pid)`` of each TCP socket on this machine bound to one of ``ports``
+    (pid None: a socket no process holds any more, or one this process may not see)."""
+    return sorted((c.laddr.port, c.status, c.pid) for c in psutil.net_connections("tcp")
+                  if c.laddr and c.laddr.port in ports)

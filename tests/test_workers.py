@@ -1,6 +1,6 @@
 """Persistent workers: real ipyparallel engines as a local cluster's program tasks, each with its
 TF_CONFIG, driven cell by cell; TensorFlow's own multi-worker programs built up on them and
-matched against the same program run from a file; the magics through a real IPython shell."""
+matched against the same program run from a file; the controller's stop."""
 
 import _thread
 import contextlib
@@ -19,6 +19,8 @@ import pytest
 
 import dtflab
 from dtflab.cluster import execution
+
+from conftest import free
 
 pytestmark = pytest.mark.slow
 
@@ -274,30 +276,6 @@ def busy_loops(count: int):
             loop.wait()
 
 
-def free(ports: list[int]) -> list[int]:
-    """Those of ``ports`` that this process can listen on now on 127.0.0.1 (as a server does,
-    past the closed connections' TIME_WAIT)."""
-    import socket
-
-    found = []
-    for port in ports:
-        with socket.socket() as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(("127.0.0.1", port))
-                found.append(port)
-            except OSError:
-                pass
-    return found
-
-
-def holders(ports: set[int]) -> list[tuple[int, str, int | None]]:
-    """``(port, state, pid)`` of each TCP socket on this machine bound to one of ``ports``
-    (pid None: a socket no process holds any more, or one this process may not see)."""
-    return sorted((c.laddr.port, c.status, c.pid) for c in psutil.net_connections("tcp")
-                  if c.laddr and c.laddr.port in ports)
-
-
 FREEZER = Path("/sys/fs/cgroup/freezer")  # cgroup v1's: a frozen process cannot end, even killed
 
 
@@ -353,61 +331,6 @@ def test_the_controller_ends_with_its_forked_monitor_which_holds_its_ports():
         assert not monitor.is_running() or monitor.status() == psutil.STATUS_ZOMBIE
     finally:
         controller.stop()
-
-
-def test_the_magics_start_run_pull_and_stop_workers_in_a_real_shell(ip, capsys):
-    from IPython.core.error import UsageError
-
-    from dtflab import tf_private
-
-    # TensorFlow at work in the kernel first (its eager context made): the workers start from
-    # the fork server, a process of their own, and are not touched by it
-    ip.run_cell("import tensorflow as tf\nkernel_sum = float(tf.constant(1.0) + 1)")
-    assert ip.user_ns["kernel_sum"] == 2.0 and tf_private.eager_context_created()
-
-    with pytest.raises(UsageError, match=r"'two': %dtf_workers start takes a number of workers"):
-        ip.run_line_magic("dtf_workers", "start two")
-    assert "workers" not in ip.user_ns  # nothing started
-    ip.run_line_magic("dtf_workers", "start 2")
-    try:
-        workers = ip.user_ns["workers"]
-        ip.run_cell_magic("dtf_px", "", "import os, json\n"
-                         "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
-                         "print('index', index)")
-        out = capsys.readouterr().out
-        assert "[worker:0] index 0" in out and "[worker:1] index 1" in out
-        ip.run_line_magic("dtf_workers", "status")
-        assert capsys.readouterr().out == "worker:0: running\nworker:1: running\n"
-        ip.run_cell_magic("dtf_px", "worker:1", "index = index + 100")
-        assert ip.run_line_magic("dtf_pull", "index worker:1") == 101
-        assert ip.run_line_magic("dtf_pull", "index") == {"worker:0": 0, "worker:1": 101}
-        ip.run_line_magic("dtf_autopx", "")
-        ip.run_cell("doubled = index * 2")
-        ip.run_cell("%dtf_autopx")
-        assert "doubled" not in ip.user_ns
-        assert ip.run_line_magic("dtf_pull", "doubled") == {"worker:0": 0, "worker:1": 202}
-        for line, said_ in (("start 2", "running already"), ("launch", "unknown command"),
-                            ("restart", "restart which worker")):
-            with pytest.raises(UsageError, match=said_):
-                ip.run_line_magic("dtf_workers", line)
-        with pytest.raises(UsageError, match="no worker 'worker:5'"):
-            ip.run_cell_magic("dtf_px", "worker:5", "pass")
-        with pytest.raises(UsageError, match=r"^'missing' cannot be read on worker:1 \(NameError: "
-                                             r"name 'missing' is not defined\); run the cell that "
-                                             r"makes it there first, e.g. %%dtf_px worker:1$"):
-            ip.run_line_magic("dtf_pull", "missing worker:1")
-        ports = list(workers.controller.ports)
-        controller = psutil.Process(workers.controller.process.pid)
-        pids = ([info.pid for info in workers.cluster.tasks] + [controller.pid]
-                + [child.pid for child in controller.children()])  # and its heartbeat monitor
-    finally:
-        ip.run_line_magic("dtf_workers", "stop")
-    assert "workers" not in ip.user_ns
-    assert not [pid for pid in pids if psutil.pid_exists(pid)
-                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
-    assert free(ports) == ports, holders(set(ports) - set(free(ports)))  # no port held
-    with pytest.raises(UsageError, match="no persistent workers are running"):
-        ip.run_cell_magic("dtf_px", "", "pass")
 
 
 def test_workers_on_dask_run_cells_keep_variables_and_take_the_interrupt():

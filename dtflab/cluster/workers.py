@@ -112,6 +112,16 @@ def _wait_group_ended(group: int, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
+#: The persistent workers this process started and has not stopped, oldest first.
+_started: list[Workers] = []
+
+
+def running_workers() -> Workers | None:
+    """The persistent workers this process started last and has not stopped (None: none),
+    however they were started (``start_workers`` or ``%dtf_workers start``)."""
+    return _started[-1] if _started else None
+
+
 class Workers:
     """The running workers: ``tasks`` (``["worker:0", "worker:1"]``, the chief first where
     there is one), the cluster they run in (``cluster``), and what to do with them."""
@@ -122,6 +132,7 @@ class Workers:
         self._engines: dict[str, int] = {}
         self._gone: set[int] = set()  # engines of workers that died (the hub may list them still)
         self._registered(self.tasks)
+        _started.append(self)
 
     # -- what a learner does ---------------------------------------------------------------
 
@@ -186,6 +197,8 @@ class Workers:
 
     def stop(self) -> None:
         """End the workers, their cluster and the controller."""
+        if self in _started:
+            _started.remove(self)
         try:
             self.client.close()
             for port in self.controller.ports:

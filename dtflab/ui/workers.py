@@ -12,8 +12,10 @@
     In [6]: %dtf_workers restart worker:1
     In [7]: %dtf_workers stop
 
-Each worker's output appears in the cell, labelled with the worker, as it comes; an error once
-per worker. The stop button interrupts what the workers run; they keep their variables.
+The magics act on the workers this kernel started last and has not stopped, by
+``%dtf_workers start`` or ``dtflab.start_workers``. Each worker's output appears in the cell,
+labelled with the worker, as it comes; an error once per worker. The stop button interrupts
+what the workers run; they keep their variables.
 """
 
 from __future__ import annotations
@@ -51,14 +53,15 @@ class WorkersMagics(Magics):
         if command not in COMMANDS:
             raise UsageError(f"unknown command {command!r}; commands: {', '.join(COMMANDS)}, "
                              f"e.g. %dtf_workers start 2")
-        running = self.shell.user_ns.get(self.name)
+        running = self._current()
         if command == "start":
             return self._start(words[1:], running)
         if running is None:
             raise UsageError("no persistent workers are running: %dtf_workers start 2")
         if command == "stop":
             running.stop()
-            self.shell.user_ns.pop(self.name, None)
+            if self.shell.user_ns.get(self.name) is running:
+                del self.shell.user_ns[self.name]
             return None
         if command == "restart":
             if len(words) != 2:
@@ -127,8 +130,15 @@ class WorkersMagics(Magics):
 
     # -- helpers ---------------------------------------------------------------------------
 
+    def _current(self):
+        """The workers the magics act on: the ones this kernel started last and has not
+        stopped, by ``%dtf_workers start`` (in ``workers``) or ``dtflab.start_workers``."""
+        from dtflab.cluster.workers import running_workers
+
+        return running_workers()
+
     def _running(self):
-        workers = self.shell.user_ns.get(self.name)
+        workers = self._current()
         if workers is None:
             raise UsageError("no persistent workers are running: %dtf_workers start 2")
         return workers
