@@ -73,10 +73,13 @@ class Controller:
         closed); raises if some of it is still there after the wait."""
         if self._log.closed:  # stopped already
             return
-        try:  # the controller and its forked heartbeat monitor: a process group of their own
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:  # every one of them already gone
-            pass
+        # the controller and its forked heartbeat monitor: a process group of their own, which
+        # outlives its leader while the monitor runs (and only then is the group still ours)
+        if self.process.poll() is None or _still_running(self.process.pid):
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:  # every one of them gone meanwhile
+                pass
         self.process.wait()
         try:
             _wait_group_ended(self.process.pid)  # the monitor holds the sockets too
@@ -91,18 +94,9 @@ def _wait_group_ended(group: int, timeout: float = 30.0) -> None:
     """Wait until every process of process group ``group`` (killed) has ended: gone, or a zombie,
     whose sockets are closed. A killed process needs CPU to end, which a busy machine may give
     it late; one still there after ``timeout`` seconds is named in the error raised."""
-    import psutil
-
     deadline = time.monotonic() + timeout
     while True:
-        left = []
-        for process in psutil.process_iter(["status"]):
-            try:
-                if (os.getpgid(process.pid) == group
-                        and process.info["status"] != psutil.STATUS_ZOMBIE):
-                    left.append(f"pid {process.pid} ({process.info['status']})")
-            except OSError:  # gone
-                pass
+        left = _still_running(group)
         if not left:
             return
         if time.monotonic() > deadline:
@@ -110,6 +104,20 @@ def _wait_group_ended(group: int, timeout: float = 30.0) -> None:
                                f"{timeout:g} s after its kill ({', '.join(left)}): its ports "
                                f"stay held until it does")
         time.sleep(0.02)
+
+
+def _still_running(group: int) -> list[str]:
+    """``pid N (status)`` of each process of process group ``group`` that is not a zombie."""
+    import psutil
+
+    left = []
+    for process in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(process.pid) == group and process.info["status"] != psutil.STATUS_ZOMBIE:
+                left.append(f"pid {process.pid} ({process.info['status']})")
+        except OSError:  # gone
+            pass
+    return left
 
 
 #: The persistent workers this process started and has not stopped, oldest first.
