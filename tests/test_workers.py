@@ -377,3 +377,14 @@ def test_a_controller_group_that_outlives_its_wait_is_named_not_passed_over():
         alive.kill()
         alive.wait()
     _wait_group_ended(alive.pid, timeout=0.5)  # ended: returns
+
+
+def test_a_controller_that_does_not_start_in_time_is_ended_with_its_ports():
+    from dtflab.cluster.workers import Controller
+
+    before = {child.pid for child in psutil.Process().children()}
+    with pytest.raises(RuntimeError, match="the workers' controller did not start"):
+        Controller(timeout=0.05)  # far too short for its Python to start
+    left = [child for child in psutil.Process().children() if child.pid not in before
+            and child.status() != psutil.STATUS_ZOMBIE]
+    assert not left, [child.cmdline() for child in left]

@@ -56,10 +56,12 @@ class Controller:
         deadline = time.monotonic() + timeout
         self.engine_info = None
         while self.engine_info is None:
-            if self.process.poll() is not None or time.monotonic() > deadline:
+            if _exited(self.process.pid) or time.monotonic() > deadline:
                 tail = (self.folder / "controller.log").read_text(errors="replace")[-600:]
-                self.stop()
-                raise RuntimeError(f"the workers' controller did not start: {tail.strip()}")
+                try:
+                    self.stop()
+                finally:
+                    raise RuntimeError(f"the workers' controller did not start: {tail.strip()}")
             time.sleep(0.1)
             if _written(Path(self.client_file)) is not None:  # the kernel needs its file too
                 self.engine_info = _written(engine_file)
@@ -71,18 +73,17 @@ class Controller:
     def stop(self) -> None:
         """Kill the controller's process group and wait until it has ended (its sockets
         closed); raises if some of it is still there after the wait."""
-        if self._log.closed:  # stopped already
+        if self.process.returncode is not None:  # ended and reaped: stopped already
             return
-        # the controller and its forked heartbeat monitor: a process group of their own, which
-        # outlives its leader while the monitor runs (and only then is the group still ours)
-        if self.process.poll() is None or _still_running(self.process.pid):
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:  # every one of them gone meanwhile
-                pass
-        self.process.wait()
+        # the controller and its forked heartbeat monitor: a process group of their own, whose
+        # id the leader, not yet reaped (a zombie at most), keeps from being given out again
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:  # every one of them gone
+            pass
         try:
             _wait_group_ended(self.process.pid)  # the monitor holds the sockets too
+            self.process.wait()  # the leader, a zombie by now
         finally:
             if self.process.stdin:
                 self.process.stdin.close()
@@ -104,6 +105,11 @@ def _wait_group_ended(group: int, timeout: float = 30.0) -> None:
                                f"{timeout:g} s after its kill ({', '.join(left)}): its ports "
                                f"stay held until it does")
         time.sleep(0.02)
+
+
+def _exited(pid: int) -> bool:
+    """Whether child ``pid`` has ended, leaving it a zombie (not reaped: its id stays its)."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
 def _still_running(group: int) -> list[str]:
@@ -204,9 +210,8 @@ class Workers:
         self._registered([task])
 
     def stop(self) -> None:
-        """End the workers, their cluster and the controller."""
-        if self in _started:
-            _started.remove(self)
+        """End the workers, their cluster and the controller; they stay the running workers
+        (``running_workers``) if that fails, so that it can be tried again."""
         try:
             self.client.close()
             for port in self.controller.ports:
@@ -216,6 +221,8 @@ class Workers:
                 self.cluster.stop()
             finally:
                 self.controller.stop()
+        if self in _started:
+            _started.remove(self)
 
     def __enter__(self) -> "Workers":
         return self

@@ -34,9 +34,11 @@ from dtflab import names
 from dtflab.tracing.parse import dtype_name, itemsize
 from dtflab.train.formulas.memory import KINDS, transformer_bytes
 
-#: Ops of the backward pass and the optimizer, by name (``tf.gradients``, ``minimize``, the
-#: micro-batches' ``accumulate`` and the ``data_sum`` of a gradient's data-parallel copies).
-BACKWARD = re.compile(r"(^|/)(gradients|Adam|accumulate|data_sum)(_\d+)?(/|$)")
+#: Ops of the backward pass and the optimizer, by name: ``tf.gradients``, ``minimize``, and the
+#: loops' own scopes for gradients (micro-batches' ``accumulate``; the ``data_sum`` of a
+#: gradient's data-parallel copies; a tied parameter's ``tied_sum``; a gradient's ``encode``
+#: for the wire). A loop's op on gradients outside them reads as a forward op.
+BACKWARD = re.compile(r"(^|/)(gradients|Adam|accumulate|data_sum|tied_sum|encode)(_\d+)?(/|$)")
 MICRO_BATCH = re.compile(r"^micro_batch(\d+)/")
 OPTIMIZER_STATE = re.compile(r"(/Adam(_\d+)?|^beta[12]_power(_\d+)?)$")
 APPLY_OPS = {"ResourceApplyAdam": 9, "ApplyAdam": 9}  # the index of the gradient input

@@ -89,7 +89,7 @@ def pipeline_graph(problem, stages: Stages, seed: int,
         for stage_vars, sums in zip(stage_variables, step.sums):
             for variable, gradient in zip(stage_vars, sums):
                 if variable.name in totals:
-                    with tf.device(variable.device), tf.name_scope("tied"):
+                    with tf.device(variable.device), tf.name_scope("tied_sum"):
                         gradient = totals[variable.name] + gradient
                 totals[variable.name] = gradient
         gradients = [totals[v.name] for v in variables]

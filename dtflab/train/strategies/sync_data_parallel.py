@@ -103,7 +103,7 @@ def sync_graph(problem, plan, workers: list[str], seed: int, slow: dict | None =
                            for grads, device in zip(tower_grads, workers)]
         combined = []
         for variable, grads in zip(variables, zip(*tower_grads)):
-            with tf.device(variable.device), tf.name_scope("combine"):
+            with tf.device(variable.device), tf.name_scope("data_sum"):
                 if gradient_bits != 32:
                     grads = [_decode(tf, g, gradient_bits) for g in grads]
                 combined.append((tf.add_n(list(grads)), variable))
