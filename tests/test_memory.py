@@ -129,6 +129,17 @@ def test_the_formula_counts_what_the_references_count():
     assert ours - 2 * formula.FLOAT32 * s * b == theirs - dropout
 
 
+def recorded_step(name: str):
+    """The traced step's ``RunMetadata`` kept in tests/data/``name``.pb.gz."""
+    import gzip
+    import pathlib
+
+    from dtflab._quiet import import_tf
+
+    path = pathlib.Path(__file__).parent / "data" / f"{name}.pb.gz"
+    return import_tf().compat.v1.RunMetadata.FromString(gzip.decompress(path.read_bytes()))
+
+
 @pytest.mark.parametrize("recorded", ["received_residual", "own_residual"])
 def test_a_task_that_sends_and_receives_keeps_what_the_formula_counts_wherever_its_buffers_went(
         recorded):
@@ -138,16 +149,9 @@ def test_a_task_that_sends_and_receives_keeps_what_the_formula_counts_wherever_i
     block's partial output, once sent, was freed before the forward ended: the allocator's
     records alone read one 64 KiB buffer short (1,560,584 B), as a rerun in CI did. In the
     other the residual stream stayed in that partial output's own buffer. Both keep the same."""
-    import gzip
-    import pathlib
-
-    from dtflab._quiet import import_tf
     from dtflab.train.measure.memory import step_memory
 
-    tf = import_tf()
-    metadata = tf.compat.v1.RunMetadata.FromString(gzip.decompress(
-        (pathlib.Path(__file__).parent / "data" / f"tensor_parallel_step_{recorded}.pb.gz")
-        .read_bytes()))
+    metadata = recorded_step(f"tensor_parallel_step_{recorded}")
     problem = train.transformer(**SHAPE)
     measured = step_memory(metadata)["worker:0"]["activations"]
     predicted = formula.split_activation_bytes(problem, 2)[0]
@@ -162,17 +166,11 @@ def test_a_gradient_sum_that_allocates_after_the_backward_began_is_no_forward_op
     when the transport still holds the received copy it would have added into: read as a
     forward op, it moved the forward's end past the backward's frees and left a few per cent
     of the activations. The same step with such an allocation keeps the same."""
-    import gzip
-    import pathlib
-
-    from dtflab._quiet import import_tf
     from dtflab.train.measure.memory import step_memory
     from dtflab.train.planner.device_memory import per_device
     from dtflab.train.planner.predicted_run import plan_of
 
-    tf = import_tf()
-    metadata = tf.compat.v1.RunMetadata.FromString(gzip.decompress(
-        (pathlib.Path(__file__).parent / "data" / "expert_parallel_step.pb.gz").read_bytes()))
+    metadata = recorded_step("expert_parallel_step")
     problem = train.transformer(blocks=2, d_model=128, heads=2, sequence=64, batch_size=8,
                                 experts=4, top_k=1, skew=6.0, capacity_factor=4.0,
                                 pad_to_capacity=True)

@@ -53,11 +53,9 @@ class WorkersMagics(Magics):
         if command not in COMMANDS:
             raise UsageError(f"unknown command {command!r}; commands: {', '.join(COMMANDS)}, "
                              f"e.g. %dtf_workers start 2")
-        running = self._current()
         if command == "start":
-            return self._start(words[1:], running)
-        if running is None:
-            raise UsageError("no persistent workers are running: %dtf_workers start 2")
+            return self._start(words[1:])
+        running = self._running()
         if command == "stop":
             running.stop()
             if self.shell.user_ns.get(self.name) is running:
@@ -130,22 +128,19 @@ class WorkersMagics(Magics):
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _current(self):
-        """The workers the magics act on: the ones this kernel started last and has not
-        stopped, by ``%dtf_workers start`` (in ``workers``) or ``dtflab.start_workers``."""
+    def _running(self):
+        """The workers the magics act on (see the module's docstring)."""
         from dtflab.cluster.workers import running_workers
 
-        return running_workers()
-
-    def _running(self):
-        workers = self._current()
+        workers = running_workers()
         if workers is None:
             raise UsageError("no persistent workers are running: %dtf_workers start 2")
         return workers
 
-    def _start(self, words: list[str], running):
-        from dtflab.cluster.workers import start_workers
+    def _start(self, words: list[str]):
+        from dtflab.cluster.workers import running_workers, start_workers
 
+        running = running_workers()
         if running is not None:
             raise UsageError(f"workers are running already ({', '.join(running.tasks)}): "
                              f"%dtf_workers stop first")
