@@ -297,6 +297,42 @@ def test_step_data_loads_without_its_views_and_still_draws_through_them():
     assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
 
 
+def named_imports(path: Path) -> set[tuple[str, str]]:
+    """``(constant or "", module)`` for each dtflab module a file names in a string that
+    ``importlib.import_module`` is handed: a literal, or a module-level constant."""
+    tree = ast.parse(path.read_text())
+    constants = {target.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                 and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+                 for target in node.targets if isinstance(target, ast.Name)}
+    found = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module"
+                and node.args):
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                found.add(("", arg.value))
+            elif isinstance(arg, ast.Name) and arg.id in constants:
+                found.add((arg.id, constants[arg.id]))
+    return {(name, module) for name, module in found if module.startswith("dtflab")}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_a_module_reached_by_name_is_one_the_layers_allow_or_a_view(module):
+    """An import by string is one the layers test cannot see: it is held to the same table,
+    save the one way up the table allows, data reaching its own view by ``VIEWS``."""
+    allowed = LAYERS[room(module)]
+    if allowed is None:
+        return
+    wrong = sorted(named for constant, named in named_imports(MODULES[module])
+                   if not (room(named) in allowed | {room(module)}
+                           or (constant == "VIEWS" and room(named) in ("viz", "ui"))))
+    assert wrong == []
+    if room(module) == "train" and TRAIN_ROOMS[train_room(module)] is not None:
+        upward = sorted(named for _, named in named_imports(MODULES[module]) if room(named) == "train"
+                        and train_room(named) not in TRAIN_ROOMS[train_room(module)] | {train_room(module)})
+        assert upward == []
+
+
 @pytest.mark.parametrize("device, task, short", [
     ("/job:ps/replica:0/task:1/device:CPU:0", "ps:1", "ps:1"),
     ("/job:worker/task:0", "worker:0", "worker:0"),

@@ -149,7 +149,7 @@ def test_a_traced_graph_step_is_in_the_graphs_tab_and_its_memory_by_kind_per_dev
     name = Path(single.logdir).name
     info = get(board, "data/plugin/graphs/info")
     assert info[name]["tags"]["traced step"]["profile"]
-    from dtflab.train.measure.memory import step_memory
+    from dtflab.train.run.traced_memory import step_memory
 
     [held] = step_memory(single.trace.metadata).values()  # one device
     drawn = dict(scalars(board, f"{name}/localhost-0", "memory/parameters"))

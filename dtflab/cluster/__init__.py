@@ -8,7 +8,7 @@ backends (``inprocess``, ``local``, ``dask`` with ``dask_worker``), program task
 May import: ``dtflab.processes`` (how a task process starts), ``dtflab.network`` (where it
 listens) and dtflab's base modules (``spec``, ``names``, ``errors``, ``checks``, ``_quiet``,
 ``tf_private``); never placement, tracing, training or views (``dtflab.ui`` is named, not
-imported: see ``base.UI``). The table in ``tests/test_layers.py`` is the rule.
+imported: see ``base.VIEWS``). The table in ``tests/test_layers.py`` is the rule.
 """
 
 from __future__ import annotations

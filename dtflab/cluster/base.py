@@ -390,11 +390,11 @@ class Cluster:
 
 #: The module that shows a cluster (``ClusterPanel``, ``render_html``), named, not imported:
 #: clusters do not depend on the widgets that draw them (``dtflab.ui`` imports them).
-UI = "dtflab.ui.panel"
+VIEWS = "dtflab.ui.panel"
 
 
 def _ui():
     import importlib
 
-    return importlib.import_module(UI)
+    return importlib.import_module(VIEWS)
 

@@ -51,7 +51,7 @@ WHERE = {
     "Watchdog": "run.watchdog",
     "stage_arithmetic_s": "measure.stage_arithmetic", "StepModel": "measure.bubble",
     "memory": "measure.memory",
-    "step_memory": "measure.memory", "split_activation_bytes": "formulas.memory",
+    "step_memory": "run.traced_memory", "split_activation_bytes": "formulas.memory",
     "single": "strategies.single", "model_parallel": "strategies.model_parallel",
     "sync_data_parallel": "strategies.sync_data_parallel",
     "async_parameter_server": "strategies.async_parameter_server",

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import importlib
 import os
 import re
 import shutil
@@ -45,10 +44,6 @@ ENV, DEFAULT = "DTFLAB_LOGDIR", "runs"
 NOTEBOOK = "JPY_SESSION_NAME"  # the notebook's path, in each kernel Jupyter's server starts
 FLUSH_S = 0.5  # seconds between writes of a run's queued events to its files
 EVERY_S = 0.01  # the least run time between two steps' figures: faster ones go as their means
-#: What reads a traced step's memory by kind, reached by name (the loops' room sits below it).
-MEMORY = "dtflab.train.measure.memory"
-
-
 def run_directory(logdir) -> Path | None:
     """The folder runs go in: ``logdir`` as given; for None, ``$DTFLAB_LOGDIR``, else
     ``runs/<notebook>`` in a notebook's kernel (``runs/14_plan_a_run``), else ``runs``; ``False``
@@ -378,8 +373,8 @@ def _memory(history) -> dict[str, dict[str, float]]:
     if metadata is None:
         return {}
     from dtflab import names
+    from dtflab.train.run.traced_memory import step_memory
 
-    step_memory = importlib.import_module(MEMORY).step_memory
     return {names.short(device): kinds for device, kinds in step_memory(metadata).items()}
 
 
