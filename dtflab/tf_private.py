@@ -153,3 +153,31 @@ def set_cpp_log_level(level: int) -> bool:
         return False
     setter(ctypes.c_int(level))
     return True
+
+
+def forget_custom_gradients(graph) -> int | None:
+    """Drop from TensorFlow's gradient registry what ``tf.custom_gradient`` registered for
+    ``graph``'s ops; how many were dropped, None where the registry has moved.
+
+    In graph mode each call of a custom-gradient function registers its backward under a new
+    name (``CustomGradient-<n>``) and never removes it: the backward's closure holds its forward
+    tensors, and through them the whole graph, for as long as the process lives. Call once no
+    gradient of ``graph`` is still to be built."""
+    try:
+        from tensorflow.python.framework import ops
+
+        registry = ops._gradient_registry._registry
+    except (ImportError, AttributeError):
+        return None
+    dropped = 0
+    for op in graph.get_operations():
+        if op.type != "IdentityN":  # what tf.custom_gradient wraps its outputs in
+            continue
+        try:
+            name = op.get_attr("_gradient_op_type")
+        except ValueError:
+            continue
+        name = name.decode() if isinstance(name, bytes) else name
+        if name.startswith("CustomGradient-") and registry.pop(name, None) is not None:
+            dropped += 1
+    return dropped

@@ -40,6 +40,9 @@ from dtflab import exercises
 ROOT = Path(__file__).resolve().parents[1]
 EXECUTED = ROOT / "build" / "notebooks"  # the documentation site renders these outputs
 LIMIT_MB = 2048
+#: The most a notebook's group may peak at inside Binder's 2 GiB: the kernel, everything it
+#: starts (TensorBoard included) and their page cache; the rest is the notebook server's.
+ROOM_MB = 1536
 AT_ONCE = 2
 GROUP_PREFIX = "dtflab-notebook-"  # each notebook's cgroups: f"{GROUP_PREFIX}{pid}-{label}-{ns}"
 #: In each notebook kernel's environment, and so in whatever it starts, as ``RUN_TAG=<its group's

@@ -5,8 +5,10 @@ CPU's worth of time (a CFS quota: ``os.cpu_count()`` still reports the host's co
 notebook tests' own executions (``notebook_runs``) run each notebook, solved (the exercise's
 check trains too, as for a learner who answers), in a child cgroup limited to 2 GiB and one CPU
 (v1 or v2: ``binder_limits``), the kernel and every task inside: a notebook passes if it finishes without ever reaching
-the memory limit. Its peak and its CPU seconds are printed, not asserted (figures, quoted in
-the guide); no cell may take more than nbclient's 600 s. The notebooks that compare timings
+the memory limit and peaks at no more than ``ROOM_MB`` (1.5 GiB: the rest of Binder's 2 GiB is
+the notebook server's); TensorBoard, which a notebook's last cell starts, is inside too. Its
+peak and its CPU seconds are printed (figures, quoted in the guide); no cell may take more than
+nbclient's 600 s. The notebooks that compare timings
 run, in their Japanese edition, beside two busy loops in the same group
 (``notebook_runs.UNDER_LOAD``): on Binder a learner's CPU is shared too.
 
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from conftest import not_here
-from notebook_runs import BUSY_LOOPS, LIMIT_MB, UNDER_LOAD, cgroups_unavailable
+from notebook_runs import BUSY_LOOPS, LIMIT_MB, ROOM_MB, UNDER_LOAD, cgroups_unavailable
 from tutorials import NOTEBOOKS, name
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +68,10 @@ def test_each_notebook_runs_inside_binders_2_gib_on_one_cpu(path, notebook_runs)
     assert run.cpu_s <= run.seconds + 2, vars(run)  # never more than one CPU's worth
     assert run.error is None, run.error
     assert run.oom_kills == 0 and run.limit_hits == 0, vars(run)
-    assert 300 < run.cgroup_peak_mb < LIMIT_MB  # the kernel and its tasks were inside
+    assert run.cgroup_peak_mb > 300  # the kernel and its tasks were inside
+    assert run.cgroup_peak_mb <= ROOM_MB, (
+        f"{name(path)} peaked at {run.cgroup_peak_mb} MB, over the {ROOM_MB} MB a notebook has "
+        f"beside Binder's notebook server")
     # the notebooks that compare timings ran beside two busy loops, and their checks held
     assert run.busy_loops == (BUSY_LOOPS if name(path) in UNDER_LOAD else 0)
 

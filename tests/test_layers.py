@@ -30,7 +30,8 @@ def imported_modules(path: Path) -> set[str]:
 
 
 #: dtflab's base modules: below every room, importing nothing of dtflab but each other.
-BASE = {"errors", "names", "spec", "checks", "_quiet", "tf_private", "machine", "scratch"}
+BASE = {"errors", "names", "spec", "checks", "_quiet", "tf_private", "machine", "scratch",
+        "allocator"}
 
 #: Each room of dtflab (a package or a top-level module) and the rooms below it that it may
 #: import, at any depth (function-level imports included; ``if TYPE_CHECKING:`` imports, which
@@ -55,6 +56,7 @@ LAYERS = {
     "tf_private": {"errors"},
     "spec": set(),
     "machine": set(),
+    "allocator": set(),
     "scratch": set(),
     "names": set(),
     "errors": set(),
@@ -362,6 +364,7 @@ def test_tensorflows_private_parts_are_reachable_on_this_version():
     slept = tf.data.Dataset.range(3).apply(tf_private.data_sleep(1000))
     assert list(slept.as_numpy_iterator()) == [0, 1, 2]  # each element passed on, 1 ms later
     assert tf_private.colocation_leaders(tf.Graph()) == []
+    assert tf_private.forget_custom_gradients(tf.Graph()) == 0  # None: the registry moved
 
 
 def test_a_moved_private_module_names_the_feature_that_broke(monkeypatch):

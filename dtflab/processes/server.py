@@ -168,8 +168,11 @@ def _serve(args) -> int:
         ready.write(f"ready {os.getpid()}\n")
         ready.close()
     stop_on_signals()  # again, in case importing TensorFlow replaced them
-    while not _stop_requested.wait(0.5):  # not server.join(): Ctrl-C cannot interrupt it
-        pass
+    from dtflab.allocator import give_back
+
+    # not server.join(): Ctrl-C cannot interrupt it; what steps freed goes back each second
+    while not _stop_requested.wait(1.0):
+        give_back()
     print(f"dtflab server: {job}:{index} stopped", flush=True)
     # TF servers cannot be shut down in process; leaving without running finalizers is the
     # only clean way out.
