@@ -14,6 +14,8 @@ import sys
 import tempfile
 import threading
 
+from dtflab import allocator
+
 _lock = threading.Lock()
 _captured: list[str] = []  # what TF printed while we held the descriptors, for dtflab.tf_log()
 
@@ -49,12 +51,13 @@ def import_tf():
     """``import tensorflow`` with its logging silenced; returns the module.
 
     Unless the user set them: ``TF_CPP_MIN_LOG_LEVEL=3`` (C++ log lines off; errors still
-    reach Python as exceptions) and TensorFlow's Python logger at ERROR (no ``INFO:tensorflow``
+    reach Python as exceptions), ``allocator.SETTINGS`` and TensorFlow's Python logger at ERROR (no ``INFO:tensorflow``
     lines from strategies and savers). Task processes log to their own files instead.
     """
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    allocator.use_settings()
     with quiet_fds():
         import tensorflow as tf
     if "TF_PYTHON_LOG_LEVEL" not in os.environ:

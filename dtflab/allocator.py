@@ -1,10 +1,12 @@
-"""Memory a process has freed, given back to the system: glibc's ``malloc_trim``.
+"""Memory a process has freed, given back to the system.
 
 glibc keeps what a process frees in its heaps for its next allocations, and TensorFlow's
 threads spread a step's buffers over several heaps: a task server or a kernel that has run a
 few steps holds, as its own, memory no tensor uses any more, and on Binder's 2 GB that is
-room a learner's next cell lacks. ``give_back()`` returns every heap's free pages; a later
-allocation maps them again. Where the C library is not glibc it does nothing.
+room a learner's next cell lacks. ``give_back()`` returns every heap's free pages (glibc's
+``malloc_trim``; a later allocation maps them again); where the C library is not glibc it
+does nothing. ``SETTINGS`` are what dtflab's processes allocate with, unless the user set
+them (``use_settings``): TensorFlow imported by dtflab, and every task process.
 """
 
 from __future__ import annotations
@@ -12,6 +14,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
+
+#: ``TF_ONEDNN_USE_SYSTEM_ALLOCATOR``: TensorFlow's oneDNN build keeps large CPU buffers in a
+#: pool of its own that it never returns; with 1 they come from malloc, which gives them back.
+#: ``MALLOC_ARENA_MAX``: glibc's default of 8 heaps a core lets a task's freed memory scatter
+#: over as many heaps, each keeping its share (read when a process starts: task processes
+#: only).
+SETTINGS = {"TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1", "MALLOC_ARENA_MAX": "2"}
 
 
 @functools.cache
@@ -30,3 +40,10 @@ def give_back() -> bool:
         return False
     trim(0)
     return True
+
+
+def use_settings(environ=None) -> None:
+    """Set each of ``SETTINGS`` in ``environ`` (default: this process's) that is not set."""
+    environ = os.environ if environ is None else environ
+    for name, value in SETTINGS.items():
+        environ.setdefault(name, value)

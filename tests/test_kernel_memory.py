@@ -83,3 +83,23 @@ def test_give_back_returns_freed_pages_the_heap_kept():
     gave, before, after = done.stdout.split()
     assert gave == "True", done.stderr
     assert float(before) - float(after) > 100, (before, after)  # of the ~186 MB freed
+
+
+def test_tensorflow_imported_by_dtflab_and_every_task_allocate_as_the_settings_say():
+    """TensorFlow reads ``TF_ONEDNN_USE_SYSTEM_ALLOCATOR`` when it makes its CPU allocator: set
+    before dtflab imports it, in the kernel and in each task's environment; a user's own value
+    is kept."""
+    from dtflab.allocator import SETTINGS
+    from dtflab.processes.spawn import child_env
+
+    code = ("import os, dtflab._quiet as quiet; quiet.import_tf(); "
+            "print(os.environ['TF_ONEDNN_USE_SYSTEM_ALLOCATOR'], os.environ['MALLOC_ARENA_MAX'])")
+    env = {k: v for k, v in child_env().items() if k not in SETTINGS}
+    ours = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    theirs = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env=dict(env, TF_ONEDNN_USE_SYSTEM_ALLOCATOR="0"))
+    assert ours.stdout.split() == ["1", "2"], ours.stderr[-500:]
+    assert theirs.stdout.split() == ["0", "2"], theirs.stderr[-500:]
+    task = child_env(base={"MALLOC_ARENA_MAX": "4"})
+    assert (task["TF_ONEDNN_USE_SYSTEM_ALLOCATOR"], task["MALLOC_ARENA_MAX"]) == ("1", "4")

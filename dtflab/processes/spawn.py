@@ -11,18 +11,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dtflab import allocator
+
 SPAWN = "spawn"
 
 
 def child_env(extra: dict[str, str] | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a task process: ``base`` (default: ours), unbuffered output,
-    TensorFlow's warnings to the task's log, and dtflab importable."""
+    TensorFlow's warnings to the task's log, the allocator's settings (``allocator``), and
+    dtflab importable."""
     env = dict(os.environ if base is None else base, PYTHONUNBUFFERED="1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    # glibc's default of 8 malloc arenas per core let a task's freed memory scatter: notebook
-    # 13's pipeline runs took a worker from 113 MB to 915 MB (PSS) with the default, 326 MB
-    # with 2, and ran its kernel out of Binder's 2 GiB once (CI19).
-    env.setdefault("MALLOC_ARENA_MAX", "2")
+    allocator.use_settings(env)
     package_root = str(Path(__file__).resolve().parents[2])
     if package_root not in env.get("PYTHONPATH", "").split(os.pathsep):
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
