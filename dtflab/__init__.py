@@ -48,7 +48,7 @@ WHERE = {
     "input_timeline": ("dtflab.viz.inputs", "input_timeline"),
     "input_scaling_figure": ("dtflab.viz.inputs", "input_scaling_figure"),
     "tensorboard": ("dtflab.ui.tensorboard", "tensorboard"),
-    "start_workers": ("dtflab.cluster.workers", "start_workers"),
+    "start_workers": ("dtflab.cluster.persistent_workers", "start_workers"),
     "cpus": ("dtflab.machine", "cpus"),
     "short_device": ("dtflab.names", "short"),
 }

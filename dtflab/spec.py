@@ -1,4 +1,4 @@
-"""Turn what a user types into a cluster layout: job -> list of (host, port).
+"""Turn what a user types into a cluster's jobs (``Jobs``): job -> list of (host, port).
 
 Accepted forms (exactly one per cluster):
 
@@ -30,7 +30,7 @@ _JOB_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _ADDRESS = re.compile(r"^(?P<host>\[[0-9A-Fa-f:]+\]|[A-Za-z0-9_.\-]+):(?P<port>[^:]+)$")
 
 Address = tuple[str, "int | None"]
-Layout = dict[str, list[Address]]
+Jobs = dict[str, list[Address]]
 
 
 def parse_count(value, what: str, *, minimum: int = 1) -> int:
@@ -108,7 +108,7 @@ def parse_jobs(jobs) -> dict[str, int]:
     return counts
 
 
-def parse_legacy_spec(text: str) -> Layout:
+def parse_legacy_spec(text: str) -> Jobs:
     """The 2016 ``--cluster_spec`` string: ``job|host:port`` entries separated by commas.
 
     A job named more than once gets one task per entry, in order (the source material's
@@ -119,7 +119,7 @@ def parse_legacy_spec(text: str) -> Layout:
             "the cluster spec is empty; write job|host:port entries separated by commas, "
             "for example 'master|localhost:2222,ps|localhost:2223'"
         )
-    layout: Layout = {}
+    jobs: Jobs = {}
     for entry in text.split(","):
         entry = entry.strip()
         job, sep, address = entry.partition("|")
@@ -128,21 +128,21 @@ def parse_legacy_spec(text: str) -> Layout:
                 f"bad cluster spec entry {entry!r}: write job|host:port, for example ps|localhost:2223"
             )
         try:
-            layout.setdefault(parse_job_name(job.strip()), []).append(parse_address(address))
+            jobs.setdefault(parse_job_name(job.strip()), []).append(parse_address(address))
         except ValueError as exc:  # quote the entry as it was typed, not the part parsed
             raise ValueError(f"in cluster spec entry {entry!r}, {exc}") from None
-    return _checked(layout)
+    return _checked(jobs)
 
 
-def layout_to_legacy_spec(addresses: Mapping[str, list[str]]) -> str:
+def jobs_to_legacy_spec(addresses: Mapping[str, list[str]]) -> str:
     """Inverse of :func:`parse_legacy_spec` for resolved ``host:port`` strings."""
     return ",".join(f"{job}|{address}" for job, tasks in addresses.items() for address in tasks)
 
 
-def _layout_from_mapping(spec) -> Layout:
+def _jobs_from_mapping(spec) -> Jobs:
     if hasattr(spec, "as_dict"):  # tf.train.ClusterSpec
         spec = spec.as_dict()
-    layout: Layout = {}
+    jobs: Jobs = {}
     for job, tasks in spec.items():
         if isinstance(tasks, Mapping):  # sparse {index: address}, as ClusterSpec allows
             if sorted(tasks) != list(range(len(tasks))):
@@ -150,13 +150,13 @@ def _layout_from_mapping(spec) -> Layout:
             tasks = [tasks[i] for i in range(len(tasks))]
         if isinstance(tasks, str) or not tasks:
             raise ValueError(f"job {job!r} needs a list of host:port addresses, got {tasks!r}")
-        layout[parse_job_name(job)] = [parse_address(a) for a in tasks]
-    return _checked(layout)
+        jobs[parse_job_name(job)] = [parse_address(a) for a in tasks]
+    return _checked(jobs)
 
 
-def _checked(layout: Layout) -> Layout:
+def _checked(jobs: Jobs) -> Jobs:
     seen: dict[Address, str] = {}
-    for job, tasks in layout.items():
+    for job, tasks in jobs.items():
         for index, address in enumerate(tasks):
             if address[1] is not None and address in seen:
                 raise ValueError(
@@ -164,19 +164,19 @@ def _checked(layout: Layout) -> Layout:
                     f"give each task its own port"
                 )
             seen[address] = f"{job}:{index}"
-    total = sum(len(tasks) for tasks in layout.values())
+    total = sum(len(tasks) for tasks in jobs.values())
     if total > MAX_TASKS:
         raise ValueError(f"{total} tasks is more than the {MAX_TASKS} dtflab starts on one machine")
-    return layout
+    return jobs
 
 
-def _counts_layout(counts: Mapping[str, int], host: str) -> Layout:
+def _counts_jobs(counts: Mapping[str, int], host: str) -> Jobs:
     return {job: [(host, None)] * count for job, count in counts.items() if count}
 
 
-def resolve_layout(n=None, *, ps=None, workers=None, jobs=None, spec=None,
-                   host: str = DEFAULT_HOST) -> Layout:
-    """The layout for one of the accepted forms (see the module docstring)."""
+def resolve_jobs(n=None, *, ps=None, workers=None, jobs=None, spec=None,
+                 host: str = DEFAULT_HOST) -> Jobs:
+    """A cluster's jobs for one of the accepted forms (see the module docstring)."""
     given = [name for name, value in (("a task count", n), ("ps/workers", ps if ps is not None else workers),
                                       ("jobs", jobs), ("spec", spec)) if value is not None]
     if len(given) > 1:
@@ -184,17 +184,17 @@ def resolve_layout(n=None, *, ps=None, workers=None, jobs=None, spec=None,
             f"give only one of a task count, ps/workers, jobs or spec (got {' and '.join(given)})"
         )
     if spec is not None:
-        return parse_legacy_spec(spec) if isinstance(spec, str) else _layout_from_mapping(spec)
+        return parse_legacy_spec(spec) if isinstance(spec, str) else _jobs_from_mapping(spec)
     if jobs is not None:
-        return _checked(_counts_layout(parse_jobs(jobs), host))
+        return _checked(_counts_jobs(parse_jobs(jobs), host))
     if ps is not None or workers is not None:
         ps_count = 1 if ps is None else parse_count(ps, "ps", minimum=0)
         worker_count = 2 if workers is None else parse_count(workers, "workers", minimum=0)
         if ps_count + worker_count == 0:
             raise ValueError("ps=0 and workers=0 is an empty cluster; ask for at least one task")
-        return _checked(_counts_layout({"ps": ps_count, "worker": worker_count}, host))
+        return _checked(_counts_jobs({"ps": ps_count, "worker": worker_count}, host))
     count = parse_count(DEFAULT_TASKS if n is None else n, "the task count")
-    return _checked(_counts_layout({"ps": 1 if count > 1 else 0, "worker": max(count - 1, 1)}, host))
+    return _checked(_counts_jobs({"ps": 1 if count > 1 else 0, "worker": max(count - 1, 1)}, host))
 
 
 def parse_task(text: str) -> tuple[str, int]:

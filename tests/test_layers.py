@@ -223,7 +223,7 @@ def test_no_module_is_over_400_lines():
 @pytest.mark.parametrize("entry_point, starters", [
     ("dtflab.processes.server", ("dtflab.cluster", "dtflab.processes.launch",
                                  "dtflab.processes.spawn", "dtflab.processes.forkserver")),
-    ("dtflab.processes.program", ("dtflab.cluster", "dtflab.processes.launch",
+    ("dtflab.processes.script", ("dtflab.cluster", "dtflab.processes.launch",
                                   "dtflab.processes.spawn", "dtflab.processes.forkserver")),
     ("dtflab.network.gate", ("dtflab.cluster", "dtflab.network.networks")),
 ])
@@ -246,7 +246,7 @@ def loaded_by(module: str) -> list[str]:
 #: and what they must never load: the code that starts and watches them, in the notebook.
 WORKER_PROGRAMS = ("dtflab.train.worker_programs.all_reduce", "dtflab.train.worker_programs.sharded_data_parallel")
 NOTEBOOK_SIDE = ("dtflab.cluster", "dtflab.processes", "dtflab.network", "dtflab.train.strategies",
-                 "dtflab.train.run.runner", "dtflab.train.run.programs", "dtflab.train.run.reports",
+                 "dtflab.train.run.runner", "dtflab.train.run.program_loops", "dtflab.train.run.reports",
                  "dtflab.ui", "dtflab.viz", "dtflab.magics")
 
 

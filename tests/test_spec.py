@@ -2,10 +2,10 @@ import pytest
 
 from dtflab.spec import (
     MAX_TASKS,
-    layout_to_legacy_spec,
+    jobs_to_legacy_spec,
     parse_legacy_spec,
     parse_task,
-    resolve_layout,
+    resolve_jobs,
 )
 
 H = "127.0.0.1"
@@ -23,7 +23,7 @@ def counts(layout):
     ("5", {"ps": 1, "worker": 4}),
 ])
 def test_a_count_makes_one_ps_and_the_rest_workers(n, expected):
-    assert counts(resolve_layout(n)) == expected
+    assert counts(resolve_jobs(n)) == expected
 
 
 @pytest.mark.parametrize("ps, workers, expected", [
@@ -33,17 +33,17 @@ def test_a_count_makes_one_ps_and_the_rest_workers(n, expected):
     (2, None, {"ps": 2, "worker": 2}),
 ])
 def test_ps_and_worker_counts(ps, workers, expected):
-    assert counts(resolve_layout(ps=ps, workers=workers)) == expected
+    assert counts(resolve_jobs(ps=ps, workers=workers)) == expected
 
 
 def test_any_job_names_and_counts():
-    assert counts(resolve_layout(jobs="master=1,ps=2")) == {"master": 1, "ps": 2}
-    assert counts(resolve_layout(jobs={"chief": 1, "worker": 2, "ps": 1})) == {
+    assert counts(resolve_jobs(jobs="master=1,ps=2")) == {"master": 1, "ps": 2}
+    assert counts(resolve_jobs(jobs={"chief": 1, "worker": 2, "ps": 1})) == {
         "chief": 1, "worker": 2, "ps": 1}
 
 
 def test_ports_are_left_to_choose_at_start_unless_given():
-    layout = resolve_layout(3)
+    layout = resolve_jobs(3)
     assert all(port is None and host == H for tasks in layout.values() for host, port in tasks)
 
 
@@ -57,11 +57,11 @@ def test_legacy_spec_round_trips():
     text = "master|localhost:2222,ps|localhost:2223,ps_|localhost:2224"
     layout = parse_legacy_spec(text)
     addresses = {job: [f"{h}:{p}" for h, p in tasks] for job, tasks in layout.items()}
-    assert layout_to_legacy_spec(addresses) == text
+    assert jobs_to_legacy_spec(addresses) == text
 
 
 def test_dict_and_cluster_spec_forms():
-    assert resolve_layout(spec={"ps": ["localhost:2223"], "worker": ["h:1", "h:2"]}) == {
+    assert resolve_jobs(spec={"ps": ["localhost:2223"], "worker": ["h:1", "h:2"]}) == {
         "ps": [("localhost", 2223)], "worker": [("h", 1), ("h", 2)]}
 
 
@@ -99,7 +99,7 @@ def test_task_names(text, expected):
 ])
 def test_bad_layouts_name_the_value_and_the_fix(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        resolve_layout(**kwargs)
+        resolve_jobs(**kwargs)
 
 
 @pytest.mark.parametrize("text", ["worker:x", "worker:-1", "", "a b"])
@@ -111,7 +111,7 @@ def test_bad_task_names(text):
 def test_a_cluster_reads_host_and_port_of_every_task():
     from dtflab.cluster.base import Cluster
 
-    cluster = Cluster(resolve_layout(spec="ps|localhost:2222,worker|[::1]:2223,worker|10.0.0.5:2224"))
+    cluster = Cluster(resolve_jobs(spec="ps|localhost:2222,worker|[::1]:2223,worker|10.0.0.5:2224"))
     cluster.task_addresses = {"ps": ["localhost:2222"], "worker": ["[::1]:2223", "10.0.0.5:2224"]}
     assert cluster.endpoints == {("ps", 0): ("localhost", 2222), ("worker", 0): ("[::1]", 2223),
                                  ("worker", 1): ("10.0.0.5", 2224)}

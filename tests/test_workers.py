@@ -309,7 +309,7 @@ def frozen(pid: int):
 
 
 def test_the_controller_ends_with_its_forked_monitor_which_holds_its_ports():
-    from dtflab.cluster.workers import Controller
+    from dtflab.cluster.persistent_workers import Controller
 
     controller = Controller()
     try:
@@ -365,7 +365,7 @@ def test_nothing_outlives_the_program_that_started_workers(tmp_path):
 
 
 def test_a_controller_group_that_outlives_its_wait_is_named_not_passed_over():
-    from dtflab.cluster.workers import _wait_group_ended
+    from dtflab.cluster.persistent_workers import _wait_group_ended
 
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                              start_new_session=True)
@@ -380,7 +380,7 @@ def test_a_controller_group_that_outlives_its_wait_is_named_not_passed_over():
 
 
 def test_a_controller_that_does_not_start_in_time_is_ended_with_its_ports():
-    from dtflab.cluster.workers import Controller
+    from dtflab.cluster.persistent_workers import Controller
 
     before = {child.pid for child in psutil.Process().children()}
     with pytest.raises(RuntimeError, match="the workers' controller did not start"):

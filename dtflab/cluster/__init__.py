@@ -20,7 +20,7 @@ from dtflab.cluster.task import TaskInfo, TaskState
 from dtflab.errors import did_you_mean
 from dtflab.network.networks import PRIVATE, check_network
 from dtflab.processes.launch import START_METHODS
-from dtflab.spec import parse_count, resolve_layout
+from dtflab.spec import parse_count, resolve_jobs
 
 #: The backend used when none is named: separate processes behave like a real cluster
 #: (kill, restart and stop work) and three of them plus a kernel fit in Binder's 2 GB.
@@ -42,8 +42,8 @@ def backend_names() -> list[str]:
 def check_request(n=None, *, backend=None, ps=None, workers=None, jobs=None, spec=None,
                   timeout: float = 60.0, scheduler=None, client=None, network=None,
                   start_method=None, data_workers=0):
-    """The backend class and layout for a start request, or a ValueError; starts nothing.
-    The layout holds the data service's tasks too (``dispatcher``, ``data_worker``)."""
+    """The backend class and the jobs wanted for a start request, or a ValueError; starts nothing.
+    They hold the data service's tasks too (``dispatcher``, ``data_worker``)."""
     backends = _backends()
     on_dask = scheduler is not None or client is not None
     name = ("dask" if on_dask else DEFAULT_BACKEND) if backend is None else backend
@@ -69,8 +69,8 @@ def check_request(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}; "
                          f"for example 120")
-    layout = resolve_layout(n, ps=ps, workers=workers, jobs=jobs, spec=spec)
-    return backends[name], with_data_service(layout, data_workers, name)
+    wanted = resolve_jobs(n, ps=ps, workers=workers, jobs=jobs, spec=spec)
+    return backends[name], with_data_service(wanted, data_workers, name)
 
 
 #: More threads per task than any machine dtflab runs on has cores to give them.
@@ -114,7 +114,7 @@ def start_cluster(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
     TensorFlow's static sharding policies (``DATA``) need, and then every job waits for a
     killed data worker to be restarted.
     """
-    cluster_class, layout = check_request(n, backend=backend, ps=ps, workers=workers, jobs=jobs,
+    cluster_class, wanted = check_request(n, backend=backend, ps=ps, workers=workers, jobs=jobs,
                                           spec=spec, timeout=timeout, scheduler=scheduler,
                                           client=client, network=network,
                                           start_method=start_method, data_workers=data_workers)
@@ -123,14 +123,14 @@ def start_cluster(n=None, *, backend=None, ps=None, workers=None, jobs=None, spe
     for name, threads in (("inter_op_threads", inter_op_threads), ("intra_op_threads", intra_op_threads)):
         if threads is not None:  # 0: TensorFlow's default (one per core)
             checks.whole(threads, name, minimum=0, maximum=MAX_THREADS, example=2)
-    unknown = sorted(set(programs or {}) - set(layout))
+    unknown = sorted(set(programs or {}) - set(wanted))
     if unknown:
         raise ValueError(f"programs name job {unknown[0]!r}, which the cluster lacks; its jobs "
-                         f"are: {', '.join(layout)}")
+                         f"are: {', '.join(wanted)}")
     options = dict(scheduler=scheduler, client=client) if cluster_class.backend == "dask" else {}
     if cluster_class.backend == "local":
         options.update(network=network, start_method=start_method)
-    cluster = cluster_class(layout, timeout=timeout, inter_op_threads=inter_op_threads,
+    cluster = cluster_class(wanted, timeout=timeout, inter_op_threads=inter_op_threads,
                             intra_op_threads=intra_op_threads, programs=programs,
                             fixed_data_workers=bool(fixed_data_workers), **options)
     return cluster.start()

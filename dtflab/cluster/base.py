@@ -12,7 +12,7 @@ from dtflab.cluster.programs import LOOPBACK
 from dtflab.cluster.task import TaskInfo, TaskState, log_tail
 from dtflab.errors import NotSupportedError, PortInUseError
 from dtflab.network.networks import one_address
-from dtflab.spec import Layout, layout_to_legacy_spec, parse_address, parse_task
+from dtflab.spec import Jobs, jobs_to_legacy_spec, parse_address, parse_task
 
 PORT_ATTEMPTS = 3
 
@@ -47,14 +47,14 @@ class Cluster:
     #: tasks are not processes of this machine.
     start_method: str | None = None
 
-    def __init__(self, layout: Layout, *, timeout: float = 60.0,
+    def __init__(self, jobs: Jobs, *, timeout: float = 60.0,
                  inter_op_threads: int | None = None, intra_op_threads: int | None = None,
                  programs: dict | None = None, fixed_data_workers: bool = False):
-        self._layout = layout
+        self._jobs = jobs
         #: job -> ``Program`` for the jobs whose tasks run the user's program.
         self.programs = dict(programs or {})
         self.timeout = timeout
-        n_tasks = sum(len(tasks) for job, tasks in layout.items() if job not in DATA_JOBS)
+        n_tasks = sum(len(tasks) for job, tasks in jobs.items() if job not in DATA_JOBS)
         #: Threads per task for independent ops. Defaults to tasks + 1: ParameterServerStrategy
         #: hangs on small machines with fewer (see DESIGN.md).
         self.inter_op_threads = inter_op_threads if inter_op_threads is not None else n_tasks + 1
@@ -62,7 +62,7 @@ class Cluster:
         #: Every task's ``host:port`` by job, the data service's too (``addresses``: without).
         self.task_addresses: dict[str, list[str]] = {}
         self._states: dict[tuple[str, int], TaskState] = {
-            (job, index): TaskState.STARTING for job, tasks in layout.items()
+            (job, index): TaskState.STARTING for job, tasks in jobs.items()
             for index in range(len(tasks))}
         #: Why other hosts can reach the task servers (see ``exposed``).
         self.exposure_reason = (f"the {self.backend} backend's task servers listen on every "
@@ -77,12 +77,12 @@ class Cluster:
     def start(self) -> "Cluster":
         """Start every task; returns once all listen. Called by ``dtflab.start_cluster``."""
         for attempt in range(1, PORT_ATTEMPTS + 1):
-            self.task_addresses = choose_ports(self._layout)
+            self.task_addresses = choose_ports(self._jobs)
             try:
                 self._start_all()
                 break
             except PortInUseError as exc:
-                chosen_here = self._layout[exc.job][exc.index][1] is None
+                chosen_here = self._jobs[exc.job][exc.index][1] is None
                 if chosen_here and attempt < PORT_ATTEMPTS:
                     continue  # another program took a port we chose: choose again
                 self._give_up()
@@ -186,7 +186,7 @@ class Cluster:
     @property
     def legacy_spec(self) -> str:
         """The cluster as the 2016 server's ``--cluster_spec`` string."""
-        return layout_to_legacy_spec(self.addresses)
+        return jobs_to_legacy_spec(self.addresses)
 
     @property
     def endpoints(self) -> dict[tuple[str, int], tuple[str, int]]:
@@ -293,7 +293,7 @@ class Cluster:
         return _ui().render_html(self)
 
     def __repr__(self) -> str:
-        jobs = ", ".join(f"{job}:{len(tasks)}" for job, tasks in self._layout.items())
+        jobs = ", ".join(f"{job}:{len(tasks)}" for job, tasks in self._jobs.items())
         status = "stopped" if self.stopped else "running"
         started = f", tasks {self.start_method}ed" if self.start_method else ""
         return f"<{type(self).__name__} {self.backend} ({jobs}) {status}{started}>"
@@ -376,9 +376,9 @@ class Cluster:
         """Validate ``(job, index)``; ``job`` may also be ``"worker:1"``."""
         if index is None:
             job, index = parse_task(job)
-        names = [f"{j}:{i}" for j, tasks in self._layout.items() for i in range(len(tasks))]
-        if job not in self._layout or not isinstance(index, int) or not \
-                0 <= index < len(self._layout[job]):
+        names = [f"{j}:{i}" for j, tasks in self._jobs.items() for i in range(len(tasks))]
+        if job not in self._jobs or not isinstance(index, int) or not \
+                0 <= index < len(self._jobs[job]):
             raise ValueError(f"unknown task {job}:{index}; this cluster has {', '.join(names)}")
         return job, index
 

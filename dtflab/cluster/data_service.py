@@ -5,7 +5,7 @@ killed and restarted like any task, but kept out of the TensorFlow cluster (``ad
 
 from __future__ import annotations
 
-from dtflab.spec import Layout, parse_address
+from dtflab.spec import Jobs, parse_address
 
 #: The data service's jobs.
 DATA_JOBS = ("dispatcher", "data_worker")
@@ -13,23 +13,23 @@ DATA_JOBS = ("dispatcher", "data_worker")
 DATA_SERVICE_ENV = "DTFLAB_DATA_SERVICE"
 
 
-def with_data_service(layout: Layout, data_workers, backend: str) -> Layout:
-    """``layout`` with a dispatcher and ``data_workers`` data workers added (none for 0)."""
+def with_data_service(jobs: Jobs, data_workers, backend: str) -> Jobs:
+    """``jobs`` with a dispatcher and ``data_workers`` data workers added (none for 0)."""
     from dtflab import checks
 
-    kept = sorted(set(layout) & set(DATA_JOBS))
+    kept = sorted(set(jobs) & set(DATA_JOBS))
     if kept:
         raise ValueError(f"job name {kept[0]!r} is kept for the tf.data service; ask for it with "
                          f"data_workers=N (--data-workers N), or name your job otherwise")
     checks.whole(data_workers, "data_workers", minimum=0, example=2)
     if not data_workers:
-        return layout
+        return jobs
     if backend == "inprocess":
         raise ValueError(f"the inprocess backend cannot hold a data service (data_workers="
                          f"{data_workers}): its servers could never be killed or stopped; use "
                          f"backend 'local' or 'dask'")
-    host = next(host for tasks in layout.values() for host, _ in tasks)
-    return {**layout, "dispatcher": [(host, None)], "data_worker": [(host, None)] * data_workers}
+    host = next(host for tasks in jobs.values() for host, _ in tasks)
+    return {**jobs, "dispatcher": [(host, None)], "data_worker": [(host, None)] * data_workers}
 
 
 def data_service_command(task_addresses: dict[str, list[str]], job: str, index: int, *,

@@ -16,7 +16,7 @@ import random
 import socket
 from pathlib import Path
 
-from dtflab.spec import Layout
+from dtflab.spec import Jobs
 
 #: The lowest port drawn: above the ports services commonly listen on (Jupyter 8888, Dask
 #: 8786-8787, TensorBoard 6006), as portpicker's 15000.
@@ -69,14 +69,14 @@ def free_ports(n: int) -> list[int]:
                 probe.close()
 
 
-def choose_ports(layout: Layout) -> dict[str, list[str]]:
-    """Resolve every ``(host, None)`` in ``layout`` to ``host:port`` with a port free right now.
+def choose_ports(jobs: Jobs) -> dict[str, list[str]]:
+    """Resolve every ``(host, None)`` in ``jobs`` to ``host:port`` with a port free right now.
 
     Ports are probed on all interfaces, as TensorFlow's gRPC server binds ``0.0.0.0``. All probe
     sockets stay open until every port is chosen, so no two tasks get the same port. Another
     program can still take a port before the task binds it; the caller retries on that.
     """
-    missing = sum(port is None for tasks in layout.values() for _, port in tasks)
+    missing = sum(port is None for tasks in jobs.values() for _, port in tasks)
     chosen = iter(free_ports(missing))
     return {job: [f"{host}:{port if port is not None else next(chosen)}" for host, port in tasks]
-            for job, tasks in layout.items()}
+            for job, tasks in jobs.items()}

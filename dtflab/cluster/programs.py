@@ -94,10 +94,10 @@ class Program:
 
     def command(self, addresses: dict[str, list[str]], job: str, index: int,
                 program_jobs=None, client_host: str = LOOPBACK) -> Command:
-        """How task ``job:index`` runs this program (see ``dtflab.processes.program``);
+        """How task ``job:index`` runs this program (see ``dtflab.processes.script``);
         ``program_jobs``: every job that runs a program (default: ``job`` alone);
         ``client_host``: what ``{client_host}`` stands for."""
-        return Command("dtflab.processes.program",
+        return Command("dtflab.processes.script",
                        ["--exit_with_parent", self.script,
                         *self.arguments(addresses, job, index, client_host)],
                        env={"TF_CONFIG": tf_config(addresses, job, index),

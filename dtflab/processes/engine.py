@@ -1,6 +1,6 @@
 """A persistent worker's program: an ipyparallel engine, run as a cluster's program task, so it
 has the task's ``TF_CONFIG`` (and DTensor's variables) and keeps its namespace from one cell
-to the next. ``dtflab.cluster.workers`` starts it as
+to the next. ``dtflab.cluster.persistent_workers`` starts it as
 ``engine.py --connection BASE64 --controller-host {client_host}``: the controller's connection
 file, with its address replaced by the one at which this task reaches the kernel's machine.
 

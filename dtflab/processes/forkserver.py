@@ -247,7 +247,7 @@ def warm() -> None:
         target = tf
         for part in name.split("."):
             target = getattr(target, part)
-    import dtflab.processes.program  # noqa: F401
+    import dtflab.processes.script  # noqa: F401
     import dtflab.processes.server  # noqa: F401
 
 

@@ -63,7 +63,7 @@ WHERE = {
     "sharded_data_parallel": "strategies.sharded_data_parallel", "zero": "strategies.zero",
     "Layout": "layouts.layout", "calibrate": "planner.calibration",
     "run_layout": "planner.predicted_run",
-    "input_pipeline": "problems.pipeline", "InputPipeline": "problems.pipeline",
+    "input_pipeline": "problems.input_pipeline", "InputPipeline": "problems.input_pipeline",
     "visits": "inputs.visits", "input_scaling": "inputs.scaling",
 }
 

@@ -1,5 +1,5 @@
-"""Magics for persistent workers (``dtflab.cluster.workers``), in the words of ipyparallel's
-``%%px``, whose users know them:
+"""Magics for persistent workers (``dtflab.cluster.persistent_workers``), in the words of
+ipyparallel's ``%%px``, whose users know them:
 
     In [1]: %dtf_workers start 2                 # worker:0 and worker:1, in `workers`
     In [2]: %%dtf_px
@@ -130,7 +130,7 @@ class WorkersMagics(Magics):
 
     def _running(self):
         """The workers the magics act on (see the module's docstring)."""
-        from dtflab.cluster.workers import running_workers
+        from dtflab.cluster.persistent_workers import running_workers
 
         workers = running_workers()
         if workers is None:
@@ -138,7 +138,7 @@ class WorkersMagics(Magics):
         return workers
 
     def _start(self, words: list[str]):
-        from dtflab.cluster.workers import running_workers, start_workers
+        from dtflab.cluster.persistent_workers import running_workers, start_workers
 
         running = running_workers()
         if running is not None:

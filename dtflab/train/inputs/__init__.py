@@ -1,7 +1,7 @@
 """The input pipeline as a distributed system: batches made by tf.data with a cost per example,
 in this process or on the cluster's tf.data service (``data_workers=N`` at start).
 
-- :func:`input_pipeline` (defined in ``dtflab.train.problems.pipeline``, where worker programs
+- :func:`input_pipeline` (defined in ``dtflab.train.problems.input_pipeline``, where worker programs
   read it too): an MLP problem's examples with CPU work per example the learner sets,
   calibrated and measured here; every loop but ``ps_strategy`` reads it (``inputs=``) and
   records each step's wait for its batch (``history.input_wait_share()``).
@@ -10,6 +10,6 @@ in this process or on the cluster's tf.data service (``data_workers=N`` at start
 - ``scaling``: examples a second as data workers are added, beside what their cores predict.
 """
 
-from dtflab.train.problems.pipeline import MODES, InputPipeline, input_pipeline
+from dtflab.train.problems.input_pipeline import MODES, InputPipeline, input_pipeline
 
 __all__ = ["MODES", "InputPipeline", "input_pipeline"]

@@ -108,7 +108,7 @@ def visits(cluster, *, mode: str = "distributed_epoch", readers: int = 2, elemen
     restart it ``restart_after_s`` later (None: leave it dead). Readers still waiting after
     ``timeout_s`` are left (their threads end with the process) and named in ``waiting``."""
     from dtflab import checks
-    from dtflab.train.problems.pipeline import input_pipeline
+    from dtflab.train.problems.input_pipeline import input_pipeline
     from dtflab.train.problems import exp_regression
 
     checks.whole(readers, "readers", maximum=16, example=2)

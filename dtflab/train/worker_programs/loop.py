@@ -171,7 +171,7 @@ def _batches(args, problem, index: int, workers: int):
     data service's job, which every worker shares)."""
     if not args.inputs:
         return lambda step: problem.batch(step, args.seed, part=(index, workers))
-    from dtflab.train.problems.pipeline import from_json
+    from dtflab.train.problems.input_pipeline import from_json
 
     return from_json(args.inputs).batches(args.seed, part=(index, workers))
 

@@ -29,7 +29,7 @@ from dtflab.processes.inside import exit_with_parent
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m dtflab.processes.program")
+    parser = argparse.ArgumentParser(prog="python -m dtflab.processes.script")
     parser.add_argument("--ready_fd", type=int, default=None)
     parser.add_argument("--exit_with_parent", action="store_true")
     parser.add_argument("--netns", type=int, default=None)
