@@ -110,6 +110,5 @@ def last_meaningful_line(text: str) -> str:
 def sent_twice(error: BaseException) -> bool:
     """Whether ``error`` is a TensorFlow worker's refusal of a request gRPC delivered twice
     (AbortedError "The same RunGraph (Worker) request was received twice"): on a loaded machine
-    the master's call was retried after the worker had taken it, so the step may have run.
-    Seen once, in a benchmark's calibration (2026-12-01)."""
+    the master's call was retried after the worker had taken it, so the step may have run."""
     return type(error).__name__ == "AbortedError" and "received twice" in str(error)

@@ -12,8 +12,8 @@ CPU time per step over the cores). Each part is measured, not fitted to step tim
 - ``client_s``: this process's CPU seconds per step (it feeds the batch and runs the sessions);
 - ``exchange_s``: the one-worker step less the worker's CPU time: the time the worker waits;
   less, too, the time the step's path waited for a core (``CpuPerStep.queued_s``): on a busy
-  machine the step grows by those waits and the exchange does not (CI21: a notebook starved
-  beside the tests read 380 ms of exchange where the English edition in the same run read 70).
+  machine the step grows by those waits and the exchange does not (a notebook starved beside
+  other work would read its waits for a core as exchange).
 
 CPU times are read from each task process's threads (``/proc/<pid>/task/*/schedstat``) over the steps of
 a run, after its first ``skip``: under load they stay what the work costs, where a traced op's

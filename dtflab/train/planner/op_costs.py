@@ -256,9 +256,8 @@ def dispatch_cost(hardware: Hardware, step_seconds, measured: float) -> Hardware
     inline, in a step it hands ops between its threads), fitted so that a step simulated on
     it (``step_seconds(hardware)``) takes ``measured`` (:func:`search`, 0.01 to 100 us).
     Fitted to the one-task loop of :data:`PROBE` (``predicted_run.with_dispatch``): on one
-    calibration, 1.15 us on two blocks and 1.18 on one; from one calibration to the next it
-    moves (0.01-4.9 us in a benchmark run's three rounds, 2026-11-30), as the fixed costs it
-    sits beside do."""
+    calibration it reads much the same on two blocks as on one; from one calibration to the next
+    it moves, as the fixed costs it sits beside do."""
     def on(seconds: float) -> Hardware:
         return replace(hardware, op_costs={**hardware.op_costs, "dispatch": (seconds, 0.0)})
 
@@ -300,8 +299,8 @@ def at_lowest_link(hardware: Hardware) -> bool:
     """Whether :func:`program_costs` put a link at the bottom of :data:`LINK_RANGE` (the
     search's last interval ends there): the probes' graphs, simulated on the step's cost an op
     alone, already took their measured steps, so the two were timed in different moments of
-    the machine (a fit in a 2-core CI run, 2026-12-01: 1.04 us and ``call`` 0, where quiet
-    ones read 0.66-1.5 ms)."""
+    the machine (a loaded one: a link of about a microsecond and ``call`` 0, where a quiet
+    machine reads a millisecond or so)."""
     return hardware.op_costs["collective_ring"][0] < 1.2 * LINK_RANGE[0]
 
 

@@ -24,8 +24,8 @@ from dtflab.train.run.watchdog import Stalled, Watchdog
 #: A step that needs a dead task gives up after this long (the sync loop's "within seconds").
 OPERATION_TIMEOUT_MS = 10_000
 #: A session's first run of a graph places it and registers it on every task: it has as long as
-#: the watchdog gives a first step (CI27: notebook 14's pipeline, starved beside the tests, ran
-#: out the 10 s operation timeout in its first step, and a slow step was read as a failed task).
+#: the watchdog gives a first step (a starved first step can outlast the 10 s operation
+#: timeout, and would be read as a failed task).
 FIRST_RUN_S = Watchdog.first_step_s
 #: :func:`failed_task`'s job when no task is dead and the error names none.
 UNKNOWN = "unknown"
@@ -98,7 +98,7 @@ def stall_behind(error, stall, cluster, watch, worker):
 def timed_out(error, session, cluster, watch, worker):
     """After a failed step: the Stall, where TensorFlow ended the step on its operation timeout
     with every task alive and none named, in a distributed session, with the watchdog on (a
-    slow step, not a failed task: CI-1129, a notebook starved beside the tests, at step 4).
+    slow step, not a failed task: a step starved of CPU can outlast the timeout).
     The session is closed here and the stall noted as the watchdog's own are; the loop
     recovers it as theirs, and gives every later step the first step's deadline. Else None."""
     if (watch is None or not session.sess_str
@@ -353,8 +353,8 @@ class StepOnce:
     """A synchronous step's fetch (the loss its training step computed, and the graph's
     reports), and beside the loss, on the servers, a count of the steps applied and the last
     one's fetch. A step whose session the watchdog closed after its update had run is then
-    not run a second time (CI16: notebook 03's towers, starved, applied a stalled step twice
-    and drifted 1.4e-5 from one process). It cannot see a step cancelled part way through its
+    not run a second time (a stalled step applied twice drifts the run from one process's). It
+    cannot see a step cancelled part way through its
     update (some variables updated, the count not): that step runs again."""
 
     def __init__(self, built):
