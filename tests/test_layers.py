@@ -56,7 +56,7 @@ LAYERS = {
     "tf_private": {"errors"},
     "spec": set(),
     "machine": set(),
-    "allocator": set(),
+    "allocator": {"tf_private"},
     "scratch": set(),
     "names": set(),
     "errors": set(),

@@ -33,8 +33,8 @@ class DaskCluster(Cluster):
 
     backend = "dask"
 
-    def __init__(self, layout, *, scheduler: str | None = None, client=None, **kwargs):
-        super().__init__(layout, **kwargs)
+    def __init__(self, jobs, *, scheduler: str | None = None, client=None, **kwargs):
+        super().__init__(jobs, **kwargs)
         self._scheduler, self._client, self._owns_client = scheduler, client, client is None
         self._local_cluster = None
         self._id = uuid.uuid4().hex
@@ -46,13 +46,13 @@ class DaskCluster(Cluster):
 
     def _start_all(self) -> None:
         client = self._connect()
-        keys = [(job, i) for job, tasks in self._layout.items() for i in range(len(tasks))]
+        keys = [(job, i) for job, tasks in self._jobs.items() for i in range(len(tasks))]
         workers = self._wait_for_workers(client, len(keys))
         self._roles = dict(zip(keys, workers))
         for (job, index), worker in self._roles.items():
-            port = self._layout[job][index][1]
+            port = self._jobs[job][index][1]
             reply = client.run(remote.reserve_port, port, workers=[worker])
-            self.task_addresses.setdefault(job, [None] * len(self._layout[job]))[index] = reply[worker]
+            self.task_addresses.setdefault(job, [None] * len(self._jobs[job]))[index] = reply[worker]
         by_worker = {worker: key for key, worker in self._roles.items()}
         commands = {worker: (*key, self._task_command(*key)) for worker, key in by_worker.items()}
         replies = client.run(remote.start_task, self._id, commands, self.timeout, os.getpid(),
@@ -176,7 +176,7 @@ class DaskCluster(Cluster):
             self._check_reachable(self._scheduler)
             self._client = Client(self._scheduler, timeout=f"{self.timeout}s")
             return self._client
-        n_tasks = sum(len(tasks) for tasks in self._layout.values())
+        n_tasks = sum(len(tasks) for tasks in self._jobs.values())
         try:
             # Workers as threads of this process (over TCP, as across machines): each forks
             # its task from this process's warm fork server rather than importing TensorFlow

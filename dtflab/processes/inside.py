@@ -1,6 +1,6 @@
 """What every task process does inside, whoever started it: end with its owner.
 
-The entry points (``server``, ``program``) import this module and nothing of the code that
+The entry points (``server``, ``script``) import this module and nothing of the code that
 started them (``launch``, ``spawn``, ``forkserver``, ``dtflab.cluster``). The fork server sets
 ``forked`` in each child it forks.
 """

@@ -121,7 +121,7 @@ def transformer_bytes(problem, batch: int | None = None, micro_batches: int = 1)
 
 def split_activation_bytes(problem, ways: int, sequence_parallel: bool = False) -> list[int]:
     """Activation bytes each of ``ways`` workers keeps in one step of ``train.tensor_parallel``
-    on ``problem`` (a ``Transformer``), worker 0 first, as ``measure.memory`` reads them.
+    on ``problem`` (a ``Transformer``), worker 0 first, as ``run.traced_memory`` reads them.
 
     Per block, tensor parallelism cuts q, k and v, the softmax, the joined heads and the MLP's
     4d-wide terms by t = ``ways`` (12·s·b·d + a·s²·b of the 16·s·b·d + a·s²·b above) and leaves
@@ -132,7 +132,7 @@ def split_activation_bytes(problem, ways: int, sequence_parallel: bool = False) 
     step). Worker 0 also keeps the terms outside the blocks. A tensor that only the transport
     still holds when a forward ends (under sequence parallelism, each other worker's piece of
     the last block's output, on its way to worker 0's gather) is not kept, and
-    ``measure.memory`` does not count it. Counted for float32 and ``recompute="none"`` or
+    ``run.traced_memory`` does not count it. Counted for float32 and ``recompute="none"`` or
     ``"selective"`` (where 16-bit weight copies and full recomputation go per worker is not
     measured yet)."""
     if problem.recompute == "full" or problem.precision != "float32":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dtflab import allocator
 from dtflab.train.formulas.memory import KINDS, transformer_bytes
 from dtflab.train.run.traced_memory import step_memory
 
@@ -70,6 +71,7 @@ def memory(problem, *, batch: int | None = None, micro_batches: int = 1,
         session.run([built.train, built.loss], {x: xs, t: ts})  # the first step allocates slots
         xs, ts = problem.batch(1, seed)
         step = trace(session, [built.train, built.loss], {x: xs, t: ts})
+    allocator.let_go(built.graph)
     (measured,) = step_memory(step.metadata).values()
     name = problem.name + (f" in {micro_batches} micro-batches" if micro_batches > 1 else "")
     return MemoryReport(name, measured, transformer_bytes(problem, micro_batches=micro_batches))

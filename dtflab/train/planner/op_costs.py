@@ -12,6 +12,7 @@ import functools
 import statistics
 from dataclasses import replace
 
+from dtflab import allocator
 from dtflab._quiet import import_tf
 from dtflab.errors import sent_twice
 from dtflab.train.planner.hardware import Hardware
@@ -37,6 +38,10 @@ def _timing_class():
                 if not sent_twice(exc):
                     raise
             return super().run(fetches, feed_dict, options, run_metadata)
+
+        def close(self):
+            super().close()
+            allocator.let_go(self.graph)  # its graph is built for this session's runs alone
 
     return TimingSession
 

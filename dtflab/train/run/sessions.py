@@ -13,7 +13,7 @@ import concurrent.futures
 import threading
 import time
 
-from dtflab import allocator, names, tf_private
+from dtflab import allocator, names
 from dtflab._quiet import import_tf
 from dtflab.errors import DtflabError, StallError, TaskError, sent_twice
 from dtflab.placement import PlacementPlan
@@ -286,7 +286,7 @@ def synchronous(runner, steps, session, built, feeds, problem, cluster, trace_st
 def close_session(session, failed: bool = False) -> None:
     """Close a session; after a task failed, in the background (closing waits on the dead
     task until the operation timeout) and without raising. One that ended well then lets go of
-    its graph's custom gradients and gives back what its steps freed here (``allocator``)."""
+    its graph (``allocator.let_go``: no gradient of it is built after its run)."""
     tf = import_tf()
 
     def close():
@@ -299,8 +299,7 @@ def close_session(session, failed: bool = False) -> None:
         threading.Thread(target=close, name="dtflab-session-close", daemon=True).start()
         return
     close()
-    tf_private.forget_custom_gradients(session.graph)  # else they hold it for the kernel's life
-    allocator.give_back()
+    allocator.let_go(session.graph)
 
 
 def train_graph(kind: str, title: str, built, master: str | None, problem, cluster, options, *,
