@@ -30,6 +30,7 @@ def test_a_port_in_use_is_passed_over(monkeypatch):
         taken.listen()
         used = taken.getsockname()[1]
         (other,) = ports.free_ports(1)
+        monkeypatch.setattr(ports, "HANDED_OUT", type(ports.HANDED_OUT)())  # other: free again
         monkeypatch.setattr(ports._DRAW, "sample", lambda population, k: [used, other])
         assert ports.free_ports(1) == [other]
 
@@ -48,3 +49,15 @@ def test_where_the_range_leaves_no_room_the_kernel_chooses(monkeypatch, tmp_path
 def test_an_unreadable_range_is_linuxs_default(monkeypatch, tmp_path):
     monkeypatch.setattr(ports, "EPHEMERAL_FILE", tmp_path / "missing")
     assert ports.ephemeral_range() == ports.EPHEMERAL_DEFAULT
+
+
+def test_a_port_handed_out_is_not_handed_out_again_before_its_user_binds_it(monkeypatch):
+    """The workers' controller is handed a pool, then a cluster its tasks' ports, each bound
+    later: the same draw (the candidates in the same order) must not give the second any of
+    the first's ports, though none is bound yet."""
+    monkeypatch.setattr(ports, "HANDED_OUT", type(ports.HANDED_OUT)())
+    candidates = list(range(20000, 20000 + 200))
+    monkeypatch.setattr(ports._DRAW, "sample", lambda population, k: candidates[:k])
+    first, second = ports.free_ports(5), ports.free_ports(5)
+    assert len(first) == len(second) == 5
+    assert set(first).isdisjoint(second), (first, second)

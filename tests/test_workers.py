@@ -20,7 +20,7 @@ import pytest
 import dtflab
 from dtflab.cluster import execution
 
-from conftest import free
+from conftest import free, holders
 
 pytestmark = pytest.mark.slow
 
@@ -258,7 +258,9 @@ def test_a_dtensor_program_cell_by_cell_trains_as_its_file_does(run_programs):
         lines, show = collected()
         for cell in main_as_cells(program):
             run = clients.run(cell, show=show)
-            assert set(run.states.values()) == {"done"}, (cell, plain(lines)[-2000:])
+            # where a client could not bind its port: who held it
+            ports = {int(a.rsplit(":", 1)[1]) for a in clients.cluster.task_addresses.get("worker", [])}
+            assert set(run.states.values()) == {"done"}, (cell, plain(lines)[-2000:], holders(ports))
         assert clients.pull("dtensor.client_id()") == {"worker:0": 0, "worker:1": 1}
     for task in ("worker:0", "worker:1"):
         assert re.findall(rf"\[{task}\] step \d loss (\S+)", plain(lines)) == losses[task]

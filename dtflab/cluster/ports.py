@@ -11,6 +11,7 @@ first; where the range leaves too few, the kernel chooses (port 0) as before.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import random
 import socket
@@ -30,6 +31,12 @@ TRIES = 20
 #: Drawn from the operating system's randomness: a process seeded by its user (``random.seed``)
 #: or forked from another would otherwise draw the same ports as its siblings.
 _DRAW = random.SystemRandom()
+#: The ports this process handed out last, never drawn again while they are here: a port handed
+#: out is free until its user binds it, which may be long after (a DTensor client binds its
+#: port when a cell initialises it; the workers' controller binds some of its pool late), and
+#: this process's next draw must not give it to another.
+HANDED_OUT: collections.OrderedDict[int, None] = collections.OrderedDict()
+REMEMBERED = 4096
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -43,7 +50,8 @@ def ephemeral_range() -> tuple[int, int]:
 
 def free_ports(n: int) -> list[int]:
     """``n`` distinct ports free right now on every interface, below the ephemeral range
-    where it leaves room (``LOWEST`` up to it), else chosen by the kernel."""
+    where it leaves room (``LOWEST`` up to it), else chosen by the kernel; none that this
+    process handed out lately (``HANDED_OUT``)."""
     first, _ = ephemeral_range()
     candidates = _DRAW.sample(range(LOWEST, first), min(n * TRIES, max(first - LOWEST, 0)))
     probes = []
@@ -51,6 +59,8 @@ def free_ports(n: int) -> list[int]:
         for port in candidates:
             if len(probes) == n:
                 break
+            if port in HANDED_OUT:
+                continue
             probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
                 probe.bind(("", port))
@@ -62,7 +72,13 @@ def free_ports(n: int) -> list[int]:
             probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             probes.append(probe)
             probe.bind(("", 0))
-        return [probe.getsockname()[1] for probe in probes]
+        ports = [probe.getsockname()[1] for probe in probes]
+        for port in ports:
+            HANDED_OUT[port] = None
+            HANDED_OUT.move_to_end(port)
+        while len(HANDED_OUT) > REMEMBERED:
+            HANDED_OUT.popitem(last=False)
+        return ports
     finally:
         for probe in probes:
             with contextlib.suppress(OSError):
