@@ -51,8 +51,8 @@ def import_tf():
     """``import tensorflow`` with its logging silenced; returns the module.
 
     Unless the user set them: ``TF_CPP_MIN_LOG_LEVEL=3`` (C++ log lines off; errors still
-    reach Python as exceptions), ``allocator.SETTINGS`` and TensorFlow's Python logger at ERROR (no ``INFO:tensorflow``
-    lines from strategies and savers). Task processes log to their own files instead.
+    reach Python as exceptions), ``allocator.SETTINGS`` and TensorFlow's Python logger at ERROR
+    (no ``INFO:tensorflow`` lines from strategies and savers). Task processes log to their own files instead.
     """
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]

@@ -6,8 +6,9 @@ few steps holds, as its own, memory no tensor uses any more, and on Binder's 2 G
 room a learner's next cell lacks. ``give_back()`` returns every heap's free pages (glibc's
 ``malloc_trim``; a later allocation maps them again); where the C library is not glibc it
 does nothing. ``let_go(graph)`` does that after a graph's last run, once TensorFlow's gradient
-registry no longer holds the graph. ``SETTINGS`` are what dtflab's processes allocate with, unless the user set
-them (``use_settings``): TensorFlow imported by dtflab, and every task process.
+registry no longer holds the graph. ``SETTINGS`` are what dtflab's processes allocate with,
+unless the user set them (``use_settings``): TensorFlow imported by dtflab, and every task
+process.
 """
 
 from __future__ import annotations

@@ -256,10 +256,10 @@ def test_a_dtensor_program_cell_by_cell_trains_as_its_file_does(run_programs):
         clients.push({"sys_argv": [program.name, *args]})
         clients.run("import sys\nsys.argv = sys_argv")
         lines, show = collected()
+        # where a client could not bind its port: who held it
+        ports = {int(a.rsplit(":", 1)[1]) for a in clients.cluster.task_addresses.get("worker", [])}
         for cell in main_as_cells(program):
             run = clients.run(cell, show=show)
-            # where a client could not bind its port: who held it
-            ports = {int(a.rsplit(":", 1)[1]) for a in clients.cluster.task_addresses.get("worker", [])}
             assert set(run.states.values()) == {"done"}, (cell, plain(lines)[-2000:], holders(ports))
         assert clients.pull("dtensor.client_id()") == {"worker:0": 0, "worker:1": 1}
     for task in ("worker:0", "worker:1"):

@@ -37,6 +37,7 @@ from pathlib import Path
 from dtflab.train.run.callbacks import Callback
 from dtflab.train.run.events import EventFile
 from dtflab.train.run.history import merged
+from dtflab.train.run.traced_memory import step_memory
 
 #: Where runs go when a loop is not given ``logdir=``: this variable, or ``runs`` (relative to
 #: the working folder: a notebook's kernel runs beside the notebook; ``run_directory``).
@@ -44,6 +45,8 @@ ENV, DEFAULT = "DTFLAB_LOGDIR", "runs"
 NOTEBOOK = "JPY_SESSION_NAME"  # the notebook's path, in each kernel Jupyter's server starts
 FLUSH_S = 0.5  # seconds between writes of a run's queued events to its files
 EVERY_S = 0.01  # the least run time between two steps' figures: faster ones go as their means
+
+
 def run_directory(logdir) -> Path | None:
     """The folder runs go in: ``logdir`` as given; for None, ``$DTFLAB_LOGDIR``, else
     ``runs/<notebook>`` in a notebook's kernel (``runs/14_plan_a_run``), else ``runs``; ``False``
@@ -373,7 +376,6 @@ def _memory(history) -> dict[str, dict[str, float]]:
     if metadata is None:
         return {}
     from dtflab import names
-    from dtflab.train.run.traced_memory import step_memory
 
     return {names.short(device): kinds for device, kinds in step_memory(metadata).items()}
 

@@ -353,8 +353,8 @@ class StepOnce:
     reports), and beside the loss, on the servers, a count of the steps applied and the last
     one's fetch. A step whose session the watchdog closed after its update had run is then
     not run a second time (a stalled step applied twice drifts the run from one process's). It
-    cannot see a step cancelled part way through its
-    update (some variables updated, the count not): that step runs again."""
+    cannot see a step cancelled part way through its update (some variables updated, the
+    count not): that step runs again."""
 
     def __init__(self, built):
         tf = import_tf()
