@@ -18,6 +18,9 @@ BENCHMARKS = ROOT / "benchmarks"
 
 #: Each script's top-level JSON keys, as its full run prints them.
 KEYS = {
+    "attention.py": {"attention_flops", "benchmark", "causal_skip_share", "kept_bytes",
+                     "kept_formula_rel_error", "peak_bytes", "shape", "step_s", "steps",
+                     "tiles_a_side"},
     "async_soak.py": {"busy_loops", "complete_runs", "failure_lines", "hung", "max_run_s",
                       "median_run_s", "runs", "runs_with_a_stall", "runs_with_failures",
                       "stall_lines", "stalls", "steps_per_worker", "tf2_before"},

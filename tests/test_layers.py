@@ -63,9 +63,6 @@ LAYERS = {
     "_quiet": {"allocator"},
 }
 
-#: Over the size a module may have, while another branch splits them (remove once merged).
-BEING_SPLIT: set[str] = set()
-MAX_LINES = 400
 
 
 def module_name(path: Path) -> str:
@@ -232,13 +229,6 @@ def test_no_module_imports_itself_in_a_circle():
         if module not in order:
             visit(module)
     assert circles == []
-
-
-def test_no_module_is_over_400_lines():
-    sizes = {str(path.relative_to(PACKAGE)): len(path.read_text().splitlines())
-             for path in MODULES.values()}
-    assert {path: lines for path, lines in sizes.items()
-            if lines > MAX_LINES and path not in BEING_SPLIT} == {}
 
 
 @pytest.mark.parametrize("entry_point, starters", [

@@ -34,6 +34,8 @@ checked against a traced step (``tests/test_memory.py``); p is the bytes of the 
 
 - **recompute="selective"**: the softmax (a·s²·b per block) is no longer kept; the rest is.
 - **recompute="full"**: per block only its input, s·b·d; the outside terms stay.
+- **fused attention** (``attention="fused"``): no softmax kept (a·s²·b), as with selective
+  recomputation, but each query row's log-sum-exp, a·s·b float32 values a block.
 - **16 bits**: every term above in p bytes, except what stays float32: LayerNorm's 1/std
   (2·s·b per block, s·b outside), the loss's gradient and losses (s·b·(V + 1)). The forward
   also keeps the 16-bit copies of the weights a backward multiplies by: the output layer's
@@ -63,13 +65,14 @@ BYTES = dict(zip(PRECISIONS, (4, 2, 2)))  # the layout names them
 def activation_bytes(blocks: int, d_model: int, heads: int, sequence: int, batch: int,
                      vocabulary: int, *, recompute: str = "none", precision: str = "float32",
                      kv_heads: int | None = None, hidden: int | None = None,
-                     activation: str = "gelu") -> dict[str, int]:
+                     activation: str = "gelu", fused: bool = False) -> dict[str, int]:
     """Bytes the forward keeps for the backward: ``{"per_block", "outside", "weight_copies",
-    "total"}`` (see the module's docstring)."""
+    "total"}`` (see the module's docstring); ``fused``: fused attention's."""
     s, b, d, a, v = sequence, batch, d_model, heads, vocabulary
     p = BYTES[precision]
     kept = block_elements(d, a, s, b, kv_heads, hidden, activation)
-    per_block = {"none": p * (kept + a * s * s * b) + FLOAT32 * 2 * s * b,
+    attention = FLOAT32 * a * s * b if fused else p * a * s * s * b
+    per_block = {"none": p * kept + attention + FLOAT32 * 2 * s * b,
                  "selective": p * kept + FLOAT32 * 2 * s * b,
                  "full": p * s * b * d}[recompute]
     outside = p * s * b * (v + 2 * d) + FLOAT32 * s * b * (v + 2)
@@ -113,7 +116,8 @@ def transformer_bytes(problem, batch: int | None = None, micro_batches: int = 1)
                                    problem.sequence, (batch or problem.batch_size) // micro_batches,
                                    problem.vocabulary, recompute=problem.recompute,
                                    precision=problem.precision, kv_heads=problem.kv_heads,
-                                   hidden=problem.hidden, activation=problem.activation)
+                                   hidden=problem.hidden, activation=problem.activation,
+                                   fused=bool(problem.attention_block))
     return {"parameters": FLOAT32 * n, "gradients": FLOAT32 * n,
             "optimizer": 2 * FLOAT32 * n + 2 * FLOAT32,
             "activations": activations["total"]}
@@ -142,6 +146,8 @@ def split_activation_bytes(problem, ways: int, sequence_parallel: bool = False) 
     s, b, d, a, t = problem.sequence, problem.batch_size, problem.d_model, problem.heads, ways
     p = FLOAT32
     softmax = a * s * s * b // t if problem.recompute == "none" else 0
+    if problem.attention_block:  # fused: each row's log-sum-exp, float32
+        softmax = a * s * b // t
     choices = dict(kv_heads=problem.kv_heads, hidden=problem.hidden,
                    activation=problem.activation)
     if sequence_parallel:
@@ -150,6 +156,7 @@ def split_activation_bytes(problem, ways: int, sequence_parallel: bool = False) 
         norms = p * 4 * s * b * d + FLOAT32 * 2 * s * b
     per_block = norms + p * (block_elements(d, a, s, b, ways=t, whole=0, **choices) + softmax)
     whole = activation_bytes(problem.blocks, d, a, s, b, problem.vocabulary,
-                             recompute=problem.recompute, **choices)
+                             recompute=problem.recompute, fused=bool(problem.attention_block),
+                             **choices)
     return ([problem.blocks * per_block + whole["outside"]]
             + [problem.blocks * per_block] * (t - 1))

@@ -7,6 +7,10 @@ so it never holds a whole row of scores.
 Which positions each worker holds (the naive and the zig-zag cut), which blocks of scores it
 computes and how far each chunk of keys travels: :mod:`dtflab.train.layouts.ring`. A block of
 keys wholly after a chunk of queries is not computed at all.
+
+With fused attention (``train.transformer(attention="fused")``) each worker folds the pieces
+it holds as one fused attention (``problems.fused_attention``): the same online softmax, tile
+by tile, and a backward that computes each tile's scores again, so a worker keeps no scores.
 """
 
 from __future__ import annotations
@@ -16,15 +20,19 @@ import math
 import numpy as np
 
 from dtflab.train.layouts.ring import relation
+from dtflab.train.problems import fused_attention
 
 
-def attend(tf, queries: dict, held: list[dict], size: int):
+def attend(tf, queries: dict, held: list[dict], size: int, block: int = 0):
     """One worker's attention output for each of its query chunks: ``queries[chunk]`` is
     [batch, heads, length, size]; ``held[r]`` maps each key chunk the worker holds in round
     r to its ``(k, v)``, [batch, kv heads, length, size]. Blocks are folded in round order
     with an online softmax. With fewer key/value heads than query heads (grouped-query
     attention), each group's queries are stacked along the sequence against their one key and
-    value head, as ``transformer_ops.attention_core`` does."""
+    value head, as ``transformer_ops.attention_core`` does. ``block``: fused attention's tile
+    (0: plain attention, each block of scores kept for TensorFlow's autodiff)."""
+    if block:
+        return _fused(tf, queries, held, block)
     scale = 1.0 / math.sqrt(size)
     outputs = {}
     for query, q in queries.items():
@@ -56,4 +64,16 @@ def attend(tf, queries: dict, held: list[dict], size: int):
                 state = (top, total, values)
         out = state[2] / state[1]
         outputs[query] = tf.reshape(out, [-1, heads, length, size]) if groups > 1 else out
+    return outputs
+
+
+def _fused(tf, queries: dict, held: list[dict], block: int) -> dict:
+    """:func:`attend` with every piece a query chunk meets folded by one fused attention."""
+    outputs = {}
+    for query, q in queries.items():
+        pieces = [(k, v, relation(query, key) == "causal") for pieces in held
+                  for key, (k, v) in pieces.items() if relation(query, key) != "none"]
+        groups = q.shape[1] // pieces[0][0].shape[1]
+        with tf.name_scope(f"q{query[0]}_fused"):
+            outputs[query] = fused_attention.attend(tf, q, pieces, block, groups)
     return outputs

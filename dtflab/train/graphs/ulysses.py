@@ -15,6 +15,7 @@ few key/value heads, ring attention sends less.
 from __future__ import annotations
 
 from dtflab import names
+from dtflab.train.problems import fused_attention
 from dtflab.train.problems import transformer_ops as ops
 
 
@@ -48,7 +49,10 @@ def attend(tf, problem, devices, queries: dict, keys: dict, sequence: int) -> di
                 pieces["v"].append(v[:, kv.start:kv.stop])
         with tf.device(device), tf.name_scope(f"ulysses_attention_on_{_task(device)}"):
             q, k, v = (tf.concat(pieces[name], axis=2) for name in ("q", "k", "v"))
-            core = ops.attention_core(tf, sequence, size, q.dtype, len(mine) // len(kv))
+            groups = len(mine) // len(kv)
+            core = (fused_attention.core(tf, problem.attention_block, groups, joined=False)
+                    if problem.attention_block
+                    else ops.attention_core(tf, sequence, size, q.dtype, groups))
             outputs[device] = core(q, k, v)  # [batch, a / c, sequence, size]
     found = {}
     for m, device in enumerate(devices):

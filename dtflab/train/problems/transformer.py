@@ -83,6 +83,7 @@ class Transformer:
     hidden: int = 0  # the MLP's hidden width (each expert's); 0: 4 d
     shared_experts: int = 0  # experts every token goes through, beside the routed ones
     pad_to_capacity: bool = False  # every expert computes its capacity's rows (``experts``)
+    attention_block: int = 0  # fused attention's tile side (``problems.fused_attention``); 0: plain
 
     def __post_init__(self):
         if not self.kv_heads:
@@ -334,7 +335,8 @@ def transformer(blocks: int = 2, d_model: int = 64, heads: int = 4, sequence: in
                 capacity_factor: float = 1.25, balance: float = 0.01,
                 skew: float = 0.0, norm: str = "layer", positions: str = "learned",
                 kv_heads: int | None = None, activation: str = "gelu", hidden: int | None = None,
-                shared_experts: int = 0, pad_to_capacity: bool = False) -> Transformer:
+                shared_experts: int = 0, pad_to_capacity: bool = False, attention: str = "plain",
+                attention_block: int | None = None) -> Transformer:
     """A decoder-only transformer on dtflab's generated text (see ``problems.transformer``).
 
     In [1]: problem = train.transformer(blocks=2, d_model=64, heads=4, sequence=32)
@@ -358,6 +360,10 @@ def transformer(blocks: int = 2, d_model: int = 64, heads: int = 4, sequence: in
 
     In [3]: llama = train.transformer(heads=4, kv_heads=2, norm="rms", positions="rotary",
        ...:                           activation="swiglu", tied=False)
+
+    ``attention="fused"`` computes attention as fused ("flash") kernels do
+    (``problems.fused_attention``): tiles of ``attention_block`` x ``attention_block`` scores
+    (default: the largest divisor of the sequence at most 128), none kept for the backward.
 
     The defaults (0.1 M parameters) train in a few seconds a hundred steps here; the loss
     falls from ln(23) = 3.1 nats to about 1.3 in 200 steps.
@@ -387,6 +393,7 @@ def transformer(blocks: int = 2, d_model: int = 64, heads: int = 4, sequence: in
     checked_mixture(experts, top_k, capacity_factor, pad_to_capacity, recompute, precision)
     choices = block_parts.checked_choices(d_model, heads, norm, positions, kv_heads, activation,
                                           hidden, experts, shared_experts)
+    choices.update(block_parts.checked_attention(attention, attention_block, sequence, recompute))
     name = f"transformer_{blocks}x{d_model}_h{heads}_s{sequence}"
     if experts:
         name += f"_e{experts}k{top_k}" + (f"s{shared_experts}" if shared_experts else "") \

@@ -15,9 +15,11 @@ import math
 import numpy as np
 
 from dtflab import checks
+from dtflab.train.problems import fused_attention
 from dtflab.train.problems import transformer_ops as ops
 
 NORMS, POSITIONS, ACTIVATIONS = ("layer", "rms"), ("learned", "rotary"), ("gelu", "swiglu")
+ATTENTION = ("plain", "fused")
 
 
 def norm_parts(problem) -> tuple[str, ...]:
@@ -66,9 +68,12 @@ def attention(tf, problem, a, qkv_w, qkv_b, proj_w, proj_b, heads: int | None = 
         if problem.positions == "rotary":
             turn = ops.rotary(tf, np.arange(n) if positions is None else positions, size)
             q, k = turn(q), turn(k)
-        core = ops.attention_core(tf, n, size, a.dtype, heads // kv_heads)
-        out = (ops.recomputed(tf, core) if problem.recompute == "selective" else core)(q, k, v)
-        joined = tf.reshape(tf.transpose(out, [0, 2, 1, 3]), [-1, n, heads * size])
+        if problem.attention_block:
+            joined = fused_attention.core(tf, problem.attention_block, heads // kv_heads)(q, k, v)
+        else:
+            core = ops.attention_core(tf, n, size, a.dtype, heads // kv_heads)
+            out = (ops.recomputed(tf, core) if problem.recompute == "selective" else core)(q, k, v)
+            joined = tf.reshape(tf.transpose(out, [0, 2, 1, 3]), [-1, n, heads * size])
         projected = ops.dense(tf, joined, proj_w)
         return projected if proj_b is None else projected + proj_b
 
@@ -116,6 +121,31 @@ def checked_choices(d_model: int, heads: int, norm: str, positions: str, kv_head
                 hidden=hidden, shared_experts=shared_experts)
 
 
+def checked_attention(attention: str, block, sequence: int, recompute: str) -> dict:
+    """``train.transformer``'s ``attention`` and ``attention_block`` checked, the block filled
+    in for fused attention (0 for plain): ``{attention_block}``."""
+    checks.one_of(attention, "attention", ATTENTION)
+    if attention == "plain":
+        if block is not None:
+            raise ValueError(f"attention_block={block}: a block is fused attention's tile; add "
+                             f"attention='fused', or leave attention_block out")
+        return dict(attention_block=0)
+    if recompute == "selective":
+        raise ValueError("recompute='selective' with attention='fused': fused attention already "
+                         "computes the scores again in its backward and keeps none; use "
+                         "recompute='none' (or 'full')")
+    if block is None:
+        block = fused_attention.default_block(sequence)
+    checks.whole(block, "attention_block", example=fused_attention.default_block(sequence))
+    if sequence % block:
+        fits = fused_attention.default_block(sequence) if block > sequence else max(
+            b for b in range(1, block + 1) if sequence % b == 0)
+        raise ValueError(f"attention_block={block}: the tiles must cut sequence={sequence} "
+                         f"evenly; use attention_block={fits}, or a sequence that is a "
+                         f"multiple of {block}")
+    return dict(attention_block=block)
+
+
 def named(choices: dict, heads: int, d_model: int) -> str:
     """The problem's name's suffix for the choices that are not GPT-2's."""
     found = ""
@@ -129,4 +159,6 @@ def named(choices: dict, heads: int, d_model: int) -> str:
         found += f"_swiglu{choices['hidden']}"
     elif choices["hidden"] != 4 * d_model:
         found += f"_mlp{choices['hidden']}"
+    if choices.get("attention_block"):
+        found += f"_fused{choices['attention_block']}"
     return found

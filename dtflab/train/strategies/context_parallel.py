@@ -19,6 +19,8 @@ Ops are named ``block{b}/ring_attention_on_worker{m}/q{start}_k{start}_{full|cau
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from dtflab import checks, names
@@ -94,7 +96,8 @@ def context_graph(problem, devices, cut: str, seed: int, slow: dict | None = Non
             for device in devices:
                 with tf.device(device):
                     with tf.name_scope(f"block{b}/ring_attention_on_{_task(device)}"):
-                        outs[device] = ring_attention.attend(tf, q[device], held[device], size)
+                        outs[device] = ring_attention.attend(tf, q[device], held[device], size,
+                                                             problem.attention_block)
             return outs
 
         for b in range(1, problem.blocks + 1):
@@ -214,6 +217,12 @@ def _check_problem(problem, ways: int, cut: str, attention: str = "ring") -> Non
                          f"{problem.sequence} does not cut into {pieces} equal pieces; use a "
                          f"sequence divisible by {pieces}, e.g. train.transformer(sequence="
                          f"{pieces * -(-problem.sequence // pieces)}, ...)")
+    length = problem.sequence // pieces
+    if attention == "ring" and problem.attention_block and length % problem.attention_block:
+        raise ValueError(f"attention_block={problem.attention_block}: ring attention's pieces "
+                         f"are {length} tokens ({problem.sequence} cut into {pieces}) and fused "
+                         f"attention's tiles must cut each evenly; use train.transformer("
+                         f"attention_block={math.gcd(length, problem.attention_block)}, ...)")
     if attention != "ulysses":
         return
     if cut != "naive":
