@@ -9,8 +9,8 @@ computed), at each sequence length:
   ``formulas.memory`` against those measurements.
 - peak_bytes: the traced step's peak, plain and fused, and fused over plain.
 - step_s: the median step time of ``train.single`` (the first steps left out), plain and
-  fused, and fused over plain. Fused attention here is TensorFlow ops tile by tile, not one
-  kernel: it saves the memory, not the time (each tile's scores still go through memory).
+  fused, and fused over plain. Fused attention here is TensorFlow ops run tile after tile, not
+  one kernel: it saves a kernel's memory, not all of its time.
 - attention_flops: the attention's matrix-multiply FLOPs a training step runs (its
   ``BatchMatMulV2`` ops, counted from the graph), plain and fused; causal_skip_share: the
   share of the score tiles the fused forward skips above the diagonal (1 - 36/64), and the
@@ -19,8 +19,8 @@ computed), at each sequence length:
 
     python benchmarks/attention.py [--quick] [--smoke]
 
-Prints one JSON line. The default runs 1,024 to 8,192 tokens (a few minutes on 2 cores, the
-plain step at 8,192 holding about 2 GB); --quick 1,024 and 2,048; --smoke 128 and 256 with a
+Prints one JSON line. The default runs 1,024 to 8,192 tokens (about 20 minutes on 2 cores, the
+plain step at 8,192 holding about 1.6 GB at its peak); --quick 1,024 and 2,048; --smoke 128 and 256 with a
 few steps (the figures are not meaningful).
 """
 

@@ -9,9 +9,11 @@ A head's s x s scores are cut into ``block`` x ``block`` tiles: query block i me
 the diagonal tile masked. Grouped-query attention stacks each group's queries along the
 sequence against their one key and value head, as ``transformer_ops.attention_core`` does.
 
-Each tile is a handful of TensorFlow ops, not one kernel: this saves the memory a fused kernel
-saves, not its time (TensorFlow still writes each tile's scores out and reads them back), and
-the graph grows as (s / block)², so a long sequence wants a large block.
+Each tile is a handful of TensorFlow ops, not one kernel, run one tile after another (control
+dependencies), so one tile's scores are alive at a time, as in a kernel: the memory a fused
+kernel saves, but not all of its time (each tile's scores still go through memory, and the
+tiles do not run side by side); ``benchmarks/attention.py`` measures both. The graph grows as
+(s / block)², so a long sequence wants a large block.
 """
 
 from __future__ import annotations
@@ -76,7 +78,12 @@ def attend(tf, q, pieces: list, block: int, groups: int = 1, joined: bool = Fals
             for j in range(i + 1 if causal else count):
                 yield p, j, causal and j == i
 
-    def scores(qi, k, j, diagonal):
+    def scores(qi, k, j, diagonal, after):
+        """A tile's scores, computed once the tensors ``after`` are (the previous tile's): one
+        tile alive at a time, as in a kernel, instead of every tile's scores made at once."""
+        if after:
+            with tf.control_dependencies(after):
+                qi = tf.identity(qi)
         kj = k[:, :, j * block:(j + 1) * block]
         s = tf.cast(tf.matmul(qi, kj, transpose_b=True), f32) * scale
         return s + mask if diagonal else s
@@ -90,11 +97,11 @@ def attend(tf, q, pieces: list, block: int, groups: int = 1, joined: bool = Fals
     @tf.custom_gradient
     def fused(q, *kvs):
         keys, values = kvs[0::2], kvs[1::2]
-        outs, sums = [], []
+        outs, sums, last = [], [], []  # last: the previous tile's state, as in the backward
         for i, qi in enumerate(query_blocks(q, size)):
             top = total = acc = None
             for p, j, diagonal in tiles(i, keys):
-                s = scores(qi, keys[p], j, diagonal)
+                s = scores(qi, keys[p], j, diagonal, last)
                 new = tf.reduce_max(s, axis=-1, keepdims=True)
                 new = new if top is None else tf.maximum(top, new)
                 weights = tf.exp(s - new)
@@ -106,7 +113,7 @@ def attend(tf, q, pieces: list, block: int, groups: int = 1, joined: bool = Fals
                 else:
                     decay = tf.exp(top - new)
                     total, acc = total * decay + row, acc * decay + part
-                top = new
+                top, last = new, [total, acc]
             outs.append(tf.cast(acc / total, dtype))
             sums.append(top + tf.math.log(total))
         lse = from_blocks(sums, 1)  # [b, heads, n, 1], float32: kept with q, k, v and out
@@ -123,6 +130,7 @@ def attend(tf, q, pieces: list, block: int, groups: int = 1, joined: bool = Fals
             d_q, d_k, d_v = [], [None] * len(keys), [None] * len(keys)
             qs, dos, os_ = query_blocks(q_, size), query_blocks(d_o, size), query_blocks(o, size)
             lses = query_blocks(lse_, 1)
+            last = []  # the previous tile's gradients: one tile's scores alive at a time
             for i, qi in enumerate(qs):
                 doi = dos[i]
                 delta = tf.reduce_sum(tf.cast(doi, f32) * tf.cast(os_[i], f32), -1, keepdims=True)
@@ -131,8 +139,10 @@ def attend(tf, q, pieces: list, block: int, groups: int = 1, joined: bool = Fals
                     count = keys_[p].shape[2] // block
                     kj = keys_[p][:, :, j * block:(j + 1) * block]
                     vj = values_[p][:, :, j * block:(j + 1) * block]
-                    weights = tf.exp(scores(qi, keys_[p], j, diagonal) - lses[i])
-                    dp = tf.cast(tf.matmul(doi, vj, transpose_b=True), f32)
+                    with tf.control_dependencies(last):  # dp too: it needs no scores
+                        qt, dot = tf.identity(qi), tf.identity(doi)
+                    weights = tf.exp(scores(qt, keys_[p], j, diagonal, None) - lses[i])
+                    dp = tf.cast(tf.matmul(dot, vj, transpose_b=True), f32)
                     ds = tf.cast(weights * (dp - delta) * scale, dtype)
                     dq = tf.cast(tf.matmul(ds, kj), f32)
                     dqi = dq if dqi is None else dqi + dq
@@ -140,6 +150,7 @@ def attend(tf, q, pieces: list, block: int, groups: int = 1, joined: bool = Fals
                                      j, count)
                     d_v[p] = _add_at(d_v[p], tf.cast(tf.matmul(tf.cast(weights, dtype), doi,
                                                                transpose_a=True), f32), j, count)
+                    last = [dqi, d_k[p][j], d_v[p][j]]
                 d_q.append(dqi)
             grads = [tf.cast(from_blocks(d_q, size), dtype)]
             for p in range(len(keys)):
