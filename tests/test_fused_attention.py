@@ -172,3 +172,26 @@ def test_a_choice_fused_attention_cannot_serve_is_refused_with_the_fix(call, mes
         call()
     assert message in str(raised.value)
     assert "\n" not in str(raised.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", [dict(blocks=2, d_model=64, heads=4, sequence=64, batch_size=4),
+                                   dict(LLAMA, d_model=64, sequence=64)],
+                         ids=["gpt-2", "llama"])
+def test_the_planner_prices_fused_attentions_activations_as_measured(shape):
+    """The planner's count for one device (``device_memory.per_device``) of a fused-attention
+    plan against the traced step, and its saving over the plain plan against the measured one."""
+    from dtflab.train.planner.device_memory import per_device
+    from dtflab.train.planner.predicted_run import plan_of
+
+    problems = {"plain": train.transformer(**shape),
+                "fused": train.transformer(**shape, attention="fused", attention_block=16)}
+    measured = {name: train.memory(problem).measured["activations"]
+                for name, problem in problems.items()}
+    predicted = {name: per_device(plan_of(problem, train.Layout()))["activations"]
+                 for name, problem in problems.items()}
+    assert plan_of(problems["fused"], train.Layout()).attention == "fused"
+    print(measured, predicted)
+    assert abs(predicted["fused"] / measured["fused"] - 1) <= 0.01
+    saving = measured["plain"] - measured["fused"]
+    assert abs((predicted["plain"] - predicted["fused"]) / saving - 1) <= 0.01

@@ -88,6 +88,10 @@ class Plan(Layout):
     regather: bool = False
     overlap: bool = False
     exchanges: int = 1
+    # ``attention``: "plain" keeps every head's scores (dtflab's default); "fused" as fused
+    # ("flash") kernels run it: no scores kept or streamed through memory, the causal tiles
+    # above the diagonal skipped, the scores computed again in the backward
+    attention: str = "plain"
 
     def __post_init__(self):
         from dtflab import checks
@@ -109,6 +113,11 @@ class Plan(Layout):
             raise ValueError(f"top_k={self.top_k}: at most experts={self.experts}")
         checked_choices(self.d_model, self.heads, self.norm, self.positions, self.kv_heads,
                         self.activation, self.hidden, self.experts, self.shared_experts)
+        checks.one_of(self.attention, "attention", ("plain", "fused"))
+        if self.attention == "fused" and self.recompute == "selective":
+            raise ValueError("recompute='selective' with attention='fused': fused attention "
+                             "already computes the scores again in its backward and keeps "
+                             "none; use recompute='none' (or 'full')")
         if self.dropout and (self.kv_heads != self.heads or self.hidden != 4 * self.d_model
                              or self.activation != "gelu"):
             raise ValueError("dropout=True counts Megatron's GPT block as Korthikanti et al. "
@@ -241,20 +250,23 @@ def block_activations(plan: Plan) -> float:
     and the shared experts their MLP's. Grouped-query attention keeps kv/a of the
     keys and values (a head on each device where the tensor ways outnumber them), SwiGLU of
     width h its gate, up and output, 3·s·b·h where GELU of 4d keeps 8·s·b·d
-    (:func:`cut_elements`)."""
+    (:func:`cut_elements`). Fused attention keeps no scores (no a·s² term, with dropout or
+    without) but each query row's log-sum-exp, a·s·b / t float32 values."""
     s, b, d, a, t = plan.sequence / plan.context, plan.micro_batch, plan.d_model, plan.heads, \
         plan.tensor
     p = memory.BYTES[plan.precision]
     f32 = memory.FLOAT32
     sp = plan.sequence_parallel
     full_s = plan.sequence
+    fused = plan.attention == "fused"
+    lse = f32 * a * s * b / t if fused and plan.recompute != "full" else 0.0  # a row's sum
     if plan.dropout:
         if plan.recompute == "full":
             return 2 * s * b * d * p / 2
-        softmax = 5 * a * full_s / (d * t) if plan.recompute == "none" else 0.0
+        softmax = 5 * a * full_s / (d * t) if plan.recompute == "none" and not fused else 0.0
         mlp = 19 / t * s * b * d * (plan.routed if plan.experts else 1)
         rest = (15 / t if sp else 10 + 5 / t) * s * b * d
-        return (rest + mlp + softmax * s * b * d) * p / 2
+        return (rest + mlp + softmax * s * b * d) * p / 2 + lse
     if plan.recompute == "full":
         return p * s * b * d
     gathered = 2 * s * b * d / t if plan.regather else 2 * s * b * d
@@ -264,10 +276,10 @@ def block_activations(plan: Plan) -> float:
     # a mixture also keeps, for each token an expert took, the gathered input its expert
     # multiplied and the weighted output the combine scattered back
     dispatch = 2 * plan.routed * s * b * d if plan.experts else 0.0
-    softmax = a * s * full_s * b / t if plan.recompute == "none" else 0.0
+    softmax = a * s * full_s * b / t if plan.recompute == "none" and not fused else 0.0
     # the received keys and values, for the backward: (c - 1) of c pieces of the sequence
     ring = (plan.context - 1) * s * b * plan.kv_columns
-    return norms + p * (attention + mlp + dispatch + softmax + ring)
+    return norms + p * (attention + mlp + dispatch + softmax + ring) + lse
 
 
 def cut_elements(plan: Plan, rows: float) -> tuple[float, float]:
@@ -291,8 +303,8 @@ def stage_activations(plan: Plan, first: bool, last: bool) -> int:
     f32 = memory.FLOAT32
     v = math.ceil(plan.vocabulary / t)
     levers = (plan.context, plan.experts, plan.sequence_parallel, plan.chunks, plan.dropout,
-              plan.regather)
-    if levers == (1, 0, False, 1, False, False):  # the memory planner's own count, unchanged
+              plan.regather, plan.attention)
+    if levers == (1, 0, False, 1, False, False, "plain"):  # the memory planner's own count, unchanged
         cut = sum(cut_elements(plan, s * b))
         per_block = {"none": p * (4 * s * b * d + cut + a * s * s * b / t) + f32 * 2 * s * b,
                      "selective": p * (4 * s * b * d + cut) + f32 * 2 * s * b,

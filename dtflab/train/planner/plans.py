@@ -97,7 +97,8 @@ def base_plan(model, **overrides) -> shapes.Plan:
                       experts=model.experts, top_k=model.top_k if model.experts else 1,
                       kv_heads=model.kv_heads, hidden=model.hidden,
                       activation=model.activation, norm=model.norm,
-                      positions=model.positions, shared_experts=model.shared_experts)
+                      positions=model.positions, shared_experts=model.shared_experts,
+                      attention="fused" if model.attention_block else "plain")
         if model.experts:
             fields.update(capacity_factor=model.capacity_factor,
                           pad_to_capacity=model.pad_to_capacity)

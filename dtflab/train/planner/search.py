@@ -59,6 +59,8 @@ def describe(plan: Plan) -> str:
     levers = [f"mb {plan.micro_batch}", f"zero {plan.zero}", plan.recompute]
     if plan.sequence_parallel:
         levers.append("sp")
+    if plan.attention == "fused":
+        levers.append("fused")
     if plan.chunks > 1:
         levers.append(f"v{plan.chunks}")
     return f"{ways} | {', '.join(levers)}"
@@ -97,6 +99,8 @@ def _levers(base, d, t, p, c, micro_batch_sizes, recompute, stages):
         m = per_replica // b
         for e in experts:
             for r in recompute:
+                if r == "selective" and base.attention == "fused":
+                    continue  # fused attention recomputes the scores already
                 for z in (stages if d > 1 else (0,)):
                     for v in (1, 2, 3) if p > 1 else (1,):
                         if v > 1 and (base.blocks % (p * v) or m % p):

@@ -24,6 +24,12 @@ context ways (each device holds s / c of the tokens), 4d-wide MLP, p bytes an el
   mask), GELU, the residual adds (with dropout: its masks and outputs, Megatron's fused
   bias-dropout-add); the backward twice those bytes.
 
+With ``attention="fused"`` (fused, "flash", kernels): the scores and the weighted values
+computed only on the causal tiles (half the square and the diagonal's tiles of
+:data:`FUSED_TILE`), no score written to memory or read back (the softmax and the attention's
+dropout arithmetic only), and the backward computing the scores once more (counted as
+``recompute``). MFU (:func:`mfu`) keeps its published convention, whichever attention runs.
+
 Collectives, per block and micro-batch: tensor parallelism sums each half-block's output
 forward and its input's gradient backward (an all-reduce of s·b·d·p bytes; with sequence
 parallelism a reduce-scatter and an all-gather, the same bytes, and with ``regather`` the two
@@ -44,6 +50,8 @@ from dtflab.train.formulas import memory, schedules
 from dtflab.train.planner.hardware import Hardware
 from dtflab.train.planner.device_memory import Plan, stage_parameters
 
+#: Fused attention's tile side, FlashAttention-2's usual query block.
+FUSED_TILE = 128
 #: The parts of a step, in the order a breakdown lists them.
 PARTS = ("compute", "recompute", "tensor", "context", "expert", "pipeline", "bubble", "data",
          "optimizer", "framework")
@@ -59,7 +67,12 @@ def block_ops(plan: Plan) -> list[tuple[str, str, float, float]]:
     k = plan.routed if plan.experts else 1
     sp = t if plan.sequence_parallel else 1  # what sequence parallelism cuts
     rows = s * b
-    heads_s = b * a / t * s * full  # the scores of every head this device holds
+    fused = plan.attention == "fused"
+    # fused: the tiles above the diagonal skipped (of (s/B)² tiles, the lower half and the
+    # diagonal's), and no score through memory; plain computes the causal square whole
+    causal = 0.5 + FUSED_TILE / (2 * full) if fused else 1.0
+    heads_s = b * a / t * s * full * causal  # the scores of every head this device holds
+    kept = 0.0 if fused else heads_s  # scores written to and read from memory
     qkv = d / t + plan.kv_columns  # the qkv's columns here
     h = plan.hidden / t  # the MLP's hidden units here (each expert's)
     g = plan.gates
@@ -67,11 +80,11 @@ def block_ops(plan: Plan) -> list[tuple[str, str, float, float]]:
     ops = [
         ("ln1", "vector", 8 * rows * d / sp, 2 * p * rows * d / sp),
         ("qkv", "matrix", 2 * rows * d * qkv, p * (rows * d + d * qkv + rows * qkv)),
-        ("scores", "matrix", 2 * b * s * full * d / t,
-         p * (rows * d / t + b * full * plan.kv_columns / 2 + heads_s)),
-        ("softmax", "vector", 5 * heads_s, 2 * p * heads_s),
-        ("values", "matrix", 2 * b * s * full * d / t,
-         p * (heads_s + b * full * plan.kv_columns / 2 + rows * d / t)),
+        ("scores", "matrix", 2 * b * s * full * causal * d / t,
+         p * (rows * d / t + b * full * plan.kv_columns / 2 + kept)),
+        ("softmax", "vector", 5 * heads_s, 2 * p * kept),
+        ("values", "matrix", 2 * b * s * full * causal * d / t,
+         p * (kept + b * full * plan.kv_columns / 2 + rows * d / t)),
         ("projection", "matrix", 2 * rows * d * d / t, p * (2 * rows * d / t + d * d / t)),
         ("residual1", "vector", rows * d / sp, 3 * p * rows * d / sp),
         ("ln2", "vector", 8 * rows * d / sp, 2 * p * rows * d / sp),
@@ -83,7 +96,7 @@ def block_ops(plan: Plan) -> list[tuple[str, str, float, float]]:
         ("residual2", "vector", rows * d / sp, 3 * p * rows * d / sp),
     ]
     if plan.dropout:  # the attention's dropout and two bias-dropout-adds (1-byte masks)
-        ops += [("attention_dropout", "vector", heads_s, (2 * p + 1) * heads_s),
+        ops += [("attention_dropout", "vector", heads_s, (2 * p + 1) * kept),
                 ("dropouts", "vector", 2 * rows * d / sp, 2 * (p + 1) * rows * d / sp)]
     if plan.experts:
         ops.append(("router", "matrix", 2 * rows * d * plan.experts, p * rows * d))
@@ -119,6 +132,10 @@ def micro_batch_seconds(plan: Plan, hardware: Hardware) -> dict[str, float]:
     backward = _seconds(ops, hardware, plan.precision, backward=2.0)
     if plan.recompute == "full":
         again = forward
+    elif plan.attention == "fused":  # the backward computes each tile's scores again
+        again = _seconds([op for op in ops if op[0] in ("scores", "softmax",
+                                                          "attention_dropout")],
+                         hardware, plan.precision)
     elif plan.recompute == "selective":
         again = _seconds([op for op in ops if op[0] in ("scores", "softmax", "values",
                                                           "attention_dropout")],
