@@ -241,7 +241,9 @@ def block_activations(plan: Plan) -> float:
     keeps whole (``memory.split_activation_bytes``). With ``dropout`` (Megatron's GPT),
     Korthikanti et al. 2022's Table 2 in 16 bits, scaled to the compute type: s·b·h·(10 + 24/t
     + 5·a·s/(h·t)), with sequence parallelism s·b·h·(34/t + 5·a·s/(h·t)); selective
-    recomputation drops the 5·a·s/h; full keeps 2·s·b·h. Context ways c cut s everywhere
+    recomputation drops the 5·a·s/h; full keeps 2·s·b·h, cut t ways with sequence parallelism
+    (Korthikanti et al.'s Table 2; Megatron and torchtitan keep each block's input as its
+    shard). Context ways c cut s everywhere
     (ring attention keeps its own queries' scores) and, in dtflab's one graph, the fullest
     worker keeps the keys and values it received, 2·(c - 1)·s/c·b·d / t (Megatron passes them
     round the ring again in the backward: not counted with ``dropout``); experts keep their
@@ -261,14 +263,14 @@ def block_activations(plan: Plan) -> float:
     fused = plan.attention == "fused"
     lse = f32 * a * s * b / t if fused and plan.recompute != "full" else 0.0  # a row's sum
     if plan.dropout:
-        if plan.recompute == "full":
-            return 2 * s * b * d * p / 2
+        if plan.recompute == "full":  # the block's input, cut t ways with sequence parallelism
+            return 2 * s * b * d * p / 2 / (t if sp else 1)
         softmax = 5 * a * full_s / (d * t) if plan.recompute == "none" and not fused else 0.0
         mlp = 19 / t * s * b * d * (plan.routed if plan.experts else 1)
         rest = (15 / t if sp else 10 + 5 / t) * s * b * d
         return (rest + mlp + softmax * s * b * d) * p / 2 + lse
-    if plan.recompute == "full":
-        return p * s * b * d
+    if plan.recompute == "full":  # the block's input, cut t ways with sequence parallelism
+        return p * s * b * d / (t if sp else 1)
     gathered = 2 * s * b * d / t if plan.regather else 2 * s * b * d
     norms = (p * (2 * s * b * d / t + gathered) + f32 * 2 * s * b / t) if sp else \
         (p * 4 * s * b * d + f32 * 2 * s * b)
