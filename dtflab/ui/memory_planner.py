@@ -337,7 +337,7 @@ class MemoryPlanner:
             plan.blocks, plan.d_model, plan.heads, plan.sequence, plan.batch // plan.data,
             plan.vocabulary, recompute=plan.recompute, precision=plan.precision,
             kv_heads=plan.kv_heads, hidden=plan.hidden,
-            activation=plan.activation)["weight_copies"]
+            activation=plan.activation, norm=plan.norm)["weight_copies"]
 
 
 def memory_planner(preset: str | None = None, *, budget_gb: float = 80.0, **fields):

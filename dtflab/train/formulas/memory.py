@@ -39,8 +39,9 @@ checked against a traced step (``tests/test_memory.py``); p is the bytes of the 
 - **16 bits**: every term above in p bytes, except what stays float32: LayerNorm's 1/std
   (2·s·b per block, s·b outside), the loss's gradient and losses (s·b·(V + 1)). The forward
   also keeps the 16-bit copies of the weights a backward multiplies by: the output layer's
-  (V·d, tied or not) and each block's four matrices (12·d²), or with full recomputation
-  every block parameter (12·d² + 13·d), which the block's second run reads. On a small model
+  (V·d, tied or not), each block's four matrices (12·d²) and the norms' scales (d each, the
+  final one's too), or with full recomputation every block parameter (12·d² + 13·d), which
+  the block's second run reads, and the final norm's scale. On a small model
   those copies outweigh what 16 bits save: full recomputation in 16 bits can keep more than
   in float32.
 - **micro-batches** k: the activations of one micro-batch, b/k sequences; parameters,
@@ -65,7 +66,8 @@ BYTES = dict(zip(PRECISIONS, (4, 2, 2)))  # the layout names them
 def activation_bytes(blocks: int, d_model: int, heads: int, sequence: int, batch: int,
                      vocabulary: int, *, recompute: str = "none", precision: str = "float32",
                      kv_heads: int | None = None, hidden: int | None = None,
-                     activation: str = "gelu", fused: bool = False) -> dict[str, int]:
+                     activation: str = "gelu", fused: bool = False,
+                     norm: str = "layer") -> dict[str, int]:
     """Bytes the forward keeps for the backward: ``{"per_block", "outside", "weight_copies",
     "total"}`` (see the module's docstring); ``fused``: fused attention's."""
     s, b, d, a, v = sequence, batch, d_model, heads, vocabulary
@@ -79,9 +81,9 @@ def activation_bytes(blocks: int, d_model: int, heads: int, sequence: int, batch
     weight_copies = 0
     if precision != "float32":
         choices = dict(heads=heads, kv_heads=kv_heads, hidden=hidden, activation=activation)
-        block = (block_parameters(d, **choices) if recompute == "full"
-                 else block_matrices(d, **choices))
-        weight_copies = p * (v * d + blocks * block)
+        block = (block_parameters(d, norm=norm, **choices) if recompute == "full"
+                 else block_matrices(d, **choices) + 2 * d)  # and the two norms' scales
+        weight_copies = p * (v * d + d + blocks * block)  # d: the final norm's scale
     return {"per_block": per_block, "outside": outside, "weight_copies": weight_copies,
             "total": blocks * per_block + outside + weight_copies}
 
@@ -117,7 +119,7 @@ def transformer_bytes(problem, batch: int | None = None, micro_batches: int = 1)
                                    problem.vocabulary, recompute=problem.recompute,
                                    precision=problem.precision, kv_heads=problem.kv_heads,
                                    hidden=problem.hidden, activation=problem.activation,
-                                   fused=bool(problem.attention_block))
+                                   fused=bool(problem.attention_block), norm=problem.norm)
     return {"parameters": FLOAT32 * n, "gradients": FLOAT32 * n,
             "optimizer": 2 * FLOAT32 * n + 2 * FLOAT32,
             "activations": activations["total"]}

@@ -197,8 +197,9 @@ class _Shape:
 
 
 def stage_parameters(plan: Plan, first: bool, last: bool) -> dict[str, int]:
-    """Parameters on one device of a stage: ``{"total", "matrices"}`` (``matrices``: those a
-    backward multiplies by, whose 16-bit copies the forward keeps). A block's qkv and MLP
+    """Parameters on one device of a stage: ``{"total", "matrices"}`` (``matrices``: the
+    weights a backward multiplies by, whose 16-bit copies the forward keeps, as it keeps the
+    norms' scales). A block's qkv and MLP
     columns are split over the tensor ways (a key/value head copied where the ways outnumber
     them); with experts, a block's MLP is E experts (8 d² + 5 d each for GELU's 4d) spread
     over the expert ways and split over the tensor ways, a router of d x E, and the shared
@@ -328,8 +329,9 @@ def stage_activations(plan: Plan, first: bool, last: bool) -> int:
         kept += p * s * b * 2 * d + f32 * s * b * (v + 2)  # residual, final LN, the loss's
     if plan.precision != "float32":  # the 16-bit copies; full recomputation reads every one
         block_extra = parameters["block"] - parameters["block_matrices"]
-        kept += p * (parameters["matrices"]
-                     + (block_extra * parameters["blocks"] if plan.recompute == "full" else 0))
+        rest = d if last else 0  # the final norm's scale, and each block's norms' (or all)
+        rest += (block_extra if plan.recompute == "full" else 2 * d) * parameters["blocks"]
+        kept += p * (parameters["matrices"] + rest)
     return int(kept)
 
 

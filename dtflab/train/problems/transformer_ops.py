@@ -63,9 +63,11 @@ def _normalisation(tf, centred: bool):
         def backward(dy):
             with tf.control_dependencies([dy]):  # not before the gradient comes: see gelu
                 n32 = tf.cast(normal, tf.float32) if wide else tf.identity(normal)
+                # the scale's 16-bit copy too: cast back early, it is kept or not by schedule
+                scale32 = tf.cast(scale, tf.float32) if wide else scale
             dy32 = tf.cast(dy, tf.float32) if wide else dy
             rows = list(range(len(x.shape) - 1))
-            dnormal = dy32 * (tf.cast(scale, tf.float32) if wide else scale)
+            dnormal = dy32 * scale32
             dx = dnormal - n32 * tf.reduce_mean(dnormal * n32, axis=-1, keepdims=True)
             if centred:
                 dx -= tf.reduce_mean(dnormal, axis=-1, keepdims=True)
