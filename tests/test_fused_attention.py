@@ -8,6 +8,7 @@ import pytest
 
 from dtflab import train
 from dtflab._quiet import import_tf
+from dtflab.train.layouts.layout import Layout
 from dtflab.train.problems import fused_attention, transformer_ops as ops
 
 from conftest import max_loss_diff, one_process
@@ -166,6 +167,8 @@ def test_expert_parallelism_trains_fused_attention_as_one_process(four):
     (lambda: train.context_parallel(train.transformer(sequence=32, attention="fused",
                                                       attention_block=8), None, ways=4),
      "attention_block=8: ring attention's pieces are 4 tokens (32 cut into 8)"),
+    (lambda: Layout(recompute="selective").fits(train.transformer(attention="fused")),
+     "recompute='selective': transformer_2x64_h4_s32_fused32 uses fused attention"),
 ])
 def test_a_choice_fused_attention_cannot_serve_is_refused_with_the_fix(call, message):
     with pytest.raises(ValueError) as raised:

@@ -69,6 +69,14 @@ def test_the_fields_move_the_bars_and_a_plan_it_cannot_run_says_why():
     assert planner.measure() == {} and "only plans under 1024 MB" in planner.status
 
 
+def test_a_fused_attention_plan_stays_fused_as_the_fields_move():
+    planner = dtflab.memory_planner("GPT-2 small (124 M)", budget_gb=80, attention="fused")
+    before = planner.predicted["activations"]
+    planner.fields["sequence"].value = 2048  # plain attention's square would grow 4 times
+    assert planner.plan.attention == "fused"
+    assert planner.predicted["activations"] < 2.5 * before
+
+
 def test_the_ways_split_what_the_references_say_they_split():
     """A pipeline's first stage under 1F1B keeps the activations of min(p, m) micro-batches
     of its blocks; ZeRO stage s shards one more kind over the data replicas."""

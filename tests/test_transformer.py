@@ -91,6 +91,8 @@ def test_a_transformer_travels_to_a_worker_program_and_back():
     problem = train.transformer(blocks=3, tied=False, learning_rate=0.01)
     assert problems.from_json(problems.to_json(problem)) == problem
     assert problems.from_json(problems.to_json(train.exp_regression())) == train.exp_regression()
+    fused = train.transformer(sequence=32, attention="fused", attention_block=np.int64(8))
+    assert problems.from_json(problems.to_json(fused)) == fused
 
 
 @pytest.mark.parametrize("kwargs, message", [

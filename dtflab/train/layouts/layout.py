@@ -308,6 +308,10 @@ class Layout:
         for choice, default in (("precision", "float32"), ("recompute", "none")):
             mine, model = getattr(self, choice), getattr(problem, choice, default)
             if mine != default and mine != model:  # the default: as the model computes
+                if mine == "selective" and getattr(problem, "attention_block", 0):
+                    raise ValueError(f"recompute='selective': {problem.name} uses fused "
+                                     f"attention, which keeps no scores to recompute; leave "
+                                     f"recompute out of the layout, or use recompute='full'")
                 raise ValueError(f"{choice}={mine!r}: {problem.name} computes with {choice}="
                                  f"{model!r}; build it with train.transformer({choice}={mine!r}),"
                                  f" or leave {choice} out of the layout")

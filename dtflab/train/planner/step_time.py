@@ -70,7 +70,8 @@ def block_ops(plan: Plan) -> list[tuple[str, str, float, float]]:
     fused = plan.attention == "fused"
     # fused: the tiles above the diagonal skipped (of (s/B)² tiles, the lower half and the
     # diagonal's), and no score through memory; plain computes the causal square whole
-    causal = 0.5 + FUSED_TILE / (2 * full) if fused else 1.0
+    tile = min(FUSED_TILE, full)  # a sequence shorter than a tile is one tile
+    causal = 0.5 + tile / (2 * full) if fused else 1.0
     heads_s = b * a / t * s * full * causal  # the scores of every head this device holds
     kept = 0.0 if fused else heads_s  # scores written to and read from memory
     qkv = d / t + plan.kv_columns  # the qkv's columns here
@@ -130,18 +131,15 @@ def micro_batch_seconds(plan: Plan, hardware: Hardware) -> dict[str, float]:
     ops = block_ops(plan)
     forward = _seconds(ops, hardware, plan.precision)
     backward = _seconds(ops, hardware, plan.precision, backward=2.0)
-    if plan.recompute == "full":
-        again = forward
-    elif plan.attention == "fused":  # the backward computes each tile's scores again
-        again = _seconds([op for op in ops if op[0] in ("scores", "softmax",
-                                                          "attention_dropout")],
-                         hardware, plan.precision)
+    again = forward if plan.recompute == "full" else 0.0
+    if plan.attention == "fused":  # the backward computes each tile's scores again
+        again += _seconds([op for op in ops if op[0] in ("scores", "softmax",
+                                                           "attention_dropout")],
+                          hardware, plan.precision)
     elif plan.recompute == "selective":
         again = _seconds([op for op in ops if op[0] in ("scores", "softmax", "values",
                                                           "attention_dropout")],
                          hardware, plan.precision)
-    else:
-        again = 0.0
     out = output_ops(plan)
     output = _seconds(out, hardware, plan.precision) + _seconds(out, hardware, plan.precision, 2.0)
     parts = {"compute": blocks * (forward + backward) + output, "recompute": blocks * again}

@@ -56,9 +56,9 @@ def attend(tf, q, pieces: list, block: int, groups: int = 1, joined: bool = Fals
     flags = [causal for _, _, causal in pieces]
     for k, _, causal in pieces:
         if k.shape[2] % block or n % block or (causal and k.shape[2] != n):
-            raise ValueError(f"block={block}: the queries' {n} positions and a piece's "
-                             f"{k.shape[2]} keys must each be whole blocks; use a block that "
-                             f"divides both, e.g. block={math.gcd(n, k.shape[2])}")
+            raise ValueError(f"attention_block={block}: the queries' {n} positions and a "
+                             f"piece's {k.shape[2]} keys must each be whole blocks; use a block "
+                             f"that divides both, e.g. attention_block={math.gcd(n, k.shape[2])}")
     rows = n // block
     mask = tf.constant(np.tile(np.triu(np.ones([block, block], np.float32), 1) * -1e9,
                                (groups, 1)))

@@ -136,7 +136,7 @@ def checked_attention(attention: str, block, sequence: int, recompute: str) -> d
                          "recompute='none' (or 'full')")
     if block is None:
         block = fused_attention.default_block(sequence)
-    checks.whole(block, "attention_block", example=fused_attention.default_block(sequence))
+    block = checks.whole(block, "attention_block", example=fused_attention.default_block(sequence))
     if sequence % block:
         fits = fused_attention.default_block(sequence) if block > sequence else max(
             b for b in range(1, block + 1) if sequence % b == 0)
