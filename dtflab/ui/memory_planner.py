@@ -258,7 +258,7 @@ class MemoryPlanner:
             return
         values = {name: control.value for name, control in self.fields.items()}
         try:
-            plan = device_memory.Plan(**values, attention=self.plan.attention)  # no field of its own
+            plan = dataclasses.replace(self.plan, **values)  # a field without a control stays
         except ValueError as error:
             self.status = str(error)
             self._draw()
