@@ -215,6 +215,10 @@ def main(quick: bool, rounds: int, tries: int, earlier: dict | None = None,
     results["plan_published_mean_rel_error"] = round(
         statistics.fmean(abs(r["error"]) for r in checked), 3)
     results["plan_published_max_rel_error"] = round(max(abs(r["error"]) for r in checked), 3)
+    llama = published.check(published.LLAMA3_RUNS)  # H100, fused attention
+    results["plan_published_llama3_mean_rel_error"] = round(
+        statistics.fmean(abs(r["error"]) for r in llama), 3)
+    results["plan_published_llama3_max_rel_error"] = round(max(abs(r["error"]) for r in llama), 3)
     if earlier is not None:
         results.update(run_to_run(rows, earlier))
     results["runs"] = rows

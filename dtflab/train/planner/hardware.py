@@ -93,6 +93,12 @@ class Hardware:
     #: measured: ``{class: (bytes, seconds a byte)}``, an element-wise class's cost a byte on
     #: tensors that fit in a core's cache (``op_costs`` holds it on ones that do not)
     cached: dict = field(default_factory=dict)
+    #: The attention a run on this hardware is planned with unless told (``"fused"`` on the
+    #: GPU presets, as every published run of today's models is), and the share of the matrix
+    #: peak a fused attention kernel reaches, scores, softmax and weighted values together, as
+    #: its authors measured it (0: the kernel's multiplies priced as any other multiply)
+    attention: str = "plain"
+    attention_efficiency: float = 0.0
 
     def matrix_rate(self, flops: float) -> float:
         """FLOP/s of one multiply of ``flops`` on a core alone: ``matrix_rates`` read between
@@ -134,7 +140,14 @@ class Hardware:
     def op_seconds(self, flops: float, nbytes: float, precision: str,
                    kind: str = "matrix") -> float:
         """One op: its arithmetic and its memory traffic (the larger, or their sum where
-        ``overlap`` is False), plus ``per_op_s``."""
+        ``overlap`` is False), plus ``per_op_s``. Kind ``"attention"``: a fused attention
+        kernel's multiplies, at ``attention_efficiency`` of the matrix peak (what the kernel's
+        measured rate holds: its memory traffic and its softmax too), or as a ``"matrix"`` op
+        where that is not known."""
+        if kind == "attention":
+            if self.attention_efficiency:
+                return flops / (self.peak(precision) * self.attention_efficiency) + self.per_op_s
+            kind = "matrix"
         curve = self.matrix_efficiency if kind == "matrix" else self.vector_efficiency
         compute = flops / (self.peak(precision, kind) * self.efficiency(curve, flops / 1e9)) \
             if flops else 0.0
@@ -193,12 +206,16 @@ def a100_node() -> Hardware:
     - 8 GPUs a node on NVLink 3: 300 GB/s a direction (12 links x 25 GB/s, NCCL's maintainers in
       NVIDIA/nccl-tests#149), 0.65 of it and 10 µs a collective as Calculon models it;
     - one 200 Gb/s HDR InfiniBand adapter a GPU: 25 GB/s, 0.9 of it and 20 µs (Calculon);
-    - each op's arithmetic and memory time added, not overlapped (Calculon's ``no_overlap``)."""
+    - each op's arithmetic and memory time added, not overlapped (Calculon's ``no_overlap``);
+    - fused attention at 0.65 of the 16-bit peak: FlashAttention-2 on the A100 reaches up to
+      73% of it forward and 63% backward (Dao 2023, arXiv 2307.08691, section 4.1), the
+      backward two thirds of the work."""
     return _calculon_gpu_node(
         "A100 node (8 x A100 80 GB, NVLink, HDR InfiniBand)", tensor=312e12, vector=78e12,
         float32=19.5e12, memory_bandwidth=2039e9, node=Link("NVLink 3", 300e9, 10e-6, 0.65),
-        cluster=Link("HDR InfiniBand", 25e9, 20e-6, 0.9),
-        source="NVIDIA A100 datasheet; Calculon systems/a100_80g.json; nccl-tests#149")
+        cluster=Link("HDR InfiniBand", 25e9, 20e-6, 0.9), attention_efficiency=0.65,
+        source="NVIDIA A100 datasheet; Calculon systems/a100_80g.json; nccl-tests#149; "
+               "FlashAttention-2 (arXiv 2307.08691)")
 
 
 def h100_node() -> Hardware:
@@ -211,28 +228,34 @@ def h100_node() -> Hardware:
       NCCL reaches ~370 GB/s on ring collectives, 0.82 (NVIDIA/nccl-tests#212), 10 µs;
     - one 400 Gb/s NDR ConnectX-7 a GPU: 50 GB/s, NCCL 46-48 GB/s (nccl-tests#290): 0.93, 20 µs;
     - efficiency curves and the added arithmetic and memory times as Calculon's
-      ``systems/h100_80g_nvl8.json``."""
+      ``systems/h100_80g_nvl8.json``;
+    - fused attention at 0.35 of the 16-bit peak: FlashAttention-2 on the H100, the kernel
+      PyTorch's and the flash-attn package's runs of 2023-24 used (Shah et al. 2024,
+      FlashAttention-3, arXiv 2407.08608, abstract; FlashAttention-3 itself reaches up to 0.75
+      forward: a ``replace(h100_node(), attention_efficiency=...)`` plans with it)."""
     return _calculon_gpu_node(
         "H100 node (8 x H100 80 GB, NVLink 4, NDR InfiniBand)", tensor=989.4e12,
         vector=133.8e12, float32=66.9e12, memory_bandwidth=3350e9,
         node=Link("NVLink 4", 450e9, 10e-6, 0.82),
-        cluster=Link("NDR InfiniBand", 50e9, 20e-6, 0.93),
-        source="NVIDIA H100 datasheet; Calculon systems/h100_80g_nvl8.json; nccl-tests#212, #290")
+        cluster=Link("NDR InfiniBand", 50e9, 20e-6, 0.93), attention_efficiency=0.35,
+        source="NVIDIA H100 datasheet; Calculon systems/h100_80g_nvl8.json; nccl-tests#212, "
+               "#290; FlashAttention-3 (arXiv 2407.08608)")
 
 
 def _calculon_gpu_node(name: str, *, tensor: float, vector: float, float32: float,
                        memory_bandwidth: float, node: Link, cluster: Link,
-                       source: str) -> Hardware:
+                       attention_efficiency: float, source: str) -> Hardware:
     """An 8-GPU node of 80 GB devices as Calculon models one: ``tensor`` and ``vector``
     16-bit FLOP/s, ``float32`` for both, its efficiency curves, each op's arithmetic and
-    memory times added (``no_overlap``)."""
+    memory times added (``no_overlap``); planned with fused attention unless told."""
     return Hardware(
         name, flops={"bfloat16": tensor, "float16": tensor, "float32": float32},
         vector_flops={"bfloat16": vector, "float16": vector, "float32": float32},
         memory_bytes=80e9, memory_bandwidth=memory_bandwidth, per_node=8, node=node,
         cluster=cluster, matrix_efficiency=_CALCULON_MATRIX,
         vector_efficiency=_CALCULON_VECTOR, memory_efficiency=_CALCULON_MEMORY, per_op_s=0.0,
-        overlap=False, source=source)
+        overlap=False, attention="fused", attention_efficiency=attention_efficiency,
+        source=source)
 
 
 def tpu_v5e_slice() -> Hardware:

@@ -1,17 +1,30 @@
-"""Published training runs the planner is checked against: Korthikanti et al. 2022, "Reducing
-Activation Recomputation in Large Transformer Models" (arXiv 2205.05198), Megatron-LM's GPT on
-NVIDIA's Selene (DGX A100 80 GB nodes; 8 GPUs a node on NVLink, HDR InfiniBand between).
+"""Published training runs the planner is checked against, from two papers.
 
-Their Table 3 gives each model's layout (tensor 8, pipeline 1 / 8 / 35 / 64, no data
-parallelism; micro-batch 4 / 1 / 1 / 1; the interleaved schedule with 3 stages a worker for
-175B and 530B; sequence 2,048, vocabulary 51,200, mixed precision), their Table 5 each one's
-measured iteration time with full recomputation and with "present work" (selective
-recomputation and sequence parallelism, the all-gathers done again in the backward, section
-4.2.2), and section 6.3 one run with 8-way data parallelism. The Calculon simulator's
-``llm-validation`` carries the same eight layouts and times (calculon-ai/calculon,
-``calculon/llm/validation.py`` lines 287-304, ``validation/seqsel/tab5/``) and reproduces them
-with 3.65% mean and 8.87% worst error; its predicted memory per GPU is given beside ours (the
-paper measured none for these runs).
+**Korthikanti et al. 2022**, "Reducing Activation Recomputation in Large Transformer Models"
+(arXiv 2205.05198): Megatron-LM's GPT on NVIDIA's Selene (DGX A100 80 GB nodes; 8 GPUs a node
+on NVLink, HDR InfiniBand between). Their Table 3 gives each model's layout (tensor 8,
+pipeline 1 / 8 / 35 / 64, no data parallelism; micro-batch 4 / 1 / 1 / 1; the interleaved
+schedule with 3 stages a worker for 175B and 530B; sequence 2,048, vocabulary 51,200, mixed
+precision), their Table 5 each one's measured iteration time with full recomputation and with
+"present work" (selective recomputation and sequence parallelism, the all-gathers done again
+in the backward, section 4.2.2), and section 6.3 one run with 8-way data parallelism. The
+Calculon simulator's ``llm-validation`` carries the same eight layouts and times
+(calculon-ai/calculon, ``calculon/llm/validation.py`` lines 287-304,
+``validation/seqsel/tab5/``) and reproduces them with 3.65% mean and 8.87% worst error; its
+predicted memory per GPU is given beside ours (the paper measured none for these runs).
+Megatron-LM then kept every score (its fused softmax kernel): plain attention.
+
+**Dubey et al. 2024**, "The Llama 3 Herd of Models" (arXiv 2407.21783), Table 4: Llama 3 405B
+on H100s (tensor 8, pipeline 16, data 64 or 128; and context 16 at 131,072 tokens; the
+interleaved schedule; 16 M tokens a batch; bfloat16) and each run's TFLOPs a GPU and MFU. The
+step measured is the model's FLOPs over that rate (PaLM's count, Chowdhery et al. 2023
+Appendix B, which :func:`step_time.model_flops` keeps: the attention's full square). What the
+paper does not say is taken as its section 3.3 describes the runs: fused attention, sequence
+parallelism with the inputs gathered again in the backward (Megatron's), the data axis's
+exchange prefetched under the compute (``overlap``), a micro-batch of one sequence, 128 blocks
+(the paper takes one block from the first stage and one from the last, so the busiest stages
+hold 8 each, as 128 cut 16 ways do), two virtual stages a worker (not stated: with four,
+each prediction is 8-15 points faster). It measured no memory.
 """
 
 from __future__ import annotations
@@ -19,9 +32,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from dtflab.train.planner import hardware as machines
 from dtflab.train.planner import step_time
-from dtflab.train.planner.hardware import a100_node
-from dtflab.train.planner.device_memory import Plan, per_device
+from dtflab.train.planner.device_memory import PRESETS, Plan, per_device
 
 #: The four models (blocks, d_model, heads), Table 3.
 MODELS = {"22B": (48, 6144, 64), "175B": (96, 12288, 96), "530B": (105, 20480, 128),
@@ -30,8 +43,9 @@ MODELS = {"22B": (48, 6144, 64), "175B": (96, 12288, 96), "530B": (105, 20480, 1
 
 @dataclass(frozen=True)
 class Run:
-    """One published run: its Plan, the measured iteration time (s), the paper's MFU, and
-    Calculon's predicted time (s) and memory per GPU (GiB) where it has them."""
+    """One published run: its Plan, the measured iteration time (s), the paper's MFU,
+    Calculon's predicted time (s) and memory per GPU (GiB) where it has them, and the
+    hardware preset it ran on."""
 
     name: str
     plan: Plan
@@ -39,6 +53,9 @@ class Run:
     mfu: float | None = None
     calculon_s: float | None = None
     calculon_gib: float | None = None
+    hardware: str = "a100"
+    #: the published model's FLOPs a step, where its Plan's differ (MFU's numerator)
+    model_flops: float | None = None
 
 
 def _plan(model: str, pipeline: int, batch: int, micro_batch: int, chunks: int, mode: str,
@@ -49,7 +66,8 @@ def _plan(model: str, pipeline: int, batch: int, micro_batch: int, chunks: int, 
                 batch=batch, micro_batches=batch // (data * micro_batch), precision="float16",
                 recompute="selective" if present else "full", data=data, tensor=8,
                 pipeline=pipeline, chunks=chunks, sequence_parallel=present, regather=present,
-                dropout=True, tied=True, schedule="interleaved" if chunks > 1 else "1f1b")
+                dropout=True, tied=True, schedule="interleaved" if chunks > 1 else "1f1b",
+                attention="plain")
 
 
 FULL, PRESENT = "full recomputation", "selective + sequence parallel"
@@ -70,26 +88,55 @@ RUNS = (
 )
 
 
-def check(hardware=None) -> list[dict]:
-    """Each run predicted on ``hardware`` (the A100 preset): ``{"run", "gpus", "layout",
+
+def _llama3(gpus: int, data: int, context: int, sequence: int, tflops: float,
+            mfu: float) -> Run:
+    """A row of Dubey et al. 2024's Table 4: 16 M tokens a batch, one sequence a micro-batch;
+    the step measured from the paper's TFLOPs a GPU on the model as published (126 blocks)."""
+    batch = 2 ** 24 // sequence
+    plan = Plan(**PRESETS["Llama 3 405B"] | dict(
+        blocks=128, sequence=sequence, batch=batch, micro_batches=batch // data,
+        precision="bfloat16", data=data, tensor=8, pipeline=16, context=context,
+        chunks=2, schedule="interleaved", sequence_parallel=True, regather=True,
+        overlap=True, zero=2, attention="fused"))
+    flops = step_time.model_flops(dataclasses.replace(plan, blocks=126, pipeline=1, chunks=1,
+                                                      schedule="1f1b"))
+    return Run(f"Llama 3 405B, {gpus:,} GPUs, {sequence:,} tokens"
+               + (f", {context} context ways" if context > 1 else ""),
+               plan, flops / (tflops * 1e12 * gpus), mfu, hardware="h100", model_flops=flops)
+
+
+#: Table 4 (TFLOPs a GPU, MFU).
+LLAMA3_RUNS = (
+    _llama3(8192, 64, 1, 8192, 430, 0.43),
+    _llama3(16384, 128, 1, 8192, 400, 0.41),
+    _llama3(16384, 8, 16, 131072, 380, 0.38),
+)
+
+
+def check(runs=RUNS) -> list[dict]:
+    """Each run predicted on its hardware preset: ``{"run", "gpus", "layout",
     "measured_s", "predicted_s", "error", "calculon_s", "calculon_error", "mfu",
     "predicted_mfu", "memory_gib", "calculon_gib", "parts"}``; an error is predicted over
     measured, less 1."""
-    hardware = hardware or a100_node()
     rows = []
-    for run in RUNS:
+    for run in runs:
+        hardware = machines.preset(run.hardware)
         parts = step_time.step_seconds(run.plan, hardware)
         seconds = parts["total"]
         rows.append({
             "run": run.name, "gpus": run.plan.devices,
-            "layout": f"t{run.plan.tensor} p{run.plan.pipeline} d{run.plan.data}, "
+            "layout": f"t{run.plan.tensor} p{run.plan.pipeline} d{run.plan.data}"
+                      + (f" c{run.plan.context}" if run.plan.context > 1 else "") + ", "
                       f"micro-batch {run.plan.micro_batch}, v {run.plan.chunks}",
             "measured_s": run.measured_s, "predicted_s": seconds,
             "error": seconds / run.measured_s - 1,
             "calculon_s": run.calculon_s,
             "calculon_error": (None if run.calculon_s is None
                                else run.calculon_s / run.measured_s - 1),
-            "mfu": run.mfu, "predicted_mfu": step_time.mfu(run.plan, hardware, seconds),
+            "mfu": run.mfu, "predicted_mfu": (
+                step_time.mfu(run.plan, hardware, seconds) if run.model_flops is None else
+                run.model_flops / (seconds * run.plan.devices * hardware.peak("bfloat16"))),
             "memory_gib": per_device(run.plan)["total"] / 2 ** 30,
             "calculon_gib": run.calculon_gib, "parts": parts})
     return rows

@@ -28,7 +28,10 @@ With ``attention="fused"`` (fused, "flash", kernels): the scores and the weighte
 computed only on the causal tiles (half the square and the diagonal's tiles of
 :data:`FUSED_TILE`), no score written to memory or read back (the softmax and the attention's
 dropout arithmetic only), and the backward computing the scores once more (counted as
-``recompute``). MFU (:func:`mfu`) keeps its published convention, whichever attention runs.
+``recompute``): 3.5 times the forward's multiplies, as FlashAttention-2 counts its backward
+(2.5 times). Where the hardware gives a fused kernel's measured rate
+(``Hardware.attention_efficiency``), the scores, softmax and weighted values are priced at it,
+as one kernel. MFU (:func:`mfu`) keeps its published convention, whichever attention runs.
 
 Collectives, per block and micro-batch: tensor parallelism sums each half-block's output
 forward and its input's gradient backward (an all-reduce of s·b·d·p bytes; with sequence
@@ -59,7 +62,8 @@ PARTS = ("compute", "recompute", "tensor", "context", "expert", "pipeline", "bub
 
 def block_ops(plan: Plan) -> list[tuple[str, str, float, float]]:
     """One block's forward for one micro-batch on one device: ``(name, kind, flops, bytes)``,
-    kind ``"matrix"`` or ``"vector"``."""
+    kind ``"matrix"``, ``"vector"`` or, fused attention's scores and weighted values,
+    ``"attention"`` (``Hardware.op_seconds``)."""
     s, b, d, a, t = plan.sequence / plan.context, plan.micro_batch, plan.d_model, plan.heads, \
         plan.tensor
     full = plan.sequence
@@ -78,13 +82,14 @@ def block_ops(plan: Plan) -> list[tuple[str, str, float, float]]:
     h = plan.hidden / t  # the MLP's hidden units here (each expert's)
     g = plan.gates
     k += plan.shared_experts  # the shared experts run on every token
+    tiles = "attention" if fused else "matrix"  # a fused kernel's multiplies
     ops = [
         ("ln1", "vector", 8 * rows * d / sp, 2 * p * rows * d / sp),
         ("qkv", "matrix", 2 * rows * d * qkv, p * (rows * d + d * qkv + rows * qkv)),
-        ("scores", "matrix", 2 * b * s * full * causal * d / t,
+        ("scores", tiles, 2 * b * s * full * causal * d / t,
          p * (rows * d / t + b * full * plan.kv_columns / 2 + kept)),
         ("softmax", "vector", 5 * heads_s, 2 * p * kept),
-        ("values", "matrix", 2 * b * s * full * causal * d / t,
+        ("values", tiles, 2 * b * s * full * causal * d / t,
          p * (kept + b * full * plan.kv_columns / 2 + rows * d / t)),
         ("projection", "matrix", 2 * rows * d * d / t, p * (2 * rows * d / t + d * d / t)),
         ("residual1", "vector", rows * d / sp, 3 * p * rows * d / sp),
@@ -129,6 +134,9 @@ def micro_batch_seconds(plan: Plan, hardware: Hardware) -> dict[str, float]:
     output layer)."""
     blocks = plan.blocks / plan.pipeline
     ops = block_ops(plan)
+    if plan.attention == "fused" and hardware.attention_efficiency:
+        # the kernel's measured rate holds its softmax and dropout: none priced apart
+        ops = [op for op in ops if op[0] not in ("softmax", "attention_dropout")]
     forward = _seconds(ops, hardware, plan.precision)
     backward = _seconds(ops, hardware, plan.precision, backward=2.0)
     again = forward if plan.recompute == "full" else 0.0
