@@ -9,6 +9,7 @@ import pytest
 
 import dtflab
 from dtflab.train.planner import hardware, published, search, step_time
+from dtflab.train.formulas.memory import BYTES
 from dtflab.train.planner.device_memory import Plan, per_device
 
 GPT_65B = "GPT, 80 x 8192 (65 B)"
@@ -57,13 +58,24 @@ def test_a_gpu_preset_plans_fused_attention_unless_told_and_its_table_says_which
     assert pairs and all(p.seconds["total"] > f.seconds["total"] for p, f in pairs)
     assert all(p.memory["activations"] > f.memory["activations"] for p, f in pairs
                if p.plan.recompute == "none")
+    # the embedding looked up, as the published runs' frameworks do: the first stage keeps
+    # no one-hot tokens (dtflab's transformer keeps s·b·V/t of them a micro-batch in flight)
+    assert fused.base.embedding == "lookup" and "embedding looked up" in fused.table().head
+    row = next(row for row in fused.rows if row.plan.pipeline == 1)
+    one_hot = per_device(dataclasses.replace(row.plan, embedding="one-hot"))
+    plan = row.plan
+    assert one_hot["activations"] - row.memory["activations"] == (
+        BYTES[plan.precision] * plan.sequence // plan.context * plan.micro_batch
+        * -(-plan.vocabulary // plan.tensor))
     # a dict without attention takes the hardware's; the CPU preset plans plain
     shape = dict(dtflab.train.planner.device_memory.PRESETS["Llama 3 8B"], batch=64)
     assert dtflab.plan(shape, devices=8, hardware="a100").base.attention == "fused"
-    assert dtflab.plan(shape, devices=8, hardware="cpu").base.attention == "plain"
+    cpu = dtflab.plan(shape, devices=8, hardware="cpu").base
+    assert (cpu.attention, cpu.embedding) == ("plain", "one-hot")
     # a problem plans the attention it runs, whatever the hardware
     problem = dtflab.train.transformer()
-    assert dtflab.plan(problem, devices=2, hardware="h100").base.attention == "plain"
+    mine = dtflab.plan(problem, devices=2, hardware="h100").base
+    assert (mine.attention, mine.embedding) == ("plain", "one-hot")
 
 
 def test_the_published_check_as_a_whole_and_what_each_lever_bought():

@@ -92,6 +92,10 @@ class Plan(Layout):
     # ("flash") kernels run it: no scores kept or streamed through memory, the causal tiles
     # above the diagonal skipped, the scores computed again in the backward
     attention: str = "plain"
+    # ``embedding``: "one-hot" keeps each token's one-hot row for the embedding's backward, as
+    # dtflab's transformer multiplies by it (s·b·V a micro-batch); "lookup" gathers the rows,
+    # as the frameworks of published runs do, and keeps only the token ids
+    embedding: str = "one-hot"
 
     def __post_init__(self):
         from dtflab import checks
@@ -114,6 +118,7 @@ class Plan(Layout):
         checked_choices(self.d_model, self.heads, self.norm, self.positions, self.kv_heads,
                         self.activation, self.hidden, self.experts, self.shared_experts)
         checks.one_of(self.attention, "attention", ("plain", "fused"))
+        checks.one_of(self.embedding, "embedding", ("one-hot", "lookup"))
         if self.attention == "fused" and self.recompute == "selective":
             raise ValueError("recompute='selective' with attention='fused': fused attention "
                              "already computes the scores again in its backward and keeps "
@@ -323,7 +328,7 @@ def stage_activations(plan: Plan, first: bool, last: bool) -> int:
         # the interleaved schedule's first worker (Korthikanti et al. 2022, eq. 5's factor)
         in_flight *= 1 + (plan.pipeline - 1) / (plan.pipeline * plan.chunks)
     kept = int(in_flight * parameters["blocks"] * per_block)
-    if first:
+    if first and plan.embedding == "one-hot":
         kept += in_flight * p * s * b * v  # the one-hot tokens
     if last:
         kept += p * s * b * 2 * d + f32 * s * b * (v + 2)  # residual, final LN, the loss's

@@ -99,6 +99,9 @@ class Hardware:
     #: its authors measured it (0: the kernel's multiplies priced as any other multiply)
     attention: str = "plain"
     attention_efficiency: float = 0.0
+    #: The embedding a run on this hardware is planned with unless told: ``"lookup"`` on the
+    #: GPU presets (a gather, as their frameworks run it), ``"one-hot"`` (dtflab's) elsewhere
+    embedding: str = "one-hot"
 
     def matrix_rate(self, flops: float) -> float:
         """FLOP/s of one multiply of ``flops`` on a core alone: ``matrix_rates`` read between
@@ -157,6 +160,12 @@ class Hardware:
         if kind != "matrix":
             memory *= self.vector_traffic  # more ops of the same size, not bigger ones
         return (max(compute, memory) if self.overlap else compute + memory) + self.per_op_s
+
+    @property
+    def plan_defaults(self) -> dict:
+        """The Plan fields a preset's or a dict's model takes from this hardware unless told:
+        the attention and the embedding its runs use."""
+        return {"attention": self.attention, "embedding": self.embedding}
 
     def link(self, group: int, stride: int = 1) -> Link:
         """The link a group of ``group`` devices, ``stride`` apart, talks over."""
@@ -247,7 +256,8 @@ def _calculon_gpu_node(name: str, *, tensor: float, vector: float, float32: floa
                        attention_efficiency: float, source: str) -> Hardware:
     """An 8-GPU node of 80 GB devices as Calculon models one: ``tensor`` and ``vector``
     16-bit FLOP/s, ``float32`` for both, its efficiency curves, each op's arithmetic and
-    memory times added (``no_overlap``); planned with fused attention unless told."""
+    memory times added (``no_overlap``); planned with fused attention and a looked-up
+    embedding unless told."""
     return Hardware(
         name, flops={"bfloat16": tensor, "float16": tensor, "float32": float32},
         vector_flops={"bfloat16": vector, "float16": vector, "float32": float32},
@@ -255,6 +265,7 @@ def _calculon_gpu_node(name: str, *, tensor: float, vector: float, float32: floa
         cluster=cluster, matrix_efficiency=_CALCULON_MATRIX,
         vector_efficiency=_CALCULON_VECTOR, memory_efficiency=_CALCULON_MEMORY, per_op_s=0.0,
         overlap=False, attention="fused", attention_efficiency=attention_efficiency,
+        embedding="lookup",
         source=source)
 
 

@@ -28,9 +28,11 @@ VIEWS = "dtflab.viz.plan_map"
 CALIBRATED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 #: Ways ``plan()`` may be told to keep (``tensor=8``): only layouts with them are planned.
 WAYS = ("data", "tensor", "pipeline", "context", "expert")
-#: What a table's head says of the attention it priced, and the other choice.
+#: What a table's head says of the attention and embedding it priced, and the other choice.
 ATTENTION = {"fused": "fused attention, no score kept (attention='plain' keeps every score)",
              "plain": "plain attention, every score kept (attention='fused' keeps none)"}
+EMBEDDING = {"lookup": "embedding looked up (embedding='one-hot' keeps the one-hot tokens)",
+             "one-hot": "one-hot tokens kept (embedding='lookup' keeps only the ids)"}
 
 
 class RunPlans:
@@ -57,7 +59,7 @@ class RunPlans:
         """The ``count`` fastest layouts that fit (or, none fitting, the rows and why): text
         to print, and a table a notebook shows in a box that scrolls rather than wraps."""
         head = (f"{self.devices} devices, {self.hardware.describe()}; "
-                f"{ATTENTION[self.base.attention]}")
+                f"{ATTENTION[self.base.attention]}; {EMBEDDING[self.base.embedding]}")
         rows = []
         for row in (self.fitting or self.rows)[:count]:
             parts = sorted(((v, k) for k, v in row.seconds.items() if k != "total"),
@@ -82,19 +84,20 @@ class RunPlans:
         importlib.import_module(VIEWS).show_map(self, **options)
 
 
-def base_plan(model, default_attention: str = "plain", **overrides) -> shapes.Plan:
+def base_plan(model, defaults: dict | None = None, **overrides) -> shapes.Plan:
     """A Plan of ``model``'s shape: a ``train.transformer(...)`` problem (with the attention
-    it runs), a preset's name (``planner.device_memory.PRESETS``) or a dict of Plan fields
-    (with ``default_attention`` unless it names one); ``overrides`` (``batch=``,
-    ``precision=``...) on top."""
+    and embedding it runs), a preset's name (``planner.device_memory.PRESETS``) or a dict of
+    Plan fields (with ``defaults``' fields where it names none: ``Hardware.plan_defaults``);
+    ``overrides`` (``batch=``, ``precision=``...) on top."""
+    defaults = defaults or {}
     if isinstance(model, str):
         if model not in shapes.PRESETS:
             raise ValueError(f"model={model!r}: not a known model; choose one of "
                              f"{', '.join(repr(name) for name in shapes.PRESETS)}, pass "
                              f"train.transformer(...), or a dict of its shape")
-        fields = dict(attention=default_attention) | shapes.PRESETS[model]
+        fields = defaults | shapes.PRESETS[model]
     elif isinstance(model, dict):
-        fields = dict(attention=default_attention) | model
+        fields = defaults | model
     elif hasattr(model, "d_model"):
         fields = dict(blocks=model.blocks, d_model=model.d_model, heads=model.heads,
                       sequence=model.sequence, vocabulary=model.vocabulary,
@@ -142,8 +145,9 @@ def plan(model, devices: int, hardware="h100", *, cluster=None, memory_gb: float
     hardware has; ``overrides`` change the model's Plan fields (``batch=1024``,
     ``precision="bfloat16"``, ``dropout=True``...), and a way among them (``tensor=8``) keeps
     only the layouts with it. A preset's or a dict's model is planned with the hardware's
-    attention (``Hardware.attention``: fused on the GPU presets; ``attention="plain"`` keeps
-    every score), a problem with the attention it runs. Planned for the machine it runs on
+    attention and embedding (``Hardware.plan_defaults``: fused and a lookup on the GPU
+    presets; ``attention="plain"`` keeps every score, ``embedding="one-hot"`` the one-hot
+    tokens), a problem with the ones it runs. Planned for the machine it runs on
     (``hardware="here"``), only the layouts a dtflab loop trains are kept, so ``best`` can go
     to ``train.run_layout``."""
     from dtflab import checks
@@ -156,7 +160,7 @@ def plan(model, devices: int, hardware="h100", *, cluster=None, memory_gb: float
             raise ValueError(f"{axis}={ways}: {ways} {axis} ways do not divide {devices} devices; "
                              f"use one of {', '.join(map(str, search.divisors(devices)))}")
     machine = resolve(hardware, cluster)
-    base = base_plan(model, machine.attention, **overrides)
+    base = base_plan(model, machine.plan_defaults, **overrides)
     if memory_gb is not None:
         machine = machines.with_memory(machine, memory_gb * 1e9)
     rows = search.plans(dataclasses.replace(base, data=1, tensor=1, pipeline=1), devices,

@@ -12,7 +12,8 @@ Calculon simulator's ``llm-validation`` carries the same eight layouts and times
 (calculon-ai/calculon, ``calculon/llm/validation.py`` lines 287-304,
 ``validation/seqsel/tab5/``) and reproduces them with 3.65% mean and 8.87% worst error; its
 predicted memory per GPU is given beside ours (the paper measured none for these runs).
-Megatron-LM then kept every score (its fused softmax kernel): plain attention.
+Megatron-LM then kept every score (its fused softmax kernel): plain attention; its embedding
+a lookup, as every framework's here.
 
 **Dubey et al. 2024**, "The Llama 3 Herd of Models" (arXiv 2407.21783), Table 4: Llama 3 405B
 on H100s (tensor 8, pipeline 16, data 64 or 128; and context 16 at 131,072 tokens; the
@@ -20,7 +21,8 @@ interleaved schedule; 16 M tokens a batch; bfloat16) and each run's TFLOPs a GPU
 step measured is the model's FLOPs over that rate (PaLM's count, Chowdhery et al. 2023
 Appendix B, which :func:`step_time.model_flops` keeps: the attention's full square). What the
 paper does not say is taken as its section 3.3 describes the runs: fused attention, sequence
-parallelism with the inputs gathered again in the backward (Megatron's), the data axis's
+parallelism with the inputs gathered again in the backward (Megatron's), the embedding a
+lookup, the data axis's
 exchange prefetched under the compute (``overlap``), a micro-batch of one sequence, 128 blocks
 (the paper takes one block from the first stage and one from the last, so the busiest stages
 hold 8 each, as 128 cut 16 ways do), two virtual stages a worker (not stated: with four,
@@ -67,7 +69,7 @@ def _plan(model: str, pipeline: int, batch: int, micro_batch: int, chunks: int, 
                 recompute="selective" if present else "full", data=data, tensor=8,
                 pipeline=pipeline, chunks=chunks, sequence_parallel=present, regather=present,
                 dropout=True, tied=True, schedule="interleaved" if chunks > 1 else "1f1b",
-                attention="plain")
+                attention="plain", embedding="lookup")
 
 
 FULL, PRESENT = "full recomputation", "selective + sequence parallel"
@@ -98,7 +100,7 @@ def _llama3(gpus: int, data: int, context: int, sequence: int, tflops: float,
         blocks=128, sequence=sequence, batch=batch, micro_batches=batch // data,
         precision="bfloat16", data=data, tensor=8, pipeline=16, context=context,
         chunks=2, schedule="interleaved", sequence_parallel=True, regather=True,
-        overlap=True, zero=2, attention="fused"))
+        overlap=True, zero=2, attention="fused", embedding="lookup"))
     flops = step_time.model_flops(dataclasses.replace(plan, blocks=126, pipeline=1, chunks=1,
                                                       schedule="1f1b"))
     return Run(f"Llama 3 405B, {gpus:,} GPUs, {sequence:,} tokens"
