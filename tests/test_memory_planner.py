@@ -19,7 +19,9 @@ def test_one_replica_is_predicted_as_a_traced_step_holds_it(fields):
     planner = dtflab.memory_planner(budget_gb=0.004, **fields)
     measured = planner.measure()
     print(planner.line.value)
-    assert set(measured) == {"parameters", "gradients", "optimizer", "activations", "total"}
+    assert set(measured) == {"parameters", "weight_copies", "gradients", "optimizer",
+                             "activations", "total"}
+    assert (measured["weight_copies"] > 0) == (fields.get("precision") == "bfloat16")
     for kind, error in planner.errors.items():
         assert abs(error) <= 0.01, (kind, planner.errors)
     # what the planner ran is a replica's share of the batch: half of it with data=2
@@ -151,16 +153,23 @@ def test_the_verdict_says_each_amount_in_its_own_unit_and_no_error_reads_minus_z
     assert " GB" not in planner.line.value.split("fits in")[1]
 
 
-def test_in_16_bits_the_line_says_the_activations_hold_the_weights_copies():
+def test_in_16_bits_the_weight_copies_are_a_bar_of_their_own_and_the_line_says_what_they_are():
     shape = dict(device_memory.PRESETS["GPT, 32 x 4096 (6.7 B)"], recompute="full")
     planner = dtflab.memory_planner(**shape, precision="float32")
     assert "16-bit copies" not in planner.line.value
+    assert planner.predicted["weight_copies"] == 0 and planner.source.data["weight_copies"] == [0]
     as_float32 = planner.predicted["activations"]
     planner.set(precision="bfloat16")
-    # 32 blocks of 12 d^2 + 13 d and the output layer's V d, 2 bytes each: 13.0 GB
-    copies = 2 * (32 * (12 * 4096**2 + 13 * 4096) + 32000 * 4096)
+    # 32 blocks of 12 d^2 + 13 d, the final norm's d and the output layer's V d, 2 bytes each
+    copies = 2 * (32 * (12 * 4096**2 + 13 * 4096) + 4096 + 32000 * 4096)
+    assert planner.predicted["weight_copies"] == copies
+    bars = planner.source.data  # in one unit: the copies' bar to the parameters' as the bytes
+    assert bars["weight_copies"][0] / bars["parameters"][0] == pytest.approx(
+        copies / planner.predicted["parameters"])
+    assert f"weight copies {copies / 1e9:.4g}" in planner.line.value
     assert f"16-bit copies of the weights the backward multiplies by ({copies / 1e9:.3g} GB" in planner.line.value
-    assert planner.predicted["activations"] > as_float32  # the case the line explains
+    # the case the line explains: the activations halve, but with the copies hold more
+    assert planner.predicted["activations"] < as_float32 < planner.predicted["activations"] + copies
 
 
 def test_todays_presets_have_their_published_parameter_counts_and_the_menu_sets_their_blocks():

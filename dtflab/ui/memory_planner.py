@@ -24,8 +24,8 @@ from dtflab.train.layouts.layout import PRECISIONS, RECOMPUTE, ZERO_STAGES
 from dtflab.train.planner import device_memory
 
 #: The colours of the kinds, bottom to top.
-COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868",
-           "activations": "#c44e52"}
+COLOURS = {"parameters": "#4c72b0", "weight_copies": "#8172b3", "gradients": "#dd8452",
+           "optimizer": "#55a868", "activations": "#c44e52"}
 #: The largest plan Measure runs here, in predicted bytes on its device.
 MEASURABLE_BYTES = 1 << 30
 WAYS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
@@ -243,13 +243,15 @@ class MemoryPlanner:
         fig = figure(x_range=["predicted", "measured"], y_range=Range1d(0, 1), height=320, width=720,
                      title="bytes on the fullest device (dashed: the budget)", toolbar_location=None, name="memory_planner")
         bars = fig.vbar_stack(list(COLOURS), x="bar", width=0.6, source=source,
-                              color=list(COLOURS.values()), legend_label=list(COLOURS))
+                              color=list(COLOURS.values()),
+                              legend_label=[kind.replace("_", " ") for kind in COLOURS])
         for renderer, kind in zip(bars, COLOURS):
             renderer.name = f"planner_{kind}"
         self.budget_line = Span(location=0, dimension="width", line_color="black",
                                 line_dash="dashed", line_width=2)
         fig.add_layout(self.budget_line)
-        fig.add_tools(HoverTool(tooltips=[(kind, f"@{kind}{{0.000}}") for kind in COLOURS]))
+        fig.add_tools(HoverTool(tooltips=[(kind.replace("_", " "), f"@{kind}{{0.000}}")
+                                          for kind in COLOURS]))
         fig.add_layout(fig.legend[0], "right")
         return source, fig
 
@@ -308,7 +310,8 @@ class MemoryPlanner:
         fits = predicted["total"] <= budget
         verdict = (f"fits in {amount(budget)} with {amount(budget - predicted['total'])} to spare"
                    if fits else f"does not fit in {amount(budget)}: {predicted['total'] / budget:.2f}x")
-        kinds = ", ".join(f"{kind} {predicted[kind] / size:.4g}" for kind in COLOURS)
+        kinds = ", ".join(f"{kind.replace('_', ' ')} {predicted[kind] / size:.4g}"
+                          for kind in COLOURS)
         text = (f"<b>{self.plan.devices} device(s); the fullest holds "
                 f"{predicted['total'] / size:.4g} {unit}</b>: {kinds} {unit}; {verdict}")
         if self.errors:
@@ -319,25 +322,16 @@ class MemoryPlanner:
                      "gradients and parameters on a transformer, are the references' arithmetic, "
                      "not yet measured by dtflab (ZeRO's sharded optimizer state is: "
                      "train.zero)</i>")
-        copies = self._weight_copies()
+        copies = predicted["weight_copies"]
         if copies:
-            text += (f"<br><i>in {self.plan.precision}, the activations include the 16-bit copies "
-                     f"of the weights the backward multiplies by ({amount(copies)} on one replica"
+            text += (f"<br><i>in {self.plan.precision}, the weight copies are the 16-bit copies "
+                     f"of the weights the backward multiplies by ({amount(copies)}"
                      f"{', every block parameter with full recomputation' if self.plan.recompute == 'full' else ''}"
                      f"): TensorFlow keeps them from the forward, so 16 bits can hold more than "
-                     f"float32 where they outweigh what halving the rest saves</i>")
+                     f"float32 where they outweigh what halving the activations saves</i>")
         if self.status:
             text += f"<br>{self.status}"
         self.line.value = text
-
-    def _weight_copies(self) -> int:
-        """Bytes of the 16-bit weight copies in one replica's activations (0 in float32)."""
-        plan = self.plan
-        return device_memory.memory.activation_bytes(
-            plan.blocks, plan.d_model, plan.heads, plan.sequence, plan.batch // plan.data,
-            plan.vocabulary, recompute=plan.recompute, precision=plan.precision,
-            kv_heads=plan.kv_heads, hidden=plan.hidden,
-            activation=plan.activation, norm=plan.norm)["weight_copies"]
 
 
 def memory_planner(preset: str | None = None, *, budget_gb: float = 80.0, **fields):

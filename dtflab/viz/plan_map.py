@@ -35,8 +35,9 @@ def cells(plans) -> dict:
         columns["step"].append(f"{row.seconds['total']:.3g} s")
         columns["memory"].append(f"{row.memory['total'] / 1e9:.3g} GB"
                                  + ("" if row.fits else " (does not fit)"))
-        columns["kinds"].append(", ".join(f"{kind} {row.memory[kind] / 1e9:.3g}" for kind in
-                                          ("parameters", "gradients", "optimizer", "activations")))
+        columns["kinds"].append(", ".join(f"{kind.replace('_', ' ')} {held / 1e9:.3g}"
+                                          for kind, held in row.memory.items()
+                                          if kind != "total"))
         columns["parts"].append(", ".join(f"{k} {v:.3g}" for k, v in row.seconds.items()
                                           if v and k != "total"))
         columns["fits"].append(row.fits)

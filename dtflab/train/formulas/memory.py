@@ -6,6 +6,9 @@ With N parameters, float32 and Adam:
 
 - **parameters** 4·N; **gradients** 4·N (every parameter's, each until Adam has used it);
 - **optimizer state** 8·N + 8: Adam's m and v per parameter, and its two beta powers;
+- **weight copies** (16 bits only, below): the 16-bit copies of the weights that the forward
+  casts and keeps for the backward, a kind of their own, as a paper's or a framework's
+  breakdown counts them beside the parameters;
 - **activations** (what the forward pass keeps for the backward), with s the sequence, b the
   batch, d = d_model, a heads, V the vocabulary and L blocks, in float32 elements, as
   TensorFlow 2.21 keeps them when the backward waits for the forward (one inter-op thread;
@@ -41,9 +44,9 @@ checked against a traced step (``tests/test_memory.py``); p is the bytes of the 
   also keeps the 16-bit copies of the weights a backward multiplies by: the output layer's
   (V·d, tied or not), each block's four matrices (12·d²) and the norms' scales (d each, the
   final one's too), or with full recomputation every block parameter (12·d² + 13·d), which
-  the block's second run reads, and the final norm's scale. On a small model
-  those copies outweigh what 16 bits save: full recomputation in 16 bits can keep more than
-  in float32.
+  the block's second run reads, and the final norm's scale: the **weight copies** kind. On a
+  small model those copies outweigh what 16 bits save on the activations: full recomputation
+  in 16 bits can keep more than in float32.
 - **micro-batches** k: the activations of one micro-batch, b/k sequences; parameters,
   gradients (their running sum) and optimizer state unchanged.
 
@@ -58,7 +61,7 @@ from dtflab.train.formulas.transformer import block_matrices, block_parameters
 from dtflab.train.layouts.layout import PRECISIONS
 
 FLOAT32 = 4
-KINDS = ("parameters", "gradients", "optimizer", "activations")
+KINDS = ("parameters", "weight_copies", "gradients", "optimizer", "activations")
 #: Bytes per element of each compute type ``train.transformer(precision=)`` takes.
 BYTES = dict(zip(PRECISIONS, (4, 2, 2)))  # the layout names them
 
@@ -106,8 +109,9 @@ def block_elements(d: int, heads: int, s: int, b: int, kv_heads: int | None = No
 
 def transformer_bytes(problem, batch: int | None = None, micro_batches: int = 1) -> dict[str, int]:
     """Bytes one device holds to train ``problem`` (a ``Transformer``) on ``batch`` sequences
-    (default: its batch) in ``micro_batches`` micro-batches, by kind: ``parameters``,
-    ``gradients``, ``optimizer``, ``activations``."""
+    (default: its batch) in ``micro_batches`` micro-batches, by kind (:data:`KINDS`):
+    ``parameters``, ``weight_copies`` (0 in float32), ``gradients``, ``optimizer``,
+    ``activations``."""
     if problem.experts:
         raise ValueError(f"experts={problem.experts}: the one-device count is for a dense "
                          f"transformer; the planner's (dtflab.plan) counts a mixture")
@@ -120,9 +124,10 @@ def transformer_bytes(problem, batch: int | None = None, micro_batches: int = 1)
                                    precision=problem.precision, kv_heads=problem.kv_heads,
                                    hidden=problem.hidden, activation=problem.activation,
                                    fused=bool(problem.attention_block), norm=problem.norm)
-    return {"parameters": FLOAT32 * n, "gradients": FLOAT32 * n,
+    copies = activations["weight_copies"]
+    return {"parameters": FLOAT32 * n, "weight_copies": copies, "gradients": FLOAT32 * n,
             "optimizer": 2 * FLOAT32 * n + 2 * FLOAT32,
-            "activations": activations["total"]}
+            "activations": activations["total"] - copies}
 
 
 def split_activation_bytes(problem, ways: int, sequence_parallel: bool = False) -> list[int]:

@@ -29,9 +29,9 @@ class MemoryReport:
         for kind in (*KINDS, "peak"):
             predicted = self.predicted.get(kind)
             error = self.errors.get(kind)
-            rows.append(f"  {kind:<12}{self.measured[kind]:>14,}"
-                        + (f"{predicted:>14,}  {error:+.1%}" if predicted is not None else
-                           "      (measured only)"))
+            rows.append(f"  {kind:<14}{self.measured[kind]:>14,}"
+                        + (f"{predicted:>14,}" + ("" if error is None else f"  {error:+.1%}")
+                           if predicted is not None else "      (measured only)"))
         return "\n".join(rows)
 
 

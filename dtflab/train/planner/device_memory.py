@@ -332,23 +332,34 @@ def stage_activations(plan: Plan, first: bool, last: bool) -> int:
         kept += in_flight * p * s * b * v  # the one-hot tokens
     if last:
         kept += p * s * b * 2 * d + f32 * s * b * (v + 2)  # residual, final LN, the loss's
-    if plan.precision != "float32":  # the 16-bit copies; full recomputation reads every one
-        block_extra = parameters["block"] - parameters["block_matrices"]
-        rest = d if last else 0  # the final norm's scale, and each block's norms' (or all)
-        rest += (block_extra if plan.recompute == "full" else 2 * d) * parameters["blocks"]
-        kept += p * (parameters["matrices"] + rest)
     return int(kept)
 
 
+def stage_weight_copies(plan: Plan, first: bool, last: bool) -> int:
+    """Bytes of the 16-bit weight copies one device of a stage keeps for its backward
+    (``formulas.memory``'s count; none in float32): the matrices a backward multiplies by and
+    the norms' scales (each block's, and the final one's on the last stage), or with full
+    recomputation every block parameter, which the block's second run reads."""
+    if plan.precision == "float32":
+        return 0
+    parameters = stage_parameters(plan, first, last)
+    block_extra = parameters["block"] - parameters["block_matrices"]
+    rest = plan.d_model if last else 0
+    rest += (block_extra if plan.recompute == "full" else 2 * plan.d_model) \
+        * parameters["blocks"]
+    return int(memory.BYTES[plan.precision] * (parameters["matrices"] + rest))
+
+
 def per_device(plan: Plan) -> dict[str, int]:
-    """Bytes on the device that holds the most, by kind (``parameters``, ``gradients``,
-    ``optimizer``, ``activations``), and ``total``."""
+    """Bytes on the device that holds the most, by kind (:data:`KINDS`: ``parameters``,
+    ``weight_copies``, ``gradients``, ``optimizer``, ``activations``), and ``total``."""
     stages = [(True, plan.pipeline == 1)] + ([(False, True)] if plan.pipeline > 1 else [])
     found = []
     for first, last in stages:
         n = stage_parameters(plan, first, last)["total"]
         d = plan.data
         held = {"parameters": memory.FLOAT32 * n // (d if plan.zero >= 3 else 1),
+                "weight_copies": stage_weight_copies(plan, first, last),
                 "gradients": memory.FLOAT32 * n // (d if plan.zero >= 2 else 1),
                 "optimizer": (2 * memory.FLOAT32 * n + 2 * memory.FLOAT32)
                 // (d if plan.zero >= 1 else 1),

@@ -18,10 +18,7 @@ from dataclasses import dataclass
 from dtflab.train.layouts.layout import Layout
 from dtflab.train.planner import step_time
 from dtflab.train.planner.hardware import Hardware
-from dtflab.train.planner.device_memory import Plan, per_device
-
-#: What a layout row reports beside the Plan.
-KINDS = ("parameters", "gradients", "optimizer", "activations")
+from dtflab.train.planner.device_memory import KINDS, Plan, per_device
 
 
 @dataclass(frozen=True)
@@ -157,7 +154,9 @@ def cannot_fit(rows: list[Row], hardware: Hardware) -> str:
                             "context ways",
              "optimizer": "ZeRO stage 1 or more, over more data ways",
              "gradients": "ZeRO stage 2 or more, over more data ways",
-             "parameters": "more tensor or pipeline ways, or ZeRO stage 3"}[heaviest]
+             "parameters": "more tensor or pipeline ways, or ZeRO stage 3",
+             "weight_copies": "more tensor or pipeline ways (float32 keeps no 16-bit copy)"
+             }[heaviest]
     return (f"no layout fits in {hardware.memory_bytes / 1e9:.4g} GB a device: the smallest "
             f"reaches {smallest.memory['total'] / 1e9:.4g} GB ({smallest.name}), most of it "
-            f"{heaviest} ({biggest / 1e9:.4g} GB); try more devices, or {lever}")
+            f"{heaviest.replace('_', ' ')} ({biggest / 1e9:.4g} GB); try more devices, or {lever}")

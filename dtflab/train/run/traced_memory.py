@@ -9,7 +9,9 @@ records (each op's allocations and frees, with their times) on each device.
   (``/Adam``, ``/Adam_1``) or is a beta power is the optimizer's. They are allocated when
   initialised, before the step: its records do not show them.
 - **gradients**: the tensors the optimizer's apply ops read, as the step allocated them.
-- **activations**: the bytes forward ops had allocated and not yet freed when the forward
+- **weight copies**: what the forward's casts of a variable's value (its 16-bit copy, read
+  where the variable is or received from its task) still held when the forward pass ended.
+- **activations**: the other bytes forward ops had allocated and not yet freed when the forward
   pass ended (the end of the last forward op that allocated more than a scalar): what the
   forward keeps for the backward, and the last forward op's outputs. With micro-batches, the
   most one micro-batch's forward ops held at the end of its forward. Between tasks, two
@@ -45,7 +47,8 @@ APPLY_OPS = {"ResourceApplyAdam": 9, "ApplyAdam": 9}  # the index of the gradien
 
 
 def step_memory(metadata) -> dict[str, dict[str, int]]:
-    """``{device: {"parameters", "gradients", "optimizer", "activations", "peak"}}`` in bytes
+    """``{device: {"parameters", "weight_copies", "gradients", "optimizer", "activations",
+    "peak"}}`` in bytes
     for the step ``metadata`` traced, devices by their short names (``worker:0``; see the
     module's docstring)."""
     found = collections.defaultdict(lambda: dict.fromkeys((*KINDS, "peak"), 0))
@@ -70,7 +73,8 @@ def step_memory(metadata) -> dict[str, dict[str, int]]:
     wiring = _Wiring(metadata.partition_graphs)
     for device, node_stats in stats.items():
         held = found[device]
-        held["activations"], held["peak"] = _live_bytes(node_stats, wiring)
+        held["activations"], held["weight_copies"], held["peak"] = _live_bytes(node_stats,
+                                                                               wiring)
     return {device: held for device, held in found.items() if any(held.values())}
 
 
@@ -82,31 +86,36 @@ def _forward_part(name: str) -> str | None:
     return micro_batch.group(1) if micro_batch else ""
 
 
-def _live_bytes(node_stats, wiring: _Wiring) -> tuple[int, int]:
-    """(forward bytes live when the forward ended, the most bytes live at once); with
-    micro-batches, the most one micro-batch's forward ops held at the end of its forward."""
+def _live_bytes(node_stats, wiring: _Wiring) -> tuple[int, int, int]:
+    """(forward bytes live when the forward ended, besides the weight copies; the weight
+    copies' then; the most bytes live at once); with micro-batches, what one micro-batch's
+    forward ops held at the end of its forward, the micro-batch that held the most."""
     records, forward_ends = [], collections.defaultdict(int)  # micro-batch -> its forward's end
     for stats in node_stats:
         forward = _forward_part(stats.node_name)
+        copy = stats.node_name in wiring.copies
         allocated = 0
         for memory in stats.memory:
             for record in memory.allocation_records:
-                records.append((record.alloc_micros, record.alloc_bytes, forward))
+                records.append((record.alloc_micros, record.alloc_bytes, forward, copy))
                 allocated += max(record.alloc_bytes, 0)
         if forward is not None and allocated > 64:
             forward_ends[forward] = max(forward_ends[forward],
                                         stats.all_start_micros + stats.op_end_rel_micros)
     records.sort(key=lambda record: record[0])
     live = peak = 0
-    for _, change, _ in records:
+    for _, change, _, _ in records:
         live += change
         peak = max(peak, live)
-    # One batch: every forward op's bytes; micro-batches: each one's own forward ops'.
-    kept = max((sum(change for when, change, part in records
-                    if when <= end and part is not None and (part == key or not key))
-                + _transport_bytes(node_stats, wiring, key, end)
-                for key, end in forward_ends.items()), default=0)
-    return kept, peak
+
+    def held(key, end, copies):  # one batch: every forward op's; micro-batches: each one's own
+        return sum(change for when, change, part, copy in records if copy == copies
+                   and when <= end and part is not None and (part == key or not key))
+
+    kept = [(held(key, end, False) + _transport_bytes(node_stats, wiring, key, end),
+             held(key, end, True)) for key, end in forward_ends.items()]
+    activations, copies = max(kept, key=sum, default=(0, 0))
+    return activations, copies, peak
 
 
 class _Wiring:
@@ -127,6 +136,13 @@ class _Wiring:
         # a received activation; a received parameter (a copy of a variable) is no activation
         receives = {node.name for node in nodes.values() if node.op == "_Recv"
                     and node.attr["tensor_name"].s not in sent_variables}
+        received_variables = {node.name for node in nodes.values() if node.op == "_Recv"
+                              and node.attr["tensor_name"].s in sent_variables}
+        #: the casts of a variable's value: its 16-bit copies
+        self.copies = {node.name for node in nodes.values() if node.op == "Cast" and node.input
+                       and (_reads_variable(nodes, source := node.input[0].partition(":")[0],
+                                            constants=False)
+                            or source in received_variables)}
         for graph in partition_graphs:
             for node in graph.node:
                 if node.op == "_Send":
@@ -141,11 +157,13 @@ class _Wiring:
                         self.reads_received.add(node.name)
 
 
-def _reads_variable(nodes, name: str) -> bool:
-    """Whether op ``name``'s output is a variable's value (through any identities)."""
+def _reads_variable(nodes, name: str, constants: bool = True) -> bool:
+    """Whether op ``name``'s output is a variable's value (through any identities; a constant
+    counts as one unless ``constants`` is False)."""
     while name in nodes and nodes[name].op in ("Identity", "Snapshot") and nodes[name].input:
         name = nodes[name].input[0].partition(":")[0]
-    return name in nodes and nodes[name].op in ("ReadVariableOp", "VariableV2", "Const")
+    return name in nodes and nodes[name].op in (
+        ("ReadVariableOp", "VariableV2") + (("Const",) if constants else ()))
 
 
 def _transport_bytes(node_stats, wiring: _Wiring, key: str, end: int) -> int:
