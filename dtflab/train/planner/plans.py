@@ -200,7 +200,8 @@ class Table(str):
         from html import escape
 
         def cells(values, tag):
-            return "".join(f'<{tag} style="text-align:{"left" if i in (0, 6) else "right"}">'
+            return "".join(f'<{tag} style="white-space:nowrap; '
+                           f'text-align:{"left" if i in (0, 6) else "right"}">'
                            f"{escape(str(value))}</{tag}>" for i, value in enumerate(values))
 
         body = "".join(f"<tr>{cells(row, 'td')}</tr>" for row in self.rows)
