@@ -41,7 +41,18 @@ def snapshot() -> dict:
         except psutil.Error:
             pass
     return {"threads": len(os.listdir("/proc/self/task")), "fds": len(os.listdir("/proc/self/fd")),
-            "children": sorted(children)}
+            "children": sorted(children), "open": open_files()}
+
+
+def open_files() -> dict[str, str]:
+    """This process's file descriptors and what each points at (a socket, a pipe, a file)."""
+    found = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed while listed (the listing's own fd)
+            pass
+    return found
 
 
 def settled(before: dict, wait_s: float = 10.0) -> dict:
@@ -108,12 +119,17 @@ def main(argv=None) -> int:
     leaked = {"processes": sorted(set(after["children"]) - set(before["children"])),
               "task_processes_alive_5s_after_stop": survivors,
               "threads": after["threads"] - before["threads"], "fds": after["fds"] - before["fds"],
-              "ports_still_listening": listening(used)}
+              "ports_still_listening": listening(used),
+              # what a leaked fd points at, to find the code that opened it
+              "fds_opened": sorted(target for fd, target in after["open"].items()
+                                   if before["open"].get(fd) != target)}
     report = {"benchmark": "start_stop_cycles", "backend": args.backend, "cycles": args.cycles,
               "cycle_s_median": round(statistics.median(times), 3),
               "cycle_s_max": round(max(times), 3), "ports_used": len(used),
-              "before": {k: v if k != "children" else len(v) for k, v in before.items()},
-              "after": {k: v if k != "children" else len(v) for k, v in after.items()},
+              "before": {k: len(v) if k == "children" else v for k, v in before.items()
+                         if k != "open"},
+              "after": {k: len(v) if k == "children" else v for k, v in after.items()
+                        if k != "open"},
               "leaked": leaked}
     print(json.dumps(report))
     clean = not (leaked["processes"] or survivors or leaked["threads"] > 0 or leaked["fds"] > 0

@@ -24,8 +24,9 @@ def test_start_stop_cycles_leave_nothing_behind(backend, cycles):
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["cycles"] == cycles
     assert report["ports_used"] >= 3 * cycles  # every cycle really started its tasks
-    assert report["leaked"] == {"processes": [], "task_processes_alive_5s_after_stop": [],
-                                "threads": report["leaked"]["threads"], "fds": report["leaked"]["fds"],
-                                "ports_still_listening": []}, report
-    assert report["leaked"]["threads"] <= 0 and report["leaked"]["fds"] <= 0, report
+    leaked = report["leaked"]
+    assert leaked == {"processes": [], "task_processes_alive_5s_after_stop": [],
+                      "threads": leaked["threads"], "fds": leaked["fds"],
+                      "ports_still_listening": [], "fds_opened": leaked["fds_opened"]}, leaked
+    assert leaked["threads"] <= 0 and leaked["fds"] <= 0, leaked  # names what each fd points at
     assert out.returncode == 0, out.stderr[-3000:]
