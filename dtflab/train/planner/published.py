@@ -94,7 +94,6 @@ RUNS = (
 )
 
 
-
 def _llama3(gpus: int, data: int, context: int, sequence: int, tflops: float,
             mfu: float) -> Run:
     """A row of Dubey et al. 2024's Table 4: 16 M tokens a batch, one sequence a micro-batch;
@@ -140,9 +139,8 @@ def check(runs=RUNS) -> list[dict]:
             "calculon_s": run.calculon_s,
             "calculon_error": (None if run.calculon_s is None
                                else run.calculon_s / run.measured_s - 1),
-            "mfu": run.mfu, "predicted_mfu": (
-                step_time.mfu(run.plan, hardware, seconds) if run.model_flops is None else
-                run.model_flops / (seconds * run.plan.devices * hardware.peak("bfloat16"))),
+            "mfu": run.mfu,
+            "predicted_mfu": step_time.mfu(run.plan, hardware, seconds, run.model_flops),
             "memory_gib": per_device(run.plan)["total"] / 2 ** 30,
             "calculon_gib": run.calculon_gib, "parts": parts})
     return rows

@@ -265,8 +265,10 @@ def model_flops(plan: Plan) -> float:
     return 6 * B * s * (L * (attention + mlp) + d * V) + 12 * B * L * s * s * d
 
 
-def mfu(plan: Plan, hardware: Hardware, seconds: float | None = None) -> float:
-    """Model FLOPs utilisation: :func:`model_flops` over the step's time and every device's
-    peak."""
+def mfu(plan: Plan, hardware: Hardware, seconds: float | None = None,
+        flops: float | None = None) -> float:
+    """Model FLOPs utilisation: :func:`model_flops` (or ``flops``, a published model's where
+    the plan's shape differs) over the step's time and every device's peak."""
     seconds = step_seconds(plan, hardware)["total"] if seconds is None else seconds
-    return model_flops(plan) / (seconds * plan.devices * hardware.peak(plan.precision))
+    flops = model_flops(plan) if flops is None else flops
+    return flops / (seconds * plan.devices * hardware.peak(plan.precision))
