@@ -44,6 +44,72 @@ def test_each_llama_3_run_is_predicted_within_15_percent_with_fused_attention(ru
         assert plain > 2 * run.measured_s
 
 
+@pytest.mark.parametrize("run", published.NARAYANAN_RUNS, ids=lambda run: run.name)
+def test_each_megatron_2021_run_is_predicted_within_15_percent(run):
+    (found,) = published.check([run])
+    print(f"{run.name} ({found['layout']}): measured {run.measured_s:.2f} s, predicted "
+          f"{found['predicted_s']:.2f} s ({found['error']:+.1%}; data axis "
+          f"{found['parts']['data']:.3f} s)")
+    assert abs(found["error"]) <= 0.15
+
+
+def test_a_ring_across_nodes_shares_each_node_s_adapters_and_a_send_gets_one():
+    a100 = hardware.a100_node()
+    nic = a100.cluster.bandwidth
+    assert a100.link(16, ring=True).bandwidth == 8 * nic  # 8 of the ring a node
+    assert a100.link(16, stride=2, ring=True).bandwidth == 4 * nic
+    assert a100.link(16, stride=8, ring=True) == a100.cluster  # one a node: its own adapter
+    assert a100.link(16) == a100.cluster  # a send
+    assert a100.link(8, ring=True) == a100.node  # inside a node
+    # never past the node's own link: 8 NDR adapters would be 400 GB/s, NVLink 4 gives 450
+    h100 = hardware.h100_node()
+    assert h100.link(64, ring=True).bandwidth == min(8 * h100.cluster.bandwidth,
+                                                     h100.node.bandwidth)
+    # measured: Narayanan et al.'s 1.7B on 32 A100s (32 data ways, 8 a node) ran its step in
+    # 3.53 s; the all-reduce over one adapter a device would be 14% of the step predicted, and
+    # the prediction 14% long; over the node's eight it is 2% (the run's error within 4%)
+    (found,) = published.check(published.NARAYANAN_RUNS[:1])
+    one_adapter = step_time.data_seconds(found_plan := published.NARAYANAN_RUNS[0].plan,
+                                         dataclasses.replace(a100, per_node=1))
+    assert found["parts"]["data"] < one_adapter / 4
+    assert abs(found["error"]) < abs((found["predicted_s"] - found["parts"]["data"]
+                                      + one_adapter) / found["measured_s"] - 1)
+    assert found_plan.data == 32
+
+
+def test_fsdp_s_exchange_across_nodes_scales_as_measured():
+    # MPT 13B without recomputation on 8, 16, 32 and 64 H100s: llm-foundry measured the same
+    # tokens a second a GPU within 1% (4,767-4,811), FSDP's bfloat16 gathers (its benchmark's
+    # "PURE" mixed precision) prefetched under the forward and the backward
+    runs = [run for run in published.MPT_RUNS
+            if run.name.startswith("MPT 13b") and run.plan.sequence == 2048]
+    assert sorted(run.plan.data for run in runs) == [8, 16, 32, 64]
+    rows = published.check(runs)
+
+    def per_gpu(seconds):
+        return [run.plan.batch * run.plan.sequence / s / run.plan.data
+                for run, s in zip(runs, seconds)]
+
+    measured, predicted = per_gpu(r["measured_s"] for r in rows), per_gpu(
+        r["predicted_s"] for r in rows)
+    print(f"tokens/s a GPU: measured {[round(x) for x in measured]}, predicted "
+          f"{[round(x) for x in predicted]}")
+    assert max(measured) / min(measured) < 1.02 and max(predicted) / min(predicted) < 1.05
+
+    # each ring over one adapter a device, as if a node's eight did not share the work: the
+    # exchange outlasts the compute past one node and the rate a GPU falls by half or more
+    class OneAdapter(hardware.Hardware):
+        def link(self, group, stride=1, ring=False):
+            return super().link(group, stride)
+
+    h100 = hardware.h100_node()
+    lone = OneAdapter(**{f.name: getattr(h100, f.name) for f in dataclasses.fields(h100)})
+    alone = per_gpu(step_time.step_seconds(run.plan, lone)["total"] for run in runs)
+    print(f"  one adapter a device: {[round(x) for x in alone]}")
+    eight = next(x for run, x in zip(runs, alone) if run.plan.data == 8)
+    assert all(x < eight / 2 for run, x in zip(runs, alone) if run.plan.data > 8)
+
+
 def test_a_gpu_preset_plans_fused_attention_unless_told_and_its_table_says_which():
     fused = dtflab.plan("Llama 3 8B", devices=8, hardware="h100", batch=64)
     assert fused.base.attention == "fused"
@@ -85,7 +151,7 @@ def test_the_published_check_as_a_whole_and_what_each_lever_bought():
           f"(Calculon on its eight: 3.65%, 8.87%)")
     assert sum(errors) / len(errors) <= 0.10
     # Table 5's point: the present work runs 29-32% more steps than full recomputation. The
-    # model sees the gain on every model and overestimates it by 5-15% (so does Calculon:
+    # model sees the gain on every model and overestimates it by 4-14% (so does Calculon:
     # 1.23-1.45): it charges sequence parallelism's reduce-scatters and all-gathers an
     # all-reduce's bytes, and the paper measured them slower than that
     for model in published.MODELS:

@@ -63,9 +63,11 @@ class Plan(Layout):
     # outputs kept, Korthikanti et al.'s count); ``regather``: sequence parallelism gathers a
     # block's input again in the backward instead of keeping it whole (Megatron's choice,
     # Korthikanti et al. section 4.2.2); ``overlap``: the data axis's gradient exchange under
-    # the backward; ``exchanges``: the collectives the data axis's exchange is cut into (1:
-    # bucketed, as DDP and Megatron do; dtflab's ZeRO programs exchange each parameter on its
-    # own).
+    # the backward (ZeRO 3's gathers under the forward too); ``exchanges``: the collectives
+    # the data axis's exchange is cut into (1: bucketed, as DDP and Megatron do; dtflab's ZeRO
+    # programs exchange each parameter on its own); ``exchange_precision``: what its gradients
+    # and gathered parameters travel in ("float32", dtflab's and Megatron's; the 16-bit type
+    # where a framework casts before it sends, as FSDP's "pure" mixed precision does).
     experts: int = 0
     top_k: int = 1
     # ``pad_to_capacity``: every expert computes its capacity's rows (``problems.experts``),
@@ -88,6 +90,7 @@ class Plan(Layout):
     regather: bool = False
     overlap: bool = False
     exchanges: int = 1
+    exchange_precision: str = "float32"
     # ``attention``: "plain" keeps every head's scores (dtflab's default); "fused" as fused
     # ("flash") kernels run it: no scores kept or streamed through memory, the causal tiles
     # above the diagonal skipped, the scores computed again in the backward
@@ -119,6 +122,8 @@ class Plan(Layout):
                         self.activation, self.hidden, self.experts, self.shared_experts)
         checks.one_of(self.attention, "attention", ("plain", "fused"))
         checks.one_of(self.embedding, "embedding", ("one-hot", "lookup"))
+        checks.one_of(self.exchange_precision, "exchange_precision",
+                      ("float32", self.precision))
         if self.attention == "fused" and self.recompute == "selective":
             raise ValueError("recompute='selective' with attention='fused': fused attention "
                              "already computes the scores again in its backward and keeps "

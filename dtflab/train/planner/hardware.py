@@ -23,7 +23,8 @@ model (``planner.step_time``) charges each op of a step:
   all-gather (n - 1) / n, a send 1).
 
 A group of devices talks over the node's link when it fits inside one node (``per_node``
-consecutive devices), else over the cluster's.
+consecutive devices), else over the cluster's: a device's own adapter for a send, the adapters
+of the group's devices a node shares for a ring collective (:meth:`Hardware.link`).
 """
 
 from __future__ import annotations
@@ -167,9 +168,22 @@ class Hardware:
         the attention and the embedding its runs use."""
         return {"attention": self.attention, "embedding": self.embedding}
 
-    def link(self, group: int, stride: int = 1) -> Link:
-        """The link a group of ``group`` devices, ``stride`` apart, talks over."""
-        return self.node if group * stride <= self.per_node else self.cluster
+    def link(self, group: int, stride: int = 1, ring: bool = False) -> Link:
+        """The link a group of ``group`` devices, ``stride`` apart, talks over. A ring
+        collective (``ring=True``: an all-reduce, all-gather or reduce-scatter) across nodes
+        runs one ring a device of the group each node holds, each over that device's own
+        adapter (NCCL's channels), so its rate a device is the node's share of those adapters
+        (k x the cluster's bandwidth for k of the group a node, at most the node's link): two
+        nodes of 8 A100s with 4 HDR adapters each reach about 85-96 GB/s of the 100 GB/s four
+        adapters give (NVIDIA/nccl-tests#119). A send, and a group of one device a node, get
+        one adapter."""
+        if group * stride <= self.per_node:
+            return self.node
+        shared = min(group, max(1, self.per_node // stride)) if ring else 1
+        if shared == 1:
+            return self.cluster
+        return replace(self.cluster, name=f"{self.cluster.name} ({shared} adapters a node)",
+                       bandwidth=min(shared * self.cluster.bandwidth, self.node.bandwidth))
 
     def with_tasks(self, tasks: int) -> Hardware:
         """This measured machine with ``tasks`` tasks sharing its CPUs instead of the
@@ -216,15 +230,20 @@ def a100_node() -> Hardware:
       NVIDIA/nccl-tests#149), 0.65 of it and 10 µs a collective as Calculon models it;
     - one 200 Gb/s HDR InfiniBand adapter a GPU: 25 GB/s, 0.9 of it and 20 µs (Calculon);
     - each op's arithmetic and memory time added, not overlapped (Calculon's ``no_overlap``);
+    - no multiply past 0.859 of the 16-bit peak: the best of every shape a maximum-achievable
+      matmul scan timed on an A100 SXM, 267.9 of 312 TFLOP/s (CUDA 12.1; stas00/ml-engineering,
+      ``compute/accelerator/README.md``, "Maximum Achievable Matmul FLOPS comparison table"),
+      where Calculon's curve reaches 0.95;
     - fused attention at 0.65 of the 16-bit peak: FlashAttention-2 on the A100 reaches up to
       73% of it forward and 63% backward (Dao 2023, arXiv 2307.08691, section 4.1), the
       backward two thirds of the work."""
     return _calculon_gpu_node(
         "A100 node (8 x A100 80 GB, NVLink, HDR InfiniBand)", tensor=312e12, vector=78e12,
         float32=19.5e12, memory_bandwidth=2039e9, node=Link("NVLink 3", 300e9, 10e-6, 0.65),
-        cluster=Link("HDR InfiniBand", 25e9, 20e-6, 0.9), attention_efficiency=0.65,
+        cluster=Link("HDR InfiniBand", 25e9, 20e-6, 0.9), matrix_ceiling=0.859,
+        attention_efficiency=0.65,
         source="NVIDIA A100 datasheet; Calculon systems/a100_80g.json; nccl-tests#149; "
-               "FlashAttention-2 (arXiv 2307.08691)")
+               "ml-engineering's MAMF table; FlashAttention-2 (arXiv 2307.08691)")
 
 
 def h100_node() -> Hardware:
@@ -237,7 +256,9 @@ def h100_node() -> Hardware:
       NCCL reaches ~370 GB/s on ring collectives, 0.82 (NVIDIA/nccl-tests#212), 10 µs;
     - one 400 Gb/s NDR ConnectX-7 a GPU: 50 GB/s, NCCL 46-48 GB/s (nccl-tests#290): 0.93, 20 µs;
     - efficiency curves and the added arithmetic and memory times as Calculon's
-      ``systems/h100_80g_nvl8.json``;
+      ``systems/h100_80g_nvl8.json``, no multiply past 0.801 of the peak: the maximum-achievable
+      matmul scan's 792.1 of 989 TFLOP/s on an H100 SXM (CUDA 12.1; ml-engineering's table, as
+      the A100's);
     - fused attention at 0.35 of the 16-bit peak: FlashAttention-2 on the H100, the kernel
       PyTorch's and the flash-attn package's runs of 2023-24 used (Shah et al. 2024,
       FlashAttention-3, arXiv 2407.08608, abstract; FlashAttention-3 itself reaches up to 0.75
@@ -246,23 +267,27 @@ def h100_node() -> Hardware:
         "H100 node (8 x H100 80 GB, NVLink 4, NDR InfiniBand)", tensor=989.4e12,
         vector=133.8e12, float32=66.9e12, memory_bandwidth=3350e9,
         node=Link("NVLink 4", 450e9, 10e-6, 0.82),
-        cluster=Link("NDR InfiniBand", 50e9, 20e-6, 0.93), attention_efficiency=0.35,
+        cluster=Link("NDR InfiniBand", 50e9, 20e-6, 0.93), matrix_ceiling=0.801,
+        attention_efficiency=0.35,
         source="NVIDIA H100 datasheet; Calculon systems/h100_80g_nvl8.json; nccl-tests#212, "
-               "#290; FlashAttention-3 (arXiv 2407.08608)")
+               "#290; ml-engineering's MAMF table; FlashAttention-3 (arXiv 2407.08608)")
 
 
 def _calculon_gpu_node(name: str, *, tensor: float, vector: float, float32: float,
-                       memory_bandwidth: float, node: Link, cluster: Link,
+                       memory_bandwidth: float, node: Link, cluster: Link, matrix_ceiling: float,
                        attention_efficiency: float, source: str) -> Hardware:
     """An 8-GPU node of 80 GB devices as Calculon models one: ``tensor`` and ``vector``
-    16-bit FLOP/s, ``float32`` for both, its efficiency curves, each op's arithmetic and
+    16-bit FLOP/s, ``float32`` for both, its efficiency curves (the matrix curve's shares at
+    most ``matrix_ceiling``, the device's best measured multiply), each op's arithmetic and
     memory times added (``no_overlap``); planned with fused attention and a looked-up
     embedding unless told."""
     return Hardware(
         name, flops={"bfloat16": tensor, "float16": tensor, "float32": float32},
         vector_flops={"bfloat16": vector, "float16": vector, "float32": float32},
         memory_bytes=80e9, memory_bandwidth=memory_bandwidth, per_node=8, node=node,
-        cluster=cluster, matrix_efficiency=_CALCULON_MATRIX,
+        cluster=cluster,
+        matrix_efficiency=tuple((size, min(share, matrix_ceiling))
+                                for size, share in _CALCULON_MATRIX),
         vector_efficiency=_CALCULON_VECTOR, memory_efficiency=_CALCULON_MEMORY, per_op_s=0.0,
         overlap=False, attention="fused", attention_efficiency=attention_efficiency,
         embedding="lookup",

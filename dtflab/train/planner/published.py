@@ -1,4 +1,4 @@
-"""Published training runs the planner is checked against: two papers' and one framework's.
+"""Published training runs the planner is checked against: three papers' and one framework's.
 
 **Korthikanti et al. 2022**, "Reducing Activation Recomputation in Large Transformer Models"
 (arXiv 2205.05198): Megatron-LM's GPT on NVIDIA's Selene (DGX A100 80 GB nodes; 8 GPUs a node
@@ -27,10 +27,20 @@ one sequence, 128 blocks (the paper takes one block from the first stage and one
 last, so the busiest stages hold 8 each, as 128 cut 16 ways do), two virtual stages a worker
 (not stated: with four, each prediction is 8-15 points faster). It measured no memory.
 
+**Narayanan et al. 2021**, "Efficient Large-Scale Language Model Training on GPU Clusters
+Using Megatron-LM" (SC21, arXiv 2104.04473), Table 1: GPT models of 1.7B to 1T parameters on 32
+to 3,072 A100s of Selene (tensor 1 to 8, pipeline 1 to 64, 6 to 32 data ways; sequence 2,048,
+vocabulary 51,200, mixed precision float16, full recomputation) and each run's TFLOP/s a GPU,
+which counts the recomputed forward (the paper's equation 3, 96·B·s·l·h²·(1 + s/(6h) +
+V/(16·l·h))): the step measured is those FLOPs over that rate. Megatron-LM then all-reduced
+the gradients after the backward (``megatron/training.py``'s ``train_step`` of 2021: the
+``backward-params-all-reduce`` after ``forward_backward_func``): no overlap. What the table
+does not say is taken as: a micro-batch of one sequence, the 1F1B schedule.
+
 **MosaicML's llm-foundry** (``scripts/train/benchmarking/README.md``, "H100 80GB BF16"): MPT
 models of 760M to 70B parameters under PyTorch FSDP (ZeRO 3 over every GPU), 512 to 65,536
 tokens, 8 to 64 GPUs, each row's tokens a second (:data:`MPT_RUNS`). The planner does not yet
-meet these (the planning guide gives each row's error and what it shows).
+meet these: it predicts every one short (the planning guide says what that shows).
 """
 
 from __future__ import annotations
@@ -119,6 +129,32 @@ LLAMA3_RUNS = (
 )
 
 
+def _narayanan(params: str, heads: int, d: int, blocks: int, tensor: int, pipeline: int,
+               gpus: int, batch: int, tflops: float) -> Run:
+    """A row of Narayanan et al. 2021's Table 1, the step measured from its TFLOP/s a GPU."""
+    data = gpus // (tensor * pipeline)
+    plan = Plan(blocks=blocks, d_model=d, heads=heads, sequence=2048, vocabulary=51200,
+                batch=batch, micro_batches=batch // data, precision="float16",
+                recompute="full", data=data, tensor=tensor, pipeline=pipeline, dropout=True,
+                tied=True, schedule="1f1b", attention="plain", embedding="lookup")
+    s, V = plan.sequence, plan.vocabulary
+    flops = 96 * batch * s * blocks * d * d * (1 + s / (6 * d) + V / (16 * blocks * d))
+    return Run(f"GPT {params}, {gpus:,} GPUs", plan, flops / (gpus * tflops * 1e12))
+
+
+#: Table 1: (parameters, heads, d_model, blocks, tensor, pipeline, GPUs, batch, TFLOP/s a GPU)
+NARAYANAN_RUNS = tuple(_narayanan(*row) for row in (
+    ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137), ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138),
+    ("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142), ("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135),
+    ("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138),
+    ("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    ("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148),
+    ("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155),
+    ("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163),
+    ("1T", 160, 25600, 128, 8, 64, 3072, 3072, 163),
+))
+
+
 def check(runs=RUNS) -> list[dict]:
     """Each run predicted on its hardware preset: ``{"run", "gpus", "layout",
     "measured_s", "predicted_s", "error", "calculon_s", "calculon_error", "mfu",
@@ -162,13 +198,14 @@ MPT_MODELS = {"760m": (24, 1536, 12), "1b": (24, 2048, 16), "3b": (32, 2560, 20)
 def _mpt(model: str, sequence: int, gpus: int, micro_batch: int, accumulation: int,
          batch: int, tokens_per_s: float, checkpointing: bool) -> Run:
     """A row of the table: PyTorch FSDP's FULL_SHARD over every GPU (ZeRO 3), its gathers
-    prefetched under the compute, fused attention, bfloat16 with float32 master weights; the
-    step measured from its tokens a second."""
+    prefetched under the compute, gathers and reductions in bfloat16 (the benchmark's
+    ``--fsdp_config_mixed_precision PURE``, ``submit_benchmarks.py``), fused attention,
+    float32 master weights; the step measured from its tokens a second."""
     blocks, d, heads = MPT_MODELS[model]
     plan = Plan(blocks=blocks, d_model=d, heads=heads, sequence=sequence, vocabulary=50368,
                 batch=batch, micro_batches=accumulation, precision="bfloat16", data=gpus,
                 zero=3, recompute="full" if checkpointing else "none", overlap=True,
-                attention="fused", embedding="lookup", tied=True)
+                exchange_precision="bfloat16", attention="fused", embedding="lookup", tied=True)
     assert plan.micro_batch == micro_batch, (model, sequence, gpus)
     return Run(f"MPT {model}, {gpus} GPUs, {sequence:,} tokens", plan,
                batch * sequence / tokens_per_s, hardware="h100")

@@ -10,7 +10,7 @@ between pipeline stages. A step is::
     (m + bubble) x (that per-micro-batch time)
         [the schedule's bubble over the work: (p - 1) / m GPipe and 1F1B, (p - 1) / (v m)
         interleaved, ZB-H1's with a third of the micro-batch each F, B and W]
-    + the data axis's gradient exchange (what the backward does not hide)
+    + the data axis's gradient exchange (what the compute does not hide, where it overlaps)
     + the optimizer's update (memory-bound)
     + the framework's fixed cost per step (``Hardware.per_step_s``)
 
@@ -168,7 +168,7 @@ def collective_seconds(plan: Plan, hardware: Hardware, forward_attention: float 
     found = {"tensor": 0.0, "context": 0.0, "expert": 0.0}
     activation = s * b * d * p
     if t > 1:
-        link = hardware.link(t)
+        link = hardware.link(t, ring=True)
         ring = (t - 1) / t
         if plan.sequence_parallel:  # a reduce-scatter and an all-gather each time
             one = link.seconds(activation, ring) + link.seconds(activation, ring)
@@ -213,7 +213,12 @@ def step_seconds(plan: Plan, hardware: Hardware) -> dict[str, float]:
     ratio = schedules.bubble_ratio(plan.schedule, p, m, v, forward=forward,
                                    backward=2 * forward, weight=forward) if p > 1 else 0.0
     parts["bubble"] = ratio * m * one
-    parts["data"] = data_seconds(plan, hardware, backward=m * per["compute"] * 2 / 3)
+    # what an overlapped exchange hides under: the backward's multiplies (and ZeRO 3's
+    # gathers the forward's, and what recomputation runs again, too)
+    hidden = m * per["compute"] * 2 / 3
+    if plan.zero == 3:
+        hidden = m * (per["compute"] + per["recompute"])
+    parts["data"] = data_seconds(plan, hardware, backward=hidden)
     parts["optimizer"] = optimizer_seconds(plan, hardware)
     parts["framework"] = hardware.per_step_s
     parts = {name: parts.get(name, 0.0) for name in PARTS}
@@ -222,17 +227,17 @@ def step_seconds(plan: Plan, hardware: Hardware) -> dict[str, float]:
 
 
 def data_seconds(plan: Plan, hardware: Hardware, backward: float = 0.0) -> float:
-    """The data axis's gradient exchange per step: a ring all-reduce of the device's float32
-    gradients (ZeRO 1 and 2: a reduce-scatter and an all-gather of the parameters, the same
-    bytes; 3: the parameters gathered twice, 3/2 of it), less what the backward hides when
-    ``plan.overlap``."""
+    """The data axis's gradient exchange per step: a ring all-reduce of the device's gradients
+    in ``plan.exchange_precision`` (ZeRO 1 and 2: a reduce-scatter and an all-gather of the
+    parameters, the same bytes; 3: the parameters gathered twice, 3/2 of it), less what the
+    compute hides (``backward``) when ``plan.overlap``."""
     d = plan.data
     if d == 1:
         return 0.0
     n = stage_parameters(plan, True, plan.pipeline == 1)["total"]
-    link = hardware.link(d, stride=plan.tensor * plan.context)
+    link = hardware.link(d, stride=plan.tensor * plan.context, ring=True)
     factor = 2 * (d - 1) / d * (1.5 if plan.zero == 3 else 1.0)
-    exchange = link.seconds(memory.FLOAT32 * n, factor)
+    exchange = link.seconds(memory.BYTES[plan.exchange_precision] * n, factor)
     # each collective pays the link's latency; ZeRO 1 and 2 a reduce-scatter and an all-gather
     # a piece, ZeRO 3 two gathers and a reduce-scatter
     collectives = plan.exchanges * {0: 1, 1: 2, 2: 2, 3: 3}[plan.zero]
