@@ -2,19 +2,27 @@
 predict each run's step time and memory per device from the calibration alone, then run it.
 
 Every run is ``train.run_layout`` of the transformer (small sizes: two shapes) on the layout
-named, 10 steps, step 9 traced; each run's step is predicted before its first step (a graph
+named, 25 steps, step 24 traced; each run's step is predicted before its first step (a graph
 loop: its own graph simulated on the calibration; ZeRO: each worker's own step function, traced
 and simulated; all-reduce: a copy of the graph a worker and its pack) and measured as the
-median of steps 3 to 7 (the slowest worker's, for the worker programs). Runs go in interleaved
-rounds (every form once a round, ``--rounds`` of them), each round after a calibration of its
+median of its 20 counted steps, 3 to 22 (the slowest worker's, for the worker programs). Runs
+go in interleaved rounds (``--rounds``, 5 unless told), each round after a calibration of its
 own (the machine moves between rounds, and a calibration is a moment of it: each of a round's
-figures is the median of ``--tries`` calibrations, ``train.calibrate(cluster, tries=3)``), and
-a form's predicted and measured steps are the medians of its rounds; its memory by kind the
-fullest device's in the traced step (``train.step_memory``; the worker programs report their
-variables: parameters and Adam's state).
+figures is the median of ``--tries`` calibrations, ``train.calibrate(cluster, tries=3)``); a
+round runs every form twice, A-B-B-A (the forms in order, then in reverse), and pairs the
+round's prediction with the mean of its two runs. A form's error is the median over rounds of
+(predicted / measured - 1), paired within the round; its memory by kind the fullest device's in
+the traced step (``train.step_memory``; the worker programs report their variables: parameters
+and Adam's state). A round whose runs waited for a core past ``plan_queued_share_limit`` of
+their step (the kernel's run-queue time of each task's op thread, ``CpuPerStep.queued_s``) is
+flagged, counted in ``plan_rounds_flagged`` and left out (unless every round is).
 
-- plan_step_time_mean_rel_error, plan_step_time_max_rel_error: |predicted / measured - 1|
-  over the runs, and the worst;
+- plan_step_time_mean_rel_error, plan_step_time_max_rel_error: |a form's error| over the
+  forms, and the worst;
+- plan_noise_expected_mean, plan_noise_expected_max: what a perfect prediction would score
+  against these measurements, from each round's two runs (half their difference over their
+  mean stands for the mean's own deviation; the median over rounds, as a form's error): the
+  floor under the two figures above, in this run;
 - plan_step_time_noise: the median over forms of one form's spread between rounds ((max -
   min) / median): what the machine's own noise is, beside the errors;
 - plan_step_time_calibration_spread: the same of one form's predictions between rounds: how
@@ -25,18 +33,22 @@ variables: parameters and Adam's state).
   capacity, signed: what its experts hold follows the routing the router learns in the run,
   which the prediction reads as the first step counted routes (``Plan.routing``), and the
   traced step routes otherwise (the padded run is in the figures above);
-- plan_published_max_rel_error (and _mean_): the nine published A100 runs
-  (``planner.published``) on the A100 preset;
+- plan_published_max_rel_error (and _mean_, _median_error signed): the nine published A100
+  runs of Korthikanti et al. (``planner.published``) on the A100 preset; the same with
+  ``narayanan_`` (Narayanan et al. 2021's Table 1, A100), ``llama3_`` (Dubey et al. 2024's
+  Table 4, H100) and ``mpt_`` (llm-foundry's H100 table) in the name;
 - plan_step_time_run_to_run_mean_rel_error, plan_step_time_run_to_run_max_rel_error (with
   ``--against`` an earlier run's JSON): |this run's measured / that run's measured - 1| over the
   runs both have, and the worst: what a prediction that is the other run itself misses this
   one by, the floor under the errors above on this machine;
 - calibration_s: how long each round's ``calibrate`` took (with the worker programs' costs);
   calibrations: what each measured;
-- runs: each run's predicted and measured step (ms; each round's), memory by kind (MB), and
+- runs: each run's predicted and measured step (ms; each round's, and its two runs), its
+  errors round by round, each round's share waited for a core, memory by kind (MB), and
   where the predicted and traced timelines part most (``Prediction.differences``).
 
-    python benchmarks/plan.py [--quick] [--rounds 3] [--tries 3] [--against earlier.json] [--smoke]
+    python benchmarks/plan.py [--quick] [--rounds 5] [--tries 3] [--forms FORM ...]
+                              [--against earlier.json] [--smoke]
 
 Prints one JSON line. --quick: one shape, fewer runs; --smoke: one shape, two runs (tensor
 parallel for the memory figures, routed experts for theirs), one round of one try, 6 steps
@@ -52,8 +64,14 @@ import time
 
 from dtflab.train.formulas.memory import KINDS
 
-STEPS, TRACE = 10, 9
+#: 20 counted steps a run: from history.FIRST_COUNTED_STEP, the traced step and the one after
+#: it left out (``RunHistory.median_step_s``)
+STEPS, TRACE = 25, 24
 SMOKE_STEPS, SMOKE_TRACE = 6, 5  # the fewest a traced run's step is measured from
+#: A round whose runs waited, runnable, for a core more than this share of their step (the
+#: median over its runs of ``CpuPerStep.queued_s`` over the wall time a step) is flagged and
+#: left out of the errors: the machine, not the model, set its times
+QUEUED_SHARE = 0.5
 #: --smoke's runs: the cheapest of the forms whose memory is set before they run, and the
 #: routed mixture (plan_memory_routed_experts_max_rel_error)
 SMOKE_RUNS = ("tensor parallel", "expert parallel (routed)")
@@ -125,69 +143,129 @@ def run_to_run(rows: list, earlier: dict) -> dict:
     before = {row["run"]: row["step_ms"]["measured"] for row in earlier["runs"]}
     differences = [abs(row["step_ms"]["measured"] / before[row["run"]] - 1)
                    for row in rows if row["run"] in before]
-    if not differences:
-        raise SystemExit("--against: no run in common with this one; give a JSON of the same "
-                         "shapes (--quick or not)")
     return {"plan_step_time_run_to_run_mean_rel_error": round(statistics.fmean(differences), 3),
             "plan_step_time_run_to_run_max_rel_error": round(max(differences), 3)}
 
 
-def main(quick: bool, rounds: int, tries: int, earlier: dict | None = None,
-         smoke: bool = False) -> None:
-    import dtflab
-    from dtflab import train
-    from dtflab.train.planner import published
-    from dtflab.train.planner.predicted_run import GRAPH_LOOPS, loop_for, with_program_costs
-
+def chosen(quick: bool, smoke: bool, forms: list[str] | None) -> list[tuple]:
+    """``(workers, shape, run)`` for each run this invocation makes, before anything starts:
+    ``forms`` (names as ``runs`` gives them, without the shape) keeps those alone."""
     shapes = [dict(blocks=4, d_model=128, heads=4, sequence=64, batch_size=16)]
     if not quick:
         shapes.append(dict(blocks=4, d_model=256, heads=4, sequence=128, batch_size=8))
-    results, rows = {}, {}
+    todo = []
+    for workers in (2,) if smoke else (2, 4):
+        these = [(workers, shape, r) for shape in shapes for r in runs(shape) if r[1] == workers]
+        if smoke:
+            these = [t for t in these if t[2][0] in SMOKE_RUNS]
+        elif quick and not forms:
+            these = these[::2] if workers == 2 else these
+        todo += these
+    if forms:
+        known = sorted({t[2][0] for t in todo})
+        for form in forms:
+            if form not in known:
+                raise SystemExit(f"--forms: {form!r} is not a form this run makes; choose "
+                                 f"from {', '.join(repr(k) for k in known)}")
+        todo = [t for t in todo if t[2][0] in forms]
+    return todo
+
+
+def key(shape: dict, name: str) -> str:
+    return f"{name}, d_model {shape['d_model']}"
+
+
+def main(quick: bool, rounds: int, tries: int, earlier: dict | None = None,
+         smoke: bool = False, forms: list[str] | None = None) -> None:
+    import dtflab
+    from dtflab import train
+    from dtflab.train.measure.cpu import CpuPerStep
+    from dtflab.train.planner import published
+    from dtflab.train.planner.predicted_run import GRAPH_LOOPS, loop_for, with_program_costs
+    from dtflab.train.run.history import FIRST_COUNTED_STEP
+
+    if rounds < 1:
+        raise SystemExit(f"--rounds {rounds}: a run needs at least one round; use --rounds 5 "
+                         f"(the default) or more")
+    todo = chosen(quick, smoke, forms)
+    if earlier is not None:  # refused before anything starts
+        names = {key(shape, r[0]) for _, shape, r in todo}
+        if not names & {row["run"] for row in earlier["runs"]}:
+            raise SystemExit("--against: no run in common with this one; give a JSON of the "
+                             "same shapes (--quick or not) and forms")
+    results, rows = {"plan_queued_share_limit": QUEUED_SHARE}, {}
     go = dict(steps=SMOKE_STEPS if smoke else STEPS, seed=0,
               trace_step=SMOKE_TRACE if smoke else TRACE, watchdog=False)
-    for workers in (2,) if smoke else (2, 4):
+    flagged = 0
+    for workers in sorted({t[0] for t in todo}):
         with dtflab.start_cluster(workers=workers, inter_op_threads=2,
                                   intra_op_threads=1) as cluster:
-            todo = [(shape, r) for shape in shapes for r in runs(shape) if r[1] == workers]
-            if smoke:
-                todo = [(shape, r) for shape, r in todo if r[0] in SMOKE_RUNS]
-            elif quick:
-                todo = todo[::2] if workers == 2 else todo
-            # interleaved rounds: every form once a round, so the machine's drift falls on all;
+            these = [(shape, r) for w, shape, r in todo if w == workers]
+            # interleaved rounds: every form twice a round, A-B-B-A, so the machine's drift
+            # falls on all alike and each form's two runs sit either side of the round's middle;
             # the machine calibrated afresh each round, and that round's runs predicted from it
             for round_ in range(rounds):
                 start = time.perf_counter()
                 hardware = train.calibrate(cluster, tries=tries)
-                if any(loop_for(r[3])[0] not in GRAPH_LOOPS for _, r in todo):  # a program
+                if any(loop_for(r[3])[0] not in GRAPH_LOOPS for _, r in these):  # a program
                     hardware = with_program_costs(hardware, cluster)
                 if workers == 2:
                     results.setdefault("calibration_s", []).append(
                         round(time.perf_counter() - start, 1))
                     results.setdefault("calibrations", []).append(described(hardware))
-                for shape, (name, _, problem, layout) in todo:
-                    history = train.run_layout(problem, cluster, layout, hardware=hardware, **go)
-                    key = f"{name}, d_model {shape['d_model']}"
+                seen = {}
+                for shape, (name, _, problem, layout) in these + these[::-1]:
+                    cpu = CpuPerStep(cluster, skip=FIRST_COUNTED_STEP)
+                    history = train.run_layout(problem, cluster, layout, hardware=hardware,
+                                               callbacks=[cpu], **go)
+                    found = seen.setdefault(key(shape, name), {"measured": [], "queued": []})
+                    found["measured"].append(history.median_step_s())
+                    found["predicted"] = history.prediction.seconds
+                    if cpu.wall_s:
+                        found["queued"].append(cpu.queued_s / cpu.wall_s)
+                    found["prediction"], found["history"] = history.prediction, history
                     # an unpadded mixture holds what the router, learning, sends its experts
-                    follows = bool(getattr(problem, "experts", 0)
-                                   and not problem.pad_to_capacity)
-                    row = rows.setdefault(key, {"run": key, "measured": [], "predicted": [],
-                                                "memory_follows_routing": follows})
-                    row["measured"].append(history.median_step_s())
-                    row["predicted"].append(history.prediction.seconds)
-                    row["prediction"], row["history"] = history.prediction, history
+                    found["follows"] = bool(getattr(problem, "experts", 0)
+                                            and not problem.pad_to_capacity)
+                # a round whose runs waited for a core past the limit is flagged and left out
+                waited = statistics.median(q for f in seen.values() for q in f["queued"]) \
+                    if any(f["queued"] for f in seen.values()) else 0.0
+                left_out = waited > QUEUED_SHARE
+                flagged += left_out
+                for name, found in seen.items():
+                    row = rows.setdefault(name, {"run": name, "rounds": [],
+                                                 "memory_follows_routing": found["follows"]})
+                    a, b = found["measured"]
+                    row["rounds"].append({"predicted": found["predicted"], "a": a, "b": b,
+                                          "queued_share": round(waited, 3),
+                                          "left_out": left_out})
+                    row["prediction"], row["history"] = found["prediction"], found["history"]
+    results["plan_rounds_flagged"] = flagged
     for row in rows.values():
         prediction, history = row.pop("prediction"), row.pop("history")
-        measured = statistics.median(row["measured"])
-        predicted = statistics.median(row["predicted"])
+        kept = [r for r in row["rounds"] if not r["left_out"]] or row["rounds"]
+        # paired within the round: its prediction against the mean of its two runs
+        errors = [r["predicted"] / ((r["a"] + r["b"]) / 2) - 1 for r in kept]
+        # what a perfect prediction scores against the same measurements: the two runs' half
+        # difference stands for the mean's own deviation, round by round
+        noise = [(r["a"] - r["b"]) / (r["a"] + r["b"]) for r in kept]
+        measured = statistics.median((r["a"] + r["b"]) / 2 for r in kept)
+        predicted = statistics.median(r["predicted"] for r in kept)
         held = memory(history)
         expected = prediction.memory
         row.update({
             "loop": prediction.loop,
             "step_ms": {"predicted": round(predicted * 1e3, 1),
                         "measured": round(measured * 1e3, 1),
-                        "rounds": [round(m * 1e3, 1) for m in row.pop("measured")],
-                        "predicted_rounds": [round(p * 1e3, 1) for p in row.pop("predicted")]},
-            "step_error": round(predicted / measured - 1, 3),
+                        "rounds": [round((r["a"] + r["b"]) / 2 * 1e3, 1) for r in row["rounds"]],
+                        "duplicates": [(round(r["a"] * 1e3, 1), round(r["b"] * 1e3, 1))
+                                       for r in row["rounds"]],
+                        "predicted_rounds": [round(r["predicted"] * 1e3, 1)
+                                             for r in row["rounds"]]},
+            "step_error": round(statistics.median(errors), 3),
+            "round_errors": [round(e, 3) for e in errors],
+            "noise_expected": round(abs(statistics.median(noise)), 3),
+            "queued_shares": [r["queued_share"] for r in row.pop("rounds")],
             "memory_mb": {kind: {"predicted": round(expected[kind] / 1e6, 2),
                                  "measured": round(value / 1e6, 2)}
                           for kind, value in held.items()},
@@ -205,15 +283,19 @@ def main(quick: bool, rounds: int, tries: int, earlier: dict | None = None,
     results["plan_step_time_mean_rel_error"] = round(statistics.fmean(step_errors), 3)
     results["plan_step_time_max_rel_error"] = round(max(step_errors), 3)
     results["plan_step_time_noise"] = round(statistics.median(row["spread"] for row in rows), 3)
+    results["plan_noise_expected_mean"] = round(statistics.fmean(
+        row["noise_expected"] for row in rows), 3)
+    results["plan_noise_expected_max"] = round(max(row["noise_expected"] for row in rows), 3)
     results["plan_step_time_calibration_spread"] = round(statistics.median(
         spread(row["step_ms"]["predicted_rounds"]) for row in rows), 3)
     results["plan_memory_mean_rel_error"] = round(statistics.fmean(memory_errors), 3)
     results["plan_memory_max_rel_error"] = round(max(memory_errors), 3)
     if routed:
         results["plan_memory_routed_experts_max_rel_error"] = round(max(routed, key=abs), 3)
-    # Korthikanti's A100 runs; Llama 3 405B's H100 runs; MPT's H100 FSDP runs (not yet met)
-    for name, table in (("", published.RUNS), ("llama3_", published.LLAMA3_RUNS),
-                        ("mpt_", published.MPT_RUNS)):
+    # Korthikanti's and Narayanan's A100 runs; Llama 3 405B's H100 runs; MPT's H100 FSDP runs
+    # (not yet met)
+    for name, table in (("", published.RUNS), ("narayanan_", published.NARAYANAN_RUNS),
+                        ("llama3_", published.LLAMA3_RUNS), ("mpt_", published.MPT_RUNS)):
         errors = [row["error"] for row in published.check(table)]
         results[f"plan_published_{name}mean_rel_error"] = round(
             statistics.fmean(abs(e) for e in errors), 3)
@@ -228,7 +310,10 @@ def main(quick: bool, rounds: int, tries: int, earlier: dict | None = None,
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--forms", nargs="+", metavar="FORM",
+                        help="only these forms (names as the JSON's runs give them, without "
+                             "the shape: 'ZeRO stage 3', 'tensor parallel')")
     parser.add_argument("--tries", type=int, default=3)
     parser.add_argument("--against", type=argparse.FileType(), metavar="EARLIER.json",
                         help="an earlier run's output: report how far this run's steps moved")
@@ -238,4 +323,5 @@ if __name__ == "__main__":
     if arguments.smoke:
         arguments.quick, arguments.rounds, arguments.tries = True, 1, 1
     main(arguments.quick, arguments.rounds, arguments.tries,
-         json.load(arguments.against) if arguments.against else None, arguments.smoke)
+         json.load(arguments.against) if arguments.against else None, arguments.smoke,
+         arguments.forms)

@@ -48,7 +48,9 @@ KEYS = {
                 "plan_memory_mean_rel_error", "plan_memory_routed_experts_max_rel_error",
                 "plan_published_max_rel_error", "plan_published_mean_rel_error",
                 "plan_step_time_calibration_spread", "plan_step_time_max_rel_error",
-                "plan_step_time_mean_rel_error", "plan_step_time_noise", "runs"},
+                "plan_step_time_mean_rel_error", "plan_step_time_noise", "runs",
+                "plan_noise_expected_mean", "plan_noise_expected_max", "plan_rounds_flagged",
+                "plan_queued_share_limit"},
     "run_logs.py": {"loops", "rounds", "steps"},
     "notebook_memory.py": {"benchmark", "largest_peak_pss_mb", "notebooks"},
     "experts_and_schedules.py": {"experts_all_to_all_bytes_over_formula",
@@ -139,3 +141,23 @@ def test_a_benchmark_runs_in_its_smoke_mode_and_prints_its_figures(script):
     figures = json.loads(lines[-1])
     missing = KEYS[script] - set(figures)
     assert not missing, f"{script} --smoke lacks {sorted(missing)}"
+
+
+@pytest.mark.parametrize("arguments, said", [
+    (["--rounds", "0"], r"^--rounds 0: a run needs at least one round; use --rounds 5"),
+    (["--quick", "--forms", "ZeRO stage 4"], r"^--forms: 'ZeRO stage 4' is not a form this run "
+                                              r"makes; choose from .*'ZeRO stage 3'"),
+    (["--against", "EARLIER"], r"^--against: no run in common with this one"),
+])
+def test_the_plan_benchmark_refuses_bad_input_in_one_line_before_it_starts(arguments, said,
+                                                                         tmp_path):
+    import re
+
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"runs": [{"run": "a form no run makes, d_model 1"}]}))
+    arguments = [str(earlier) if a == "EARLIER" else a for a in arguments]
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "plan.py"), *arguments], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and not done.stdout
+    message = done.stderr.strip()
+    assert len(message.splitlines()) == 1 and re.search(said, message), message
