@@ -23,6 +23,11 @@ flagged, counted in ``plan_rounds_flagged`` and left out (unless every round is)
   against these measurements, from each round's two runs (half their difference over their
   mean stands for the mean's own deviation; the median over rounds, as a form's error): the
   floor under the two figures above, in this run;
+- plan_replay_max_rel_error: the structure apart from the costs: each graph loop's traced step
+  replayed by the executor's simulation on its own op and transfer durations
+  (``Prediction.replayed``, ``executor.replay``), against that step's wall time; the worst
+  form's median over its runs (each run's in ``runs``' ``replay_error``). None where no form
+  is a graph loop (the worker programs' steps are read from profiles, not replayed yet);
 - plan_step_time_noise: the median over forms of one form's spread between rounds ((max -
   min) / median): what the machine's own noise is, beside the errors;
 - plan_step_time_calibration_spread: the same of one form's predictions between rounds: how
@@ -218,7 +223,11 @@ def main(quick: bool, rounds: int, tries: int, earlier: dict | None = None,
                     cpu = CpuPerStep(cluster, skip=FIRST_COUNTED_STEP)
                     history = train.run_layout(problem, cluster, layout, hardware=hardware,
                                                callbacks=[cpu], **go)
-                    found = seen.setdefault(key(shape, name), {"measured": [], "queued": []})
+                    found = seen.setdefault(key(shape, name), {"measured": [], "queued": [],
+                                                               "replays": []})
+                    replayed = history.prediction.replayed(history)
+                    if replayed is not None:  # a graph loop's traced step, replayed
+                        found["replays"].append(replayed["error"])
                     found["measured"].append(history.median_step_s())
                     found["predicted"] = history.prediction.seconds
                     if cpu.wall_s:
@@ -233,8 +242,9 @@ def main(quick: bool, rounds: int, tries: int, earlier: dict | None = None,
                 left_out = waited > QUEUED_SHARE
                 flagged += left_out
                 for name, found in seen.items():
-                    row = rows.setdefault(name, {"run": name, "rounds": [],
+                    row = rows.setdefault(name, {"run": name, "rounds": [], "replays": [],
                                                  "memory_follows_routing": found["follows"]})
+                    row["replays"] += found["replays"]
                     a, b = found["measured"]
                     row["rounds"].append({"predicted": found["predicted"], "a": a, "b": b,
                                           "queued_share": round(waited, 3),
@@ -243,6 +253,7 @@ def main(quick: bool, rounds: int, tries: int, earlier: dict | None = None,
     results["plan_rounds_flagged"] = flagged
     for row in rows.values():
         prediction, history = row.pop("prediction"), row.pop("history")
+        replays = row.pop("replays")
         kept = [r for r in row["rounds"] if not r["left_out"]] or row["rounds"]
         # paired within the round: its prediction against the mean of its two runs
         errors = [r["predicted"] / ((r["a"] + r["b"]) / 2) - 1 for r in kept]
@@ -266,6 +277,7 @@ def main(quick: bool, rounds: int, tries: int, earlier: dict | None = None,
             "round_errors": [round(e, 3) for e in errors],
             "noise_expected": round(abs(statistics.median(noise)), 3),
             "queued_shares": [r["queued_share"] for r in row.pop("rounds")],
+            "replay_error": (round(statistics.median(replays), 3) if replays else None),
             "memory_mb": {kind: {"predicted": round(expected[kind] / 1e6, 2),
                                  "measured": round(value / 1e6, 2)}
                           for kind, value in held.items()},
@@ -286,6 +298,8 @@ def main(quick: bool, rounds: int, tries: int, earlier: dict | None = None,
     results["plan_noise_expected_mean"] = round(statistics.fmean(
         row["noise_expected"] for row in rows), 3)
     results["plan_noise_expected_max"] = round(max(row["noise_expected"] for row in rows), 3)
+    replays = [abs(row["replay_error"]) for row in rows if row["replay_error"] is not None]
+    results["plan_replay_max_rel_error"] = round(max(replays), 3) if replays else None
     results["plan_step_time_calibration_spread"] = round(statistics.median(
         spread(row["step_ms"]["predicted_rounds"]) for row in rows), 3)
     results["plan_memory_mean_rel_error"] = round(statistics.fmean(memory_errors), 3)

@@ -50,7 +50,7 @@ KEYS = {
                 "plan_step_time_calibration_spread", "plan_step_time_max_rel_error",
                 "plan_step_time_mean_rel_error", "plan_step_time_noise", "runs",
                 "plan_noise_expected_mean", "plan_noise_expected_max", "plan_rounds_flagged",
-                "plan_queued_share_limit"},
+                "plan_queued_share_limit", "plan_replay_max_rel_error"},
     "run_logs.py": {"loops", "rounds", "steps"},
     "notebook_memory.py": {"benchmark", "largest_peak_pss_mb", "notebooks"},
     "experts_and_schedules.py": {"experts_all_to_all_bytes_over_formula",

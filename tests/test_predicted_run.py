@@ -370,3 +370,54 @@ def test_a_plan_for_this_machine_keeps_only_the_layouts_a_loop_runs(here):
     for row in here_rows:
         loop, _ = loop_for(row.layout)
         assert row.layout.micro_batches == 1 or loop in ("pipeline", "single"), row.name
+
+
+def test_a_replay_runs_the_simulations_structure_on_a_traced_steps_own_durations():
+    """The structure apart from the costs (``executor.replay``), worked by hand: each op for the
+    seconds its step took, a tensor for its trip, threads and dependencies as simulated."""
+    from dtflab.tracing.parse import trace_from_metadata
+    from dtflab.train.planner import executor
+    from dtflab.train.planner.graph_ops import GraphOp
+
+    def op(name, task, *inputs):
+        return GraphOp(name, "AddV2", task, "elementwise", 0.0, 0.0, (4,),
+                       tuple((i, 0) for i in inputs), ())
+
+    # worker 0 runs a then d, one thread; worker 1 waits for a's tensor, then b, then c
+    ops = [op("a", "worker:0"), op("b", "worker:1", "a"), op("c", "worker:1", "b"),
+           op("d", "worker:0")]
+    ms = 1e-3
+    traced = executor.Traced({("worker:0", "a"): 1 * ms, ("worker:1", "b"): 1 * ms,
+                              ("worker:1", "c"): 2 * ms, ("worker:0", "d"): 3 * ms},
+                             {("a", 0, "worker:1"): 0.5 * ms},
+                             {"worker:0": 0.0, "worker:1": 0.0}, 5 * ms)
+    assert executor.replay(ops, traced, threads=1).seconds == pytest.approx(4.5 * ms)
+    # two threads: d beside a; worker 1 started late by 1 ms waits for a all the same
+    assert executor.replay(ops, traced, threads=2).seconds == pytest.approx(4.5 * ms)
+    late = executor.Traced(traced.ops, traced.transfers, {"worker:0": 0.0, "worker:1": 2 * ms},
+                           traced.seconds)
+    assert executor.replay(ops, late, threads=1).seconds == pytest.approx(5 * ms)
+
+    # read from a step's stats: an op's seconds are its kernel's and the executor's time before
+    # it, counted from the later of its inputs' end and the end of the op started before it
+    import tensorflow as tf
+
+    metadata = tf.compat.v1.RunMetadata()
+    device = metadata.step_stats.dev_stats.add(device=dtflab.names.full("worker:0"))
+    for name, start, duration in (("a", 100, 10), ("d", 105, 5), ("e", 117, 4), ("f", 130, 2)):
+        stats = device.node_stats.add(node_name=name, all_start_micros=start,
+                                      all_end_rel_micros=duration)
+        stats.timeline_label = f"{name} = AddV2(x, y)"
+    ops = [op("a", "worker:0"), op("d", "worker:0"), op("e", "worker:0", "a"),
+           op("f", "worker:0", "a", "d")]
+    read = executor.Traced.of(trace_from_metadata(metadata), ops)
+    us = 1e-6
+    # d began beside a, before a ended: nothing before it; e: a and d ended at 10 us, e began
+    # at 17: 7 us; f: its inputs ended at 10 us, e (started before it) at 21, f began at 30: 9
+    assert read.ops == pytest.approx({("worker:0", "a"): 10 * us, ("worker:0", "d"): 5 * us,
+                                      ("worker:0", "e"): 11 * us, ("worker:0", "f"): 11 * us})
+    assert read.seconds == pytest.approx(32 * us)
+    # replayed on two threads, e and f run side by side after a: 21 us of the traced 32; on
+    # one, one after another: 37
+    assert executor.replay(ops, read, threads=2).seconds == pytest.approx(21 * us)
+    assert executor.replay(ops, read, threads=1).seconds == pytest.approx(37 * us)

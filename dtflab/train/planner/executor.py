@@ -92,14 +92,131 @@ class Predicted:
         return {**by_kind, "task": task, "total": self.seconds}
 
 
+@dataclass
+class Costs:
+    """What :func:`run` charges: each op's CPU seconds alone on a core (``work``, by index), a
+    tensor's trip from one task to another (``transfer(bytes, key)``, key ``(producer index,
+    output, task)``) and a fed placeholder's from the client (``feed(bytes)``), the cores the
+    tasks share, each speed class's share of its speed with every core busy (``together``),
+    the share of a trip that takes a core (``transfer_cores``), and when each task may start
+    (``start_s``: the framework's fixed cost, the same for every task, or each task's own)."""
+
+    work: list
+    transfer: object
+    feed: object
+    cores: float
+    together: dict
+    transfer_cores: float
+    start_s: dict
+
+
 def simulate(ops, hardware: Hardware, threads: int) -> Predicted:
     """Run ``ops`` (``planner.graph_ops.step_ops``) on ``hardware`` with ``threads`` inter-op
-    threads a task; a placeholder's batch is sent from the client to its task as the step
-    starts."""
+    threads a task, each op priced from the calibration (:func:`op_seconds`); a placeholder's
+    batch is sent from the client to its task as the step starts."""
+    tasks = sorted({op.task for op in ops})
+    start = hardware.per_step_s + (len(tasks) - 1) * hardware.op_costs.get("task", (0, 0))[0]
+    return run(ops, threads, Costs(
+        work=[op_seconds(op, hardware) for op in ops],
+        transfer=lambda nbytes, key: transfer_seconds(nbytes, hardware),
+        feed=lambda nbytes: transfer_seconds(nbytes, hardware),
+        cores=max(hardware.cpus or 1.0, 1e-9), together=hardware.together,
+        transfer_cores=hardware.transfer_cores, start_s={task: start for task in tasks}))
+
+
+@dataclass
+class Traced:
+    """A traced step's own durations, as :func:`replay` takes them: each op's seconds by
+    ``(task, name)``, each tensor's trip by ``(producer, output, task)``, when each task's first
+    op started (from the step's first), and the step's wall time, first op to last."""
+
+    ops: dict
+    transfers: dict
+    start_s: dict
+    seconds: float
+
+    @classmethod
+    def of(cls, trace, ops=()) -> "Traced":
+        """From a ``Session.run``'s ``tracing.StepTrace``: an op's seconds are its kernel's
+        and, where ``ops`` (what the simulation runs) says what it waited for, the executor's
+        time before it: from the later of its inputs' arrival and the end of the op that
+        started before it on its task (the step stats give every op of a task one thread) to
+        its start. A tensor's trip runs from its producer's end to the end of the receiving
+        task's ``RecvTensor`` (asked for early, that waits for the producer: its own duration
+        holds the wait)."""
+        from dtflab import names
+
+        spans = {}
+        for device, timings in trace.timings.items():
+            task = names.task(device)
+            for timing in timings:
+                if timing.kind == "compute":
+                    before = spans.get((task, timing.name), (timing.start_us, timing.start_us))
+                    spans[task, timing.name] = (min(before[0], timing.start_us),
+                                                max(before[1], timing.end_us))
+        starts = {}
+        for (task, _), (begin, _) in spans.items():
+            starts[task] = min(starts.get(task, begin), begin)
+        trips, arrivals = {}, {}
+        for transfer in trace.transfers:
+            if transfer.duration_us is None:
+                continue
+            producer, _, output = transfer.tensor_name.rpartition(":")
+            ready = spans.get((names.task(transfer.src_device), producer),
+                              (0.0, transfer.start_us))[1]
+            arrived = transfer.start_us + transfer.duration_us
+            key = (producer, int(output) if output.isdigit() else 0,
+                   names.task(transfer.dst_device))
+            trips[key] = max(arrived - max(ready, transfer.start_us), 0.0) / 1e6
+            arrivals[key] = arrived
+        seconds = {key: (end - begin) / 1e6 for key, (begin, end) in spans.items()}
+        by_task = {}
+        for key, (begin, end) in spans.items():
+            by_task.setdefault(key[0], []).append((begin, end, key))
+        previous = {}
+        for timed in by_task.values():
+            timed.sort()
+            for (_, end, _), (_, _, key) in zip(timed, timed[1:]):
+                previous[key] = end
+        for op in ops:
+            key = (op.task, op.name)
+            if key not in spans:
+                continue
+            inputs = [spans[op.task, name][1] if (op.task, name) in spans else
+                      arrivals.get((name, output, op.task))
+                      for name, output in (*op.inputs, *((a, -1) for a in op.after))]
+            if any(at is None for at in inputs):
+                continue  # an input the step did not time: its wait stays unknown
+            free = max([starts[op.task], previous.get(key, 0.0), *inputs])
+            seconds[key] += max(spans[key][0] - free, 0.0) / 1e6
+        return cls(seconds, trips, {task: at / 1e6 for task, at in starts.items()},
+                   trace.step_us / 1e6)
+
+
+def replay(ops, traced: Traced, threads: int) -> Predicted:
+    """``ops`` run as :func:`simulate` runs them, each op for the seconds ``traced`` gives it
+    (0 for an op the traced step did not run: folded, fused or pruned by Grappler), each
+    tensor for its traced trip, each task from its traced start, on as many cores as there
+    are ops running (a traced op's time already holds its share of the machine): what the
+    simulation's structure (dependencies, threads, the order ready ops start in) makes of the
+    step's own durations, against ``traced.seconds``. What it cannot see: an op that ran under
+    a name other than the graph's (a Grappler rewrite: its time is lost), and the executor's
+    time before an op whose inputs the step did not all time."""
+    first = {op.task: traced.start_s.get(op.task, 0.0) for op in ops}
+    return run(ops, threads, Costs(
+        work=[traced.ops.get((op.task, op.name), 0.0) for op in ops],
+        transfer=lambda nbytes, key: traced.transfers.get(
+            (ops[key[0]].name, max(key[1], 0), key[2]), 0.0),
+        feed=lambda nbytes: 0.0, cores=float(len(ops) or 1), together={}, transfer_cores=0.0,
+        start_s=first))
+
+
+def run(ops, threads: int, costs: Costs) -> Predicted:
+    """The tasks' executors run ``ops`` side by side, charged as ``costs`` says."""
     feeds = {op.name: op.outputs[0] for op in ops if op.type == "Placeholder" and op.outputs}
     index = {op.name: i for i, op in enumerate(ops)}
-    cores = max(hardware.cpus or 1.0, 1e-9)
-    work = [op_seconds(op, hardware) for op in ops]
+    cores = costs.cores
+    work = costs.work
     # one transfer per (producer's output, task that needs it): TensorFlow sends it once
     waits: list[set] = [set() for _ in ops]  # what each op waits for: op or transfer keys
     consumers: dict = {}  # key -> ops that wait for it
@@ -137,7 +254,7 @@ def simulate(ops, hardware: Hardware, threads: int) -> Predicted:
         by_producer.setdefault(key[0], []).append(key)
 
     tasks = sorted({op.task for op in ops})
-    start_at = hardware.per_step_s + (len(tasks) - 1) * hardware.op_costs.get("task", (0, 0))[0]
+    start_at = min(costs.start_s.values(), default=0.0)
     now = 0.0
     free_threads = {task: threads for task in tasks}
     ready = {task: [] for task in tasks}
@@ -147,15 +264,21 @@ def simulate(ops, hardware: Hardware, threads: int) -> Predicted:
     spans, busy = [], {task: {} for task in tasks}
     left = [len(keys) for keys in waits]
     order = 0
+    late = {task: costs.start_s.get(task, start_at) - start_at for task in tasks}
     waiting_after: dict = {}
-    together = hardware.together
+    together = costs.together
     speed_class = {i: "matrix" if op.kind == "matrix" else "memory" for i, op in enumerate(ops)}
 
     def release(key, at):
+        nonlocal order
         for i in consumers.get(key, ()):
             left[i] -= 1
             if left[i] == 0:
-                heapq.heappush(ready[ops[i].task], i)
+                if at < late[ops[i].task]:  # its task has not begun the step yet
+                    heapq.heappush(timed, (late[ops[i].task], order, i))
+                    order += 1
+                else:
+                    heapq.heappush(ready[ops[i].task], i)
 
     def finish(job, at):
         nonlocal order
@@ -168,11 +291,11 @@ def simulate(ops, hardware: Hardware, threads: int) -> Predicted:
             release(job, at)
             for key in by_producer.get(job, ()):  # its tensors leave for the tasks that need them
                 started[key] = at
-                whole = transfer_seconds(transfers[key], hardware)
-                if hardware.transfer_cores > 0:  # gRPC's work first, on a core; then the wait
+                whole = costs.transfer(transfers[key], key)
+                if costs.transfer_cores > 0:  # gRPC's work first, on a core; then the wait
                     speed_class[key] = "transfer"
-                    remaining[key] = whole * hardware.transfer_cores
-                    waiting_after[key] = whole * (1 - hardware.transfer_cores)
+                    remaining[key] = whole * costs.transfer_cores
+                    waiting_after[key] = whole * (1 - costs.transfer_cores)
                 else:
                     heapq.heappush(timed, (at + whole, order, key))
                     order += 1
@@ -188,12 +311,14 @@ def simulate(ops, hardware: Hardware, threads: int) -> Predicted:
 
     for i, keys in enumerate(waits):
         if not keys:
+            delay = late[ops[i].task]
             if ops[i].name in feeds:  # the client's feed arrives first
-                heapq.heappush(timed, (transfer_seconds(feeds[ops[i].name], hardware), order, i))
+                delay += costs.feed(feeds[ops[i].name])
+            if delay > 0:
+                heapq.heappush(timed, (delay, order, i))
                 order += 1
             else:
                 heapq.heappush(ready[ops[i].task], i)
-    fed = set(item[2] for item in timed)
     done = 0
     while done < len(ops):
         for task in tasks:
@@ -226,6 +351,6 @@ def simulate(ops, hardware: Hardware, threads: int) -> Predicted:
             if isinstance(job, tuple):  # a tensor arrived
                 waiting_after.pop(job, None)
                 finish(job, now)
-            elif job in fed:  # a feed arrived: the placeholder is ready
+            else:  # a feed arrived, or the op's task began: it is ready
                 heapq.heappush(ready[ops[job].task], job)
     return Predicted(start_at + now, spans, busy)

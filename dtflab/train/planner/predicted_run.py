@@ -43,7 +43,8 @@ class Prediction:
     """A step predicted before the run: ``seconds``, ``parts`` (by kind of op for a graph
     loop, by part of the step for the planner's), ``memory`` (bytes by kind on the fullest
     device), ``timeline`` (a ``StepTrace`` of the simulated step, per device; None from the
-    planner) and ``source`` (which model made it)."""
+    planner), ``source`` (which model made it), and for a graph loop the ``ops`` it simulated
+    with its tasks' ``threads`` (:meth:`replayed`)."""
 
     loop: str
     seconds: float
@@ -51,6 +52,20 @@ class Prediction:
     memory: dict
     source: str
     timeline: object = field(default=None, repr=False)
+    ops: list | None = field(default=None, repr=False)
+    threads: int = 0
+
+    def replayed(self, history) -> dict | None:
+        """The structure checked apart from the costs: the ops this prediction simulated,
+        replayed with the traced step's own durations (``executor.replay``), against that
+        step's wall time: ``{"replayed_ms", "traced_ms", "error", "ops_traced", "ops"}``
+        (how many of the simulated ops the trace timed by name). None without a traced step
+        of a graph loop."""
+        trace = getattr(history, "trace", None)
+        if self.ops is None or trace is None or trace.metadata is None:
+            return None
+        traced = executor.Traced.of(trace, self.ops)
+        return replay_figures(self.ops, traced, self.threads)
 
     def against(self, history) -> dict:
         """Predicted beside measured: the step (the median of the steps after the first two,
@@ -85,6 +100,14 @@ class Prediction:
 
     def show(self, history, **options) -> None:
         importlib.import_module(VIEWS).show(self, history, **options)
+
+
+def replay_figures(ops, traced: executor.Traced, threads: int) -> dict:
+    """``executor.replay`` of ``ops`` on ``traced``, beside the traced wall time."""
+    replayed = executor.replay(ops, traced, threads)
+    return {"replayed_ms": replayed.seconds * 1e3, "traced_ms": traced.seconds * 1e3,
+            "error": replayed.seconds / traced.seconds - 1,
+            "ops_traced": sum((op.task, op.name) in traced.ops for op in ops), "ops": len(ops)}
 
 
 def timeline(predicted: executor.Predicted):
@@ -366,7 +389,8 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
 
         def predict(built, master, problem):
             feed, before = first_counted(built, problem, options.get("seed", 0))
-            simulated = executor.simulate(loop_ops(built, master, feed, before), machine, threads)
+            ops = loop_ops(built, master, feed, before)
+            simulated = executor.simulate(ops, machine, threads)
             held = memory
             if "tokens_per_expert" in built.reports and not problem.pad_to_capacity:
                 loads, = graph_ops.values_after(built.graph, [built.reports["tokens_per_expert"]],
@@ -374,7 +398,7 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
                 held = per_device(dataclasses.replace(plan, routing=routing(plan, loads)))
             return Prediction(loop, simulated.seconds, simulated.parts(), held,
                               "dtflab's graph, simulated on the calibration",
-                              timeline(simulated))
+                              timeline(simulated), ops, threads)
 
         if loop == "single":
             return strategy(problem, cluster=cluster, predict=predict, **keywords, **options)
