@@ -22,6 +22,9 @@ worker, 61 ms of arithmetic and 120 of collective work in a 188 ms step).
 What it cannot see: Grappler's rewrites (an op folded away is still priced at the fixed
 cost), the executor running cheap ops inline on the thread that readied them, caches warmer
 or colder than in the calibration, and other programs on the machine.
+
+The same play on a traced step's own durations (:func:`replay`) checks the structure (the
+dependencies, the threads, the order ready ops start in) apart from the prices.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ class Predicted:
 
 @dataclass
 class Costs:
-    """What :func:`run` charges: each op's CPU seconds alone on a core (``work``, by index), a
+    """What :func:`play` charges: each op's CPU seconds alone on a core (``work``, by index), a
     tensor's trip from one task to another (``transfer(bytes, key)``, key ``(producer index,
     output, task)``) and a fed placeholder's from the client (``feed(bytes)``), the cores the
     tasks share, each speed class's share of its speed with every core busy (``together``),
@@ -116,7 +119,7 @@ def simulate(ops, hardware: Hardware, threads: int) -> Predicted:
     batch is sent from the client to its task as the step starts."""
     tasks = sorted({op.task for op in ops})
     start = hardware.per_step_s + (len(tasks) - 1) * hardware.op_costs.get("task", (0, 0))[0]
-    return run(ops, threads, Costs(
+    return play(ops, threads, Costs(
         work=[op_seconds(op, hardware) for op in ops],
         transfer=lambda nbytes, key: transfer_seconds(nbytes, hardware),
         feed=lambda nbytes: transfer_seconds(nbytes, hardware),
@@ -203,7 +206,7 @@ def replay(ops, traced: Traced, threads: int) -> Predicted:
     a name other than the graph's (a Grappler rewrite: its time is lost), and the executor's
     time before an op whose inputs the step did not all time."""
     first = {op.task: traced.start_s.get(op.task, 0.0) for op in ops}
-    return run(ops, threads, Costs(
+    return play(ops, threads, Costs(
         work=[traced.ops.get((op.task, op.name), 0.0) for op in ops],
         transfer=lambda nbytes, key: traced.transfers.get(
             (ops[key[0]].name, max(key[1], 0), key[2]), 0.0),
@@ -211,7 +214,7 @@ def replay(ops, traced: Traced, threads: int) -> Predicted:
         start_s=first))
 
 
-def run(ops, threads: int, costs: Costs) -> Predicted:
+def play(ops, threads: int, costs: Costs) -> Predicted:
     """The tasks' executors run ``ops`` side by side, charged as ``costs`` says."""
     feeds = {op.name: op.outputs[0] for op in ops if op.type == "Placeholder" and op.outputs}
     index = {op.name: i for i, op in enumerate(ops)}
