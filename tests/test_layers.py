@@ -129,6 +129,22 @@ def test_every_room_has_a_row():
     assert {room(module) for module in MODULES} == set(LAYERS)
 
 
+def test_the_architecture_page_names_every_room_folder_and_module():
+    """``docs/architecture.md`` is where a reader finds a module's room: a folder or module
+    added without a word there fails here, naming it."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    page = re.sub(r"```.*?```", "", page, flags=re.S)  # the pictures' blocks
+    quoted = re.findall(r"`([^`\n]+)`", page)
+    words = {word for text in quoted for word in re.findall(r"[A-Za-z_]\w*", text)}
+    folders = sorted({path.parent for path in PACKAGE.rglob("*.py")} - {PACKAGE})
+    unnamed = [f"{folder.relative_to(PACKAGE)}/" for folder in folders
+               if not any(re.search(rf"(^|/){folder.name}/$", text) for text in quoted)]
+    unnamed += [str(path.relative_to(PACKAGE)) for path in sorted(PACKAGE.rglob("*.py"))
+                if path.name != "__init__.py" and path.stem not in words]
+    assert not unnamed, (f"docs/architecture.md does not name {unnamed}: give each a phrase "
+                         f"in its room's row, the name in backticks")
+
+
 def test_the_table_is_a_ladder_every_room_only_looks_down():
     below = {name: set(allowed) for name, allowed in LAYERS.items() if allowed is not None}
     changed = True
