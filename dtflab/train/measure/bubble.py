@@ -313,9 +313,8 @@ class StepModel:
     micro-batch size. With it (``train.stage_arithmetic_s``: the stage's arithmetic for the
     whole batch at each m, measured alone) ``stage_s`` is scaled by
     ``arithmetic[m] / arithmetic[micro_batches]``, so the model follows a CPU on which a
-    smaller micro-batch multiplies slower per row. The overlap stays as traced (the
-    weight-gradient multiplies measured 136-152 ms at every m on the AMD EPYC where the whole
-    stage went from 380 to 570 ms).
+    smaller micro-batch multiplies slower per row. The overlap stays as traced: the
+    model takes the weight-gradient multiplies to cost the same at every m.
     """
 
     stages: int

@@ -154,9 +154,8 @@ def program_threads(cluster) -> int | None:
     """The threads a worker program of a run on ``cluster`` gets (intra- and inter-op): one
     where the cluster's tasks have one intra-op thread each (``start_cluster(...,
     intra_op_threads=1)``), so the programs run as the calibration timed the tasks; else
-    None, TensorFlow's default (every core). On 2 cores, two programs of the default threads
-    stepped 10-36% slower than of one thread each (all-reduce and ZeRO 1 of 4 blocks, d_model
-    128 and 256)."""
+    None, TensorFlow's default (every core): two programs of a thread a core each would
+    share the cores they were timed alone on."""
     return 1 if cluster.intra_op_threads == 1 else None
 
 
