@@ -210,7 +210,7 @@ def replay(ops, traced: Traced, threads: int) -> Predicted:
         work=[traced.ops.get((op.task, op.name), 0.0) for op in ops],
         transfer=lambda nbytes, key: traced.transfers.get(
             (ops[key[0]].name, max(key[1], 0), key[2]), 0.0),
-        feed=lambda nbytes: 0.0, cores=float(len(ops) or 1), together={}, transfer_cores=0.0,
+        feed=lambda nbytes: 0.0, cores=math.inf, together={}, transfer_cores=0.0,
         start_s=first))
 
 

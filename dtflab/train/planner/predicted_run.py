@@ -65,7 +65,11 @@ class Prediction:
         if self.ops is None or trace is None or trace.metadata is None:
             return None
         traced = executor.Traced.of(trace, self.ops)
-        return replay_figures(self.ops, traced, self.threads)
+        replayed = executor.replay(self.ops, traced, self.threads)
+        return {"replayed_ms": replayed.seconds * 1e3, "traced_ms": traced.seconds * 1e3,
+                "error": replayed.seconds / traced.seconds - 1,
+                "ops_traced": sum((op.task, op.name) in traced.ops for op in self.ops),
+                "ops": len(self.ops)}
 
     def against(self, history) -> dict:
         """Predicted beside measured: the step (the median of the steps after the first two,
@@ -100,14 +104,6 @@ class Prediction:
 
     def show(self, history, **options) -> None:
         importlib.import_module(VIEWS).show(self, history, **options)
-
-
-def replay_figures(ops, traced: executor.Traced, threads: int) -> dict:
-    """``executor.replay`` of ``ops`` on ``traced``, beside the traced wall time."""
-    replayed = executor.replay(ops, traced, threads)
-    return {"replayed_ms": replayed.seconds * 1e3, "traced_ms": traced.seconds * 1e3,
-            "error": replayed.seconds / traced.seconds - 1,
-            "ops_traced": sum((op.task, op.name) in traced.ops for op in ops), "ops": len(ops)}
 
 
 def timeline(predicted: executor.Predicted):
