@@ -25,7 +25,8 @@ dtflab:
   :func:`per_device` reports the stage that holds the most.
 - **ZeRO** over d data replicas: optimizer state / d from stage 1, gradients / d from stage
   2, parameters / d at stage 3 (Rajbhandari et al. 2020: (2 + 2 + K)·Ψ/N_d in their 16-bit
-  terms; here float32 master weights, so (4 + 4 + 8)·Ψ/d). The optimizer state's share is
+  terms; here float32 master weights, so (4 + 4 + 8)·Ψ/d), and at stage 3 only the units
+  gathered at once have 16-bit copies (:data:`GATHERED_UNITS`), not every weight. The optimizer state's share is
   measured by ``train.zero`` (its workers' variables: ``tests/test_zero.py``), the
   parameters' by stage 3 (``train.sharded_data_parallel``) on the transformer and an MLP; the
   gradients' only as a step's peak (stage 2 below stage 1 by at least (1 - 1/d) of the
@@ -207,9 +208,9 @@ class _Shape:
 
 
 def stage_parameters(plan: Plan, first: bool, last: bool) -> dict[str, int]:
-    """Parameters on one device of a stage: ``{"total", "matrices"}`` (``matrices``: the
-    weights a backward multiplies by, whose 16-bit copies the forward keeps, as it keeps the
-    norms' scales). A block's qkv and MLP
+    """Parameters on one device of a stage: ``{"total", "matrices", "blocks", "block",
+    "block_matrices", "embedding"}`` (``matrices``: the weights a backward multiplies by,
+    whose 16-bit copies the forward keeps, as it keeps the norms' scales). A block's qkv and MLP
     columns are split over the tensor ways (a key/value head copied where the ways outnumber
     them); with experts, a block's MLP is E experts (8 d² + 5 d each for GELU's 4d) spread
     over the expert ways and split over the tensor ways, a router of d x E, and the shared
@@ -240,7 +241,8 @@ def stage_parameters(plan: Plan, first: bool, last: bool) -> dict[str, int]:
             total += embedding
         matrices += embedding
     return {"total": int(total), "matrices": int(matrices), "blocks": blocks,
-            "block": int(block), "block_matrices": int(block_matrices)}
+            "block": int(block), "block_matrices": int(block_matrices),
+            "embedding": int(embedding)}
 
 
 def block_activations(plan: Plan) -> float:
@@ -344,15 +346,35 @@ def stage_weight_copies(plan: Plan, first: bool, last: bool) -> int:
     """Bytes of the 16-bit weight copies one device of a stage keeps for its backward
     (``formulas.memory``'s count; none in float32): the matrices a backward multiplies by and
     the norms' scales (each block's, and the final one's on the last stage), or with full
-    recomputation every block parameter, which the block's second run reads."""
+    recomputation every block parameter, which the block's second run reads. Under ZeRO 3 only
+    the units gathered at once (:func:`gathered_units`)."""
     if plan.precision == "float32":
         return 0
     parameters = stage_parameters(plan, first, last)
     block_extra = parameters["block"] - parameters["block_matrices"]
+    if plan.zero >= 3:
+        return int(memory.BYTES[plan.precision] * gathered_units(plan, parameters))
     rest = plan.d_model if last else 0
     rest += (block_extra if plan.recompute == "full" else 2 * plan.d_model) \
         * parameters["blocks"]
     return int(memory.BYTES[plan.precision] * (parameters["matrices"] + rest))
+
+
+#: The units ZeRO 3 holds gathered at once: the one running and the next, gathered ahead
+#: (PyTorch FSDP's prefetch; its ``limit_all_gathers`` lets no third start, Zhao et al. 2023,
+#: "PyTorch FSDP", section 3.3; dtflab's own sharded loop gathers one block at a time).
+GATHERED_UNITS = 2
+
+
+def gathered_units(plan: Plan, parameters: dict[str, int]) -> int:
+    """Parameters ZeRO 3 holds gathered at once on one device: its :data:`GATHERED_UNITS`
+    largest units (a block; the embedding, the output layer), each freed after its forward
+    and gathered again for its backward, so no copy of the stage's every weight is kept."""
+    units = [parameters["block"]] * min(GATHERED_UNITS, parameters["blocks"])
+    rest = parameters["total"] - parameters["blocks"] * parameters["block"]
+    ends = 2 if rest >= 2 * parameters["embedding"] else 1  # the embedding, an output layer
+    units += [rest // ends] * ends
+    return sum(sorted(units, reverse=True)[:GATHERED_UNITS])
 
 
 def per_device(plan: Plan) -> dict[str, int]:

@@ -198,9 +198,12 @@ MPT_MODELS = {"760m": (24, 1536, 12), "1b": (24, 2048, 16), "3b": (32, 2560, 20)
 def _mpt(model: str, sequence: int, gpus: int, micro_batch: int, accumulation: int,
          batch: int, tokens_per_s: float, checkpointing: bool) -> Run:
     """A row of the table: PyTorch FSDP's FULL_SHARD over every GPU (ZeRO 3), its gathers
-    prefetched under the compute, gathers and reductions in bfloat16 (the benchmark's
-    ``--fsdp_config_mixed_precision PURE``, ``submit_benchmarks.py``), fused attention,
-    float32 master weights; the step measured from its tokens a second."""
+    prefetched under the compute, gathers and reductions in bfloat16 (the table's "MP Mode"
+    is Composer's ``DEFAULT``, which gathered in the autocast type and, until Composer's
+    ``d745fcb`` of 10 October 2023, reduced in it too), fused attention (the benchmark's
+    default ``attn_impl`` was ``triton``: a Triton FlashAttention, priced here at the H100
+    preset's FlashAttention-2 rate), float32 master weights; the step measured from its tokens
+    a second."""
     blocks, d, heads = MPT_MODELS[model]
     plan = Plan(blocks=blocks, d_model=d, heads=heads, sequence=sequence, vocabulary=50368,
                 batch=batch, micro_batches=accumulation, precision="bfloat16", data=gpus,
