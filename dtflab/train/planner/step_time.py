@@ -38,7 +38,8 @@ forward and its input's gradient backward (an all-reduce of s·b·d·p bytes; wi
 parallelism a reduce-scatter and an all-gather, the same bytes, and with ``regather`` the two
 inputs gathered again in the backward; with full recomputation the forward's two again);
 ring attention sends each block's keys and values round c workers (c - 1
-hops of 2·(s/c)·b·d·p / t, hidden under the attention's arithmetic where it is shorter);
+hops of 2·(s/c)·b·d·p / t, each hidden under the attention of the block before it, a c-th of
+the device's, where it is shorter; the backward's twice the bytes under twice the work);
 experts send each token to its experts' worker and back (dispatch and combine, forward and
 backward: 4 all-to-alls of k·s·b·d·p·(e - 1)/e bytes). Pipeline stages send each micro-batch's
 activation forward and its gradient back (s·b·d·p, over the link between stages).
@@ -161,8 +162,8 @@ def micro_batch_seconds(plan: Plan, hardware: Hardware) -> dict[str, float]:
 
 def collective_seconds(plan: Plan, hardware: Hardware, forward_attention: float = 0.0) -> dict:
     """One block's collectives for one micro-batch on one device, by group (see the module's
-    docstring); ring attention's hops count only where longer than the attention they hide
-    under."""
+    docstring); each of ring attention's hops counts only where longer than the block of
+    attention it hides under."""
     s, b, d, t = plan.sequence / plan.context, plan.micro_batch, plan.d_model, plan.tensor
     p = memory.BYTES[plan.precision]
     found = {"tensor": 0.0, "context": 0.0, "expert": 0.0}
@@ -182,9 +183,10 @@ def collective_seconds(plan: Plan, hardware: Hardware, forward_attention: float 
     if c > 1:
         link = hardware.link(c, stride=t)
         hop = link.seconds(s * b * plan.kv_columns * p)  # a piece's keys and values
-        forward = (c - 1) * hop
-        found["context"] = max(0.0, forward - forward_attention) + max(
-            0.0, 2 * forward - 2 * forward_attention)
+        # each hop hides under the attention of the block that arrived before it (a c-th of
+        # the device's); the backward sends the keys' and values' gradients too, twice each
+        block = forward_attention / c
+        found["context"] = (c - 1) * (max(0.0, hop - block) + max(0.0, 2 * hop - 2 * block))
     if plan.experts and plan.expert > 1:
         e = plan.expert
         link = hardware.link(e, stride=t * plan.context)
