@@ -49,7 +49,7 @@ def main(quick: bool, smoke: bool = False) -> None:
     from dtflab import train
     from dtflab.train.formulas.memory import split_activation_bytes
     from dtflab.train.layouts import ring
-    from dtflab.train.run.traced_memory import step_memory
+    from dtflab.train.machinery.traced_memory import step_memory
 
     def worst(a, b):
         return float(np.max(np.abs(np.array(a.losses) - np.array(b.losses))))

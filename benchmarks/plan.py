@@ -187,7 +187,7 @@ def main(quick: bool, rounds: int, tries: int, earlier: dict | None = None,
     from dtflab.train.measure.cpu import CpuPerStep
     from dtflab.train.planner import published
     from dtflab.train.planner.predicted_run import GRAPH_LOOPS, loop_for, with_program_costs
-    from dtflab.train.run.history import FIRST_COUNTED_STEP
+    from dtflab.train.machinery.history import FIRST_COUNTED_STEP
 
     if rounds < 1:
         raise SystemExit(f"--rounds {rounds}: a run needs at least one round; use --rounds 5 "

@@ -40,7 +40,7 @@ def replayed_us(history, problem, logdir, times: int = 20) -> float:
     import time
     from pathlib import Path
 
-    from dtflab.train.run.logdir import RunLog
+    from dtflab.train.machinery.logdir import RunLog
 
     records = list(history.records)
     end = records[-1].time_s + records[-1].time_s / len(records)

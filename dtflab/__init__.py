@@ -78,7 +78,7 @@ def trace(session, fetches, feed_dict=None, *, cluster=None, logdir=None, **run_
     if logdir is False:
         return step()
     from dtflab.tracing.profile import profiled
-    from dtflab.train.run.logdir import keep_trace
+    from dtflab.train.machinery.logdir import keep_trace
 
     traced, profiles = profiled(cluster, step) if cluster is not None else (step(), {})
     keep_trace(traced, logdir, profiles)

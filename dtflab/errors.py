@@ -48,7 +48,7 @@ class WaitForEndedTaskError(TaskError):
 
 class StallError(DtflabError):
     """A step made no progress for far longer than usual and new sessions did not help
-    (train.run.watchdog). ``stall`` says who, at which step, and for how long."""
+    (train.machinery.watchdog). ``stall`` says who, at which step, and for how long."""
 
     def __init__(self, stall, what_was_tried: str):
         self.stall = stall

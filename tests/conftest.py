@@ -21,7 +21,7 @@ import pytest
 from dtflab.cluster.ports import free_ports  # noqa: F401  (tests import it from here)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# Every run writes its TensorBoard files (train.run.logdir): the tests' go to a folder of their
+# Every run writes its TensorBoard files (train.machinery.logdir): the tests' go to a folder of their
 # own, removed at the end, not into runs/ beside the tests or the notebooks they execute.
 if "DTFLAB_LOGDIR" not in os.environ:
     os.environ["DTFLAB_LOGDIR"] = tempfile.mkdtemp(prefix="dtflab-test-runs-")
@@ -194,7 +194,7 @@ def background_runs_stopped(no_leaks, monkeypatch):
     a test that fails while its run goes on then fails for its own reason, not for the leak.
     A run that does not end within 30 s of its Stop (one stuck in its start-up) has its
     cluster stopped under it."""
-    from dtflab.train.run.runner import BackgroundRun
+    from dtflab.train.machinery.runner import BackgroundRun
 
     runs, start = [], BackgroundRun.__init__
 

@@ -12,7 +12,7 @@ import pytest
 import dtflab
 from dtflab import train
 from dtflab.errors import TaskError
-from dtflab.train.run.reports import Reports, WorkerDied
+from dtflab.train.machinery.reports import Reports, WorkerDied
 from dtflab.tracing.step import short_device
 
 from conftest import wait_for_records, wait_until

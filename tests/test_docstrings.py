@@ -21,7 +21,7 @@ MORE = re.compile(r"^\s*\.\.\.: ?(.*)$")
 CONVENTIONAL = {"cluster": "dtflab.cluster.base.Cluster", "step": "dtflab.tracing.step.StepTrace",
                 "plan": "dtflab.placement.plan.PlacementPlan", "train": "dtflab.train",
                 "dtflab": "dtflab", "editor": "dtflab.ui.placement_editor.PlacementEditor",
-                "wire": "dtflab.train.run.callbacks.WireBytes", "runner": "dtflab.train.run.runner.Runner"}
+                "wire": "dtflab.train.machinery.callbacks.WireBytes", "runner": "dtflab.train.machinery.runner.Runner"}
 
 
 def _load(dotted: str):

@@ -10,7 +10,7 @@ import pytest
 
 from dtflab import train
 from dtflab.errors import TaskError
-from dtflab.train.run import sessions
+from dtflab.train.machinery import sessions
 from dtflab.viz.dashboard import Dashboard
 from dtflab.viz.decimate import LIMIT
 

@@ -10,7 +10,7 @@ import pytest
 
 from dtflab import train
 from dtflab.train.formulas import split_bytes
-from dtflab.train.run.traced_memory import step_memory
+from dtflab.train.machinery.traced_memory import step_memory
 from dtflab.train.planner.device_memory import per_device
 from dtflab.train.planner.predicted_run import plan_of
 

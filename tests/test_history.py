@@ -1,7 +1,7 @@
 """RunHistory counts one way for every loop: one step per update, however many workers report
 it; the per-worker records stay beside it."""
 
-from dtflab.train.run.history import RunHistory, StepRecord
+from dtflab.train.machinery.history import RunHistory, StepRecord
 
 
 def record(step, worker, loss, examples=50, time_s=0.0):

@@ -174,16 +174,17 @@ def test_each_module_imports_only_the_rooms_below_its_own(module):
 TRAIN_ROOMS = {
     "__init__": None,  # the names users call, each imported on first use
     # the planner traces the worker programs' own step functions to price them
-    "planner": {"strategies", "measure", "graphs", "run", "worker_programs", "layouts", "formulas",
-                "problems"},
-    "experiments": {"strategies", "measure", "graphs", "run", "layouts", "formulas", "problems"},
+    "planner": {"strategies", "measure", "graphs", "machinery", "worker_programs", "layouts",
+                "formulas", "problems"},
+    "experiments": {"strategies", "measure", "graphs", "machinery", "layouts", "formulas",
+                    "problems"},
     # an input pipeline, its visits and its scaling (the loops read it by duck typing)
-    "inputs": {"strategies", "measure", "graphs", "run", "layouts", "formulas", "problems"},
-    "examples": {"strategies", "graphs", "run", "layouts", "formulas", "problems"},  # to trace
-    "strategies": {"measure", "graphs", "run", "layouts", "formulas", "problems"},
-    "measure": {"graphs", "run", "layouts", "formulas", "problems"},
-    "graphs": {"run", "layouts", "formulas", "problems"},  # the pieces loops build graphs of
-    "run": {"worker_programs", "layouts", "formulas", "problems"},
+    "inputs": {"strategies", "measure", "graphs", "machinery", "layouts", "formulas", "problems"},
+    "examples": {"strategies", "graphs", "machinery", "layouts", "formulas", "problems"},  # to trace
+    "strategies": {"measure", "graphs", "machinery", "layouts", "formulas", "problems"},
+    "measure": {"graphs", "machinery", "layouts", "formulas", "problems"},
+    "graphs": {"machinery", "layouts", "formulas", "problems"},  # the pieces loops build graphs of
+    "machinery": {"worker_programs", "layouts", "formulas", "problems"},
     "worker_programs": {"formulas", "layouts", "problems"},
     "formulas": {"layouts"},
     "layouts": set(),
@@ -272,7 +273,7 @@ def loaded_by(module: str) -> list[str]:
 #: and what they must never load: the code that starts and watches them, in the notebook.
 WORKER_PROGRAMS = ("dtflab.train.worker_programs.all_reduce", "dtflab.train.worker_programs.sharded_data_parallel")
 NOTEBOOK_SIDE = ("dtflab.cluster", "dtflab.processes", "dtflab.network", "dtflab.train.strategies",
-                 "dtflab.train.run.runner", "dtflab.train.run.program_loops", "dtflab.train.run.reports",
+                 "dtflab.train.machinery.runner", "dtflab.train.machinery.program_loops", "dtflab.train.machinery.reports",
                  "dtflab.ui", "dtflab.viz", "dtflab.magics")
 
 

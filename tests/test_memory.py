@@ -149,7 +149,7 @@ def test_a_task_that_sends_and_receives_keeps_what_the_formula_counts_wherever_i
     block's partial output, once sent, was freed before the forward ended: the allocator's
     records alone read one 64 KiB buffer short (1,560,584 B), as a rerun in CI did. In the
     other the residual stream stayed in that partial output's own buffer. Both keep the same."""
-    from dtflab.train.run.traced_memory import step_memory
+    from dtflab.train.machinery.traced_memory import step_memory
 
     metadata = recorded_step(f"tensor_parallel_step_{recorded}")
     problem = train.transformer(**SHAPE)
@@ -166,7 +166,7 @@ def test_a_gradient_sum_that_allocates_after_the_backward_began_is_no_forward_op
     when the transport still holds the received copy it would have added into: read as a
     forward op, it moved the forward's end past the backward's frees and left a few per cent
     of the activations. The same step with such an allocation keeps the same."""
-    from dtflab.train.run.traced_memory import step_memory
+    from dtflab.train.machinery.traced_memory import step_memory
     from dtflab.train.planner.device_memory import per_device
     from dtflab.train.planner.predicted_run import plan_of
 

@@ -8,7 +8,7 @@ import pytest
 from dtflab import train
 from dtflab.errors import DtflabError, TaskError
 from dtflab.train.formulas import costs, schedules
-from dtflab.train.run import sessions
+from dtflab.train.machinery import sessions
 from dtflab.train.layouts.layers import balanced_cut, layer_ranges
 from dtflab.viz.compare import compare
 

@@ -53,7 +53,7 @@ def test_where_a_prediction_and_its_run_part_is_said_in_a_learners_words_with_th
     from dtflab.names import full
     from dtflab.tracing.step import OpTiming, StepTrace
     from dtflab.train.planner.predicted_run import Prediction
-    from dtflab.train.run.history import RunHistory, StepRecord
+    from dtflab.train.machinery.history import RunHistory, StepRecord
 
     def step(ops):  # (task, op type, start ms, ms)
         timings = {}
@@ -173,7 +173,7 @@ def test_a_graph_loop_is_priced_with_a_steps_cost_an_op_fitted_once_to_this_clus
 
 @pytest.mark.slow  # the module's cluster and its calibration
 def test_a_routed_mixture_is_priced_as_the_first_step_counted_routes(here, read):
-    from dtflab.train.run.history import FIRST_COUNTED_STEP
+    from dtflab.train.machinery.history import FIRST_COUNTED_STEP
 
     cluster, hardware = here
     problem = train.transformer(**TINY, experts=4, top_k=2)

@@ -8,7 +8,7 @@ import pytest
 from dtflab import train
 from dtflab.train.formulas import split_bytes
 from dtflab.train.formulas.memory import split_activation_bytes
-from dtflab.train.run.traced_memory import step_memory
+from dtflab.train.machinery.traced_memory import step_memory
 
 from conftest import max_loss_diff, one_process
 

@@ -149,7 +149,7 @@ def test_a_traced_graph_step_is_in_the_graphs_tab_and_its_memory_by_kind_per_dev
     name = Path(single.logdir).name
     info = get(board, "data/plugin/graphs/info")
     assert info[name]["tags"]["traced step"]["profile"]
-    from dtflab.train.run.traced_memory import step_memory
+    from dtflab.train.machinery.traced_memory import step_memory
 
     [held] = step_memory(single.trace.metadata).values()  # one device
     drawn = dict(scalars(board, f"{name}/localhost-0", "memory/parameters"))
@@ -260,7 +260,7 @@ def test_a_run_too_short_to_time_a_step_still_writes_its_files(start_cluster, tm
 
 
 def test_a_notebooks_runs_go_to_a_folder_named_for_it_beside_it(monkeypatch):
-    from dtflab.train.run.logdir import NOTEBOOK, run_directory
+    from dtflab.train.machinery.logdir import NOTEBOOK, run_directory
 
     monkeypatch.delenv("DTFLAB_LOGDIR", raising=False)
     monkeypatch.setenv(NOTEBOOK, "/home/learner/notebooks/ja/14_plan_a_run.ipynb")

@@ -12,7 +12,7 @@ import pytest
 from dtflab import names, train
 from dtflab._quiet import import_tf
 from dtflab.train.formulas import memory as memory_formula, split_bytes
-from dtflab.train.run.traced_memory import step_memory
+from dtflab.train.machinery.traced_memory import step_memory
 from dtflab.train.problems import transformer_ops as ops
 
 from conftest import max_loss_diff, one_process

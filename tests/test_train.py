@@ -12,7 +12,7 @@ import pytest
 import dtflab
 from dtflab import train
 from dtflab.errors import TaskError
-from dtflab.train.run import sessions
+from dtflab.train.machinery import sessions
 
 from conftest import wait_until
 

@@ -244,7 +244,7 @@ def test_a_synchronous_step_whose_update_ran_before_its_session_closed_is_not_ap
     run on the ps; the new session ran the same batch again and the curve left one process's
     by 1.4e-5 (float rounding alone: 1.5e-7). Here step 40's update runs, then its result is
     lost to the watchdog closing the session, as it was there."""
-    from dtflab.train.run import sessions
+    from dtflab.train.machinery import sessions
 
     real = sessions.run_step
     calls, lost = [], []
@@ -320,7 +320,7 @@ def test_a_downpour_update_slower_than_the_operation_timeout_is_a_stall_not_a_fa
     the watchdog's policy recovers in Downpour too, as in the synchronous loops: a new session
     and the longer deadline from then on. Here the timeout is 1 s and worker 1 sleeps 1.5 s an
     update; before, worker 1 stopped on its second update and the run went on without it."""
-    from dtflab.train.run import sessions
+    from dtflab.train.machinery import sessions
 
     monkeypatch.setattr(sessions, "OPERATION_TIMEOUT_MS", 1000)
     cluster = start_cluster(3)

@@ -4,7 +4,7 @@ Every loop takes a Problem, a number of steps and a seed, and returns a RunHisto
 ``background=True`` it returns a :class:`BackgroundRun` at once (the kernel stays free, so a
 dashboard's Stop button works). ``slow={"worker:1": 0.05}`` makes a task take that many more
 seconds per step (a straggler, sleeping on the task itself). ``watchdog=`` sets when a step
-counts as stalled and how often it is retried on a new session (train.run.watchdog).
+counts as stalled and how often it is retried on a new session (train.machinery.watchdog).
 
 The rooms, top to bottom (each imports only the rooms below it; ``tests/test_layers.py``):
 
@@ -25,7 +25,7 @@ The rooms, top to bottom (each imports only the rooms below it; ``tests/test_lay
 - ``graphs/``: the pieces of training graphs that loops build, none of them a loop (one copy of
   the model, a transformer's blocks cut Megatron-style, ring attention, a backward split in two).
 - ``layouts/``: where a run's parts go (layer pairs, the mesh's ranks, ring attention's cut).
-- ``run/``: the machinery every strategy shares (the one :class:`Runner`, ``RunHistory``,
+- ``machinery/``: the machinery every strategy shares (the one :class:`Runner`, ``RunHistory``,
   callbacks, the watchdog, checkpoints, sessions, starting worker programs).
 - ``worker_programs/``: what runs inside a worker program's process.
 - ``formulas/``: the formulas predictions, benchmarks and views share (pure Python).
@@ -45,13 +45,13 @@ import importlib
 WHERE = {
     "Problem": "problems", "exp_regression": "problems", "classification": "problems",
     "Transformer": "problems", "transformer": "problems",
-    "RunHistory": "run.history", "StepRecord": "run.history",
-    "Callback": "run.callbacks", "WireBytes": "run.callbacks",
-    "BackgroundRun": "run.runner", "Runner": "run.runner", "Update": "run.runner",
-    "Watchdog": "run.watchdog",
+    "RunHistory": "machinery.history", "StepRecord": "machinery.history",
+    "Callback": "machinery.callbacks", "WireBytes": "machinery.callbacks",
+    "BackgroundRun": "machinery.runner", "Runner": "machinery.runner", "Update": "machinery.runner",
+    "Watchdog": "machinery.watchdog",
     "stage_arithmetic_s": "measure.stage_arithmetic", "StepModel": "measure.bubble",
     "memory": "measure.memory",
-    "step_memory": "run.traced_memory", "split_activation_bytes": "formulas.memory",
+    "step_memory": "machinery.traced_memory", "split_activation_bytes": "formulas.memory",
     "single": "strategies.single", "model_parallel": "strategies.model_parallel",
     "sync_data_parallel": "strategies.sync_data_parallel",
     "async_parameter_server": "strategies.async_parameter_server",

@@ -5,7 +5,7 @@ One server per run directory per kernel, a process of its own (``dtflab.processe
 a port chosen now, ended with the kernel. The page reaches it through the notebook server
 (jupyter-server-proxy's ``/proxy/PORT/``, also under a hub's prefix on Binder), where a page
 cannot reach the kernel's localhost; without jupyter-server-proxy, at ``http://HOST:PORT/``
-of the page's own host. Every ``train`` loop writes its run there (``train.run.logdir``).
+of the page's own host. Every ``train`` loop writes its run there (``train.machinery.logdir``).
 
 In [1]: dtflab.tensorboard()            # runs/<notebook> beside it, or $DTFLAB_LOGDIR
 In [2]: %dtf_tensorboard other/runs
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from dtflab.cluster.ports import free_ports
 from dtflab.processes.spawn import child_env
-from dtflab.train.run.logdir import run_directory
+from dtflab.train.machinery.logdir import run_directory
 
 #: Seconds TensorBoard has to answer (0.8 s on an idle machine; a loaded one is slower).
 START_TIMEOUT_S = 90.0

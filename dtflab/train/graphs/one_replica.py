@@ -5,7 +5,7 @@ whose gradients are summed (gradient accumulation)."""
 from __future__ import annotations
 
 from dtflab._quiet import import_tf
-from dtflab.train.run.graphs import TrainGraph
+from dtflab.train.machinery.graphs import TrainGraph
 
 
 def single_graph(problem, seed: int, device: str | None = None,

@@ -47,7 +47,7 @@ import numpy as np
 from dtflab import names
 from dtflab._quiet import import_tf
 from dtflab.train.problems.transformer_block import norm_parts, norm_weights
-from dtflab.train.run.graphs import TrainGraph, straggler
+from dtflab.train.machinery.graphs import TrainGraph, straggler
 
 
 def blocks_graph(problem, devices, seed: int, slow: dict | None = None,

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import NamedTuple
 
-from dtflab.train.run.callbacks import Callback
+from dtflab.train.machinery.callbacks import Callback
 
 
 class CpuPerStep(Callback):

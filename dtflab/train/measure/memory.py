@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from dtflab import allocator
 from dtflab.train.formulas.memory import KINDS, transformer_bytes
-from dtflab.train.run.traced_memory import step_memory
+from dtflab.train.machinery.traced_memory import step_memory
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ def stage_arithmetic_s(problem, cluster, *, stages: int = 2, micro_batches=(1, 2
     from dtflab.train.layouts.layers import layer_ranges
     from dtflab.train.layouts.tasks import enough_workers, worker_devices
     from dtflab.train.problems import needs_mlp
-    from dtflab.train.run.graphs import one_multiply_at_a_time
+    from dtflab.train.machinery.graphs import one_multiply_at_a_time
 
     needs_mlp(problem, "train.stage_arithmetic_s")
     checks.whole(repeats, "repeats", example=3)

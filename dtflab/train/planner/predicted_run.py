@@ -30,7 +30,7 @@ from dtflab.train.layouts.layout import Layout
 from dtflab.train.planner import executor, graph_ops, step_kinds
 from dtflab.train.planner.device_memory import Plan, per_device
 from dtflab.train.planner.loops import loop_for
-from dtflab.train.run.history import FIRST_COUNTED_STEP
+from dtflab.train.machinery.history import FIRST_COUNTED_STEP
 
 VIEWS = "dtflab.viz.prediction"
 #: The graph loops (a one-session graph the executor's simulation prices).

@@ -7,15 +7,15 @@ Dask cluster's workers), each running ``dtflab/train/worker_programs/all_reduce.
 only listens.
 
 What every loop in worker programs shares (checked arguments, the reports, Stop, restarts,
-traces) is ``dtflab.train.run.program_loops``.
+traces) is ``dtflab.train.machinery.program_loops``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from dtflab.train.run.options import takes_options
-from dtflab.train.run.program_loops import Loop, ProgramOptions, train_in_programs
+from dtflab.train.machinery.options import takes_options
+from dtflab.train.machinery.program_loops import Loop, ProgramOptions, train_in_programs
 
 LOOP = Loop(Path(__file__).parents[1] / "worker_programs" / "all_reduce.py", "all_reduce",
             "all-reduce", "all-reduce",

@@ -12,10 +12,10 @@ from dtflab import checks, names, scratch
 from dtflab._quiet import import_tf
 from dtflab.errors import DtflabError, TaskError
 from dtflab.train.layouts.tasks import worker_devices
-from dtflab.train.run.graphs import TrainGraph, Tower, straggler
-from dtflab.train.run.options import RunOptions, takes_options
-from dtflab.train.run.runner import Update, new_runner
-from dtflab.train.run.sessions import (close_session, dead_task, describe, failed_task,
+from dtflab.train.machinery.graphs import TrainGraph, Tower, straggler
+from dtflab.train.machinery.options import RunOptions, takes_options
+from dtflab.train.machinery.runner import Update, new_runner
+from dtflab.train.machinery.sessions import (close_session, dead_task, describe, failed_task,
                                        first_run_options, new_session, ps_plan, run_step,
                                        stall_behind, timed_out)
 
@@ -32,7 +32,7 @@ def async_parameter_server(problem, cluster, *, workers: int | None = None,
     folder, deleted when the run ends) every K updates; when a ps dies, the loop restarts it,
     restores the newest checkpoint and goes on, losing at most K updates
     (``history.recoveries`` says how many). Restarting needs a backend that can (local, dask);
-    see ``train.run.checkpoints``.
+    see ``train.machinery.checkpoints``.
 
     Each worker's session sees only the non-worker tasks and its own worker
     (``device_filters``): no worker's step can wait on another worker.
@@ -82,7 +82,7 @@ class _Downpour:
 
     def __init__(self, built, problem, seed, cluster, devices, history, checkpoint_every,
                  checkpoint_dir):
-        from dtflab.train.run.checkpoints import Checkpoints
+        from dtflab.train.machinery.checkpoints import Checkpoints
 
         self.built, self.problem, self.seed = built, problem, seed
         self.batches = None  # one callable a worker, where an input pipeline feeds them
@@ -127,7 +127,7 @@ class _Downpour:
 
     def recover(self, task, seen_epoch) -> None:
         """Restart a dead ps and restore the newest checkpoint (once, whoever asks first)."""
-        from dtflab.train.run.checkpoints import Recovery
+        from dtflab.train.machinery.checkpoints import Recovery
 
         with self.recovering:
             if self.epoch != seen_epoch:

@@ -25,9 +25,9 @@ from dtflab.train.formulas import split_bytes
 from dtflab.train.layouts.layers import layer_ranges
 from dtflab.train.layouts.layout import Layout
 from dtflab.train.problems import Transformer
-from dtflab.train.run.graphs import TrainGraph
-from dtflab.train.run.options import RunOptions, takes_options
-from dtflab.train.run.sessions import train_graph
+from dtflab.train.machinery.graphs import TrainGraph
+from dtflab.train.machinery.options import RunOptions, takes_options
+from dtflab.train.machinery.sessions import train_graph
 from dtflab.train.graphs.tensor_parallel_blocks import blocks_loss
 from dtflab.train.problems.experts import dense_only
 

@@ -31,9 +31,9 @@ from dtflab.train.layouts.layout import Layout, said_as
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.problems import Transformer
 from dtflab.train.problems import transformer_ops as ops
-from dtflab.train.run.graphs import TrainGraph, straggler
-from dtflab.train.run.options import RunOptions, takes_options
-from dtflab.train.run.sessions import train_graph
+from dtflab.train.machinery.graphs import TrainGraph, straggler
+from dtflab.train.machinery.options import RunOptions, takes_options
+from dtflab.train.machinery.sessions import train_graph
 from dtflab.train.graphs import ring_attention, ulysses
 from dtflab.train.problems.experts import dense_only
 from dtflab.train.problems.transformer_block import norm_weights

@@ -31,9 +31,9 @@ from dtflab.train.layouts.layout import Layout, said_as
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.problems import Transformer, experts as moe
 from dtflab.train.problems.transformer_block import norm_weights
-from dtflab.train.run.graphs import TrainGraph, straggler
-from dtflab.train.run.options import RunOptions, takes_options
-from dtflab.train.run.sessions import train_graph
+from dtflab.train.machinery.graphs import TrainGraph, straggler
+from dtflab.train.machinery.options import RunOptions, takes_options
+from dtflab.train.machinery.sessions import train_graph
 
 #: The variables each expert's worker holds alone; every other variable is copied.
 EXPERT_PARTS = ("experts_fc_w", "experts_fc_b", "experts_out_w", "experts_out_b")

@@ -6,8 +6,8 @@ from dtflab import checks
 from dtflab.placement import PlacementPlan
 from dtflab.train.graphs import one_replica
 from dtflab.train.layouts.tasks import checked_device
-from dtflab.train.run.options import RunOptions, takes_options
-from dtflab.train.run.sessions import train_graph
+from dtflab.train.machinery.options import RunOptions, takes_options
+from dtflab.train.machinery.sessions import train_graph
 
 
 @takes_options(RunOptions)

@@ -28,9 +28,9 @@ from dtflab.train.layouts.layout import Layout, said_as
 from dtflab.train.layouts.layers import layer_ranges
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.measure.bubble import Bubble
-from dtflab.train.run.graphs import TrainGraph, in_order, one_multiply_at_a_time, straggler
-from dtflab.train.run.options import RunOptions, takes_options
-from dtflab.train.run.sessions import train_graph
+from dtflab.train.machinery.graphs import TrainGraph, in_order, one_multiply_at_a_time, straggler
+from dtflab.train.machinery.options import RunOptions, takes_options
+from dtflab.train.machinery.sessions import train_graph
 from dtflab.train.graphs import backward_split
 
 

@@ -12,8 +12,8 @@ import os
 
 from dtflab._quiet import import_tf, quiet_fds
 from dtflab.cluster.ports import free_ports
-from dtflab.train.run.options import RunOptions, takes_options
-from dtflab.train.run.runner import Update, new_runner
+from dtflab.train.machinery.options import RunOptions, takes_options
+from dtflab.train.machinery.runner import Update, new_runner
 
 #: Distinct batches shipped to the workers (a tf.data pipeline of them, repeated).
 DATA_BATCHES = 8

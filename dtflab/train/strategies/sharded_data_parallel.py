@@ -16,7 +16,7 @@ reduce-scatter made of ``CollectiveBcastSendV2``/``CollectiveBcastRecvV2`` in gr
 (worker i sends chunk j of its gradient to worker j: (N - 1)/N of the gradient from each
 worker, as a ring reduce-scatter sends). ``tf.distribute``'s replica context has an
 ``all_gather`` but no reduce-scatter. The program is ``dtflab/train/worker_programs/sharded_data_parallel.py``;
-the records, Stop, restarts and traces are ``dtflab.train.run.program_loops``'s, as for
+the records, Stop, restarts and traces are ``dtflab.train.machinery.program_loops``'s, as for
 ``train.all_reduce``.
 """
 
@@ -27,8 +27,8 @@ from pathlib import Path
 
 from dtflab.train.formulas import costs
 from dtflab.train.problems.experts import dense_only
-from dtflab.train.run.options import takes_options
-from dtflab.train.run.program_loops import Loop, ProgramOptions, train_in_programs
+from dtflab.train.machinery.options import takes_options
+from dtflab.train.machinery.program_loops import Loop, ProgramOptions, train_in_programs
 
 LOOP = Loop(Path(__file__).parents[1] / "worker_programs" / "sharded_data_parallel.py",
             "sharded", "sharded", "all-gather",

@@ -8,10 +8,10 @@ from dtflab import checks, names
 from dtflab._quiet import import_tf
 from dtflab.train.layouts.layout import Layout, said_as
 from dtflab.train.layouts.tasks import worker_devices
-from dtflab.train.run.graphs import TrainGraph, Tower, straggler
-from dtflab.train.run.options import RunOptions, takes_options
-from dtflab.train.run.runner import new_runner
-from dtflab.train.run.sessions import (batch_source, first_run_options, new_session, ps_plan,
+from dtflab.train.machinery.graphs import TrainGraph, Tower, straggler
+from dtflab.train.machinery.options import RunOptions, takes_options
+from dtflab.train.machinery.runner import new_runner
+from dtflab.train.machinery.sessions import (batch_source, first_run_options, new_session, ps_plan,
                                        synchronous)
 
 

@@ -37,10 +37,10 @@ from dtflab.train.layouts.layers import split_layers
 from dtflab.train.layouts.layout import Layout, said_as
 from dtflab.train.layouts.tasks import enough_workers, worker_devices
 from dtflab.train.problems import Transformer
-from dtflab.train.run.graphs import TrainGraph, straggler
-from dtflab.train.run.options import RunOptions, takes_options
+from dtflab.train.machinery.graphs import TrainGraph, straggler
+from dtflab.train.machinery.options import RunOptions, takes_options
 from dtflab.train.graphs.tensor_parallel_blocks import blocks_graph
-from dtflab.train.run.sessions import train_graph
+from dtflab.train.machinery.sessions import train_graph
 from dtflab.train.problems.experts import dense_only
 
 

@@ -11,7 +11,7 @@ the N workers, one more kind per stage.
 
 Stages 1 and 2 run ``dtflab/train/worker_programs/zero.py`` (its docstring has the step); they
 train any problem, a transformer too, as stage 3 does. The records, Stop,
-restarts and traces are ``dtflab.train.run.program_loops``'s, as for ``train.all_reduce``.
+restarts and traces are ``dtflab.train.machinery.program_loops``'s, as for ``train.all_reduce``.
 
 Per worker and step, the bytes sent: stages 1 and 2, a reduce-scatter of the gradients and an
 all-gather of the parameters, 2 (N-1)/N x M, an all-reduce's; stage 3, 3 (N-1)/N x M.
@@ -30,8 +30,8 @@ from pathlib import Path
 from dtflab import checks
 from dtflab.train.formulas import costs
 from dtflab.train.problems.experts import dense_only
-from dtflab.train.run.options import takes_options
-from dtflab.train.run.program_loops import Loop, ProgramOptions, train_in_programs
+from dtflab.train.machinery.options import takes_options
+from dtflab.train.machinery.program_loops import Loop, ProgramOptions, train_in_programs
 
 LOOP = Loop(Path(__file__).parents[1] / "worker_programs" / "zero.py", "zero", "ZeRO",
             "reduce-scatter",

@@ -7,7 +7,7 @@ In [3]: runner.run(lambda: runner.loop(200, step), background=True)   # a Backgr
 
 A step returns one :class:`Update`, a list of them (a loop whose results arrive late, or from
 several workers at once), or ``None`` (this worker has ended). While a run goes on, a watchdog
-(train.run.watchdog) times every step in progress; a loop that can recover a stalled step sets
+(train.machinery.watchdog) times every step in progress; a loop that can recover a stalled step sets
 ``runner.on_stall``.
 """
 
@@ -18,8 +18,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from dtflab.train.run.history import RunHistory, StepRecord
-from dtflab.train.run.watchdog import Watch, Watchdog
+from dtflab.train.machinery.history import RunHistory, StepRecord
+from dtflab.train.machinery.watchdog import Watch, Watchdog
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def new_runner(kind: str, title: str, options, *, problem=None, cluster=None,
     """The Runner of a new run of ``kind`` (``RunHistory.loop``) as ``options`` (a checked
     ``RunOptions``) say: its history named ``options.name`` or ``title``, its callbacks, its
     watchdog and its TensorBoard files (``options.logdir``, of ``problem``)."""
-    from dtflab.train.run.logdir import run_log
+    from dtflab.train.machinery.logdir import run_log
 
     history = RunHistory(options.name or title, kind, cluster=cluster,
                          **({} if workers is None else {"workers": list(workers)}))

@@ -15,8 +15,8 @@ import functools
 import inspect
 
 from dtflab import checks
-from dtflab.train.run.logdir import run_directory
-from dtflab.train.run.watchdog import settings as watchdog_settings
+from dtflab.train.machinery.logdir import run_directory
+from dtflab.train.machinery.watchdog import settings as watchdog_settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +29,7 @@ class RunOptions:
     ``inputs`` (a ``train.input_pipeline``: the batches come from it, not ``Problem.batch``,
     and each step's wait for its batch is recorded) and ``logdir`` (where the run's TensorBoard
     files go, a folder of their own in it: ``None`` for ``$DTFLAB_LOGDIR`` or ``runs/<notebook>``,
-    ``False`` for none; ``train.run.logdir``)."""
+    ``False`` for none; ``train.machinery.logdir``)."""
 
     steps: int = 200
     seed: int = 0

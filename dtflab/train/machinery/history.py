@@ -46,8 +46,8 @@ class RunHistory:
     workers: list[str] = field(default_factory=lambda: ["all"])  # who adds records
     records: list[StepRecord] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)  # "worker:1 failed: ..." lines
-    recoveries: list = field(default_factory=list)  # train.run.checkpoints.Recovery, one each
-    stalls: list = field(default_factory=list)  # train.run.watchdog.Stall, one per stalled step
+    recoveries: list = field(default_factory=list)  # train.machinery.checkpoints.Recovery, one each
+    stalls: list = field(default_factory=list)  # train.machinery.watchdog.Stall, one per stalled step
     stopped_early: bool = False
     wall_s: float = 0.0
     trace: object = None  # the StepTrace of the step asked for with trace_step=, if any
@@ -55,7 +55,7 @@ class RunHistory:
     details: dict = field(default_factory=dict)  # loop-specific figures, named in its docstring
     #: The step as predicted before the run (``train.run_layout``: a ``planner.predicted_run.Prediction``)
     prediction: object = None
-    #: The run's folder of TensorBoard files (``train.run.logdir``), None where it wrote none
+    #: The run's folder of TensorBoard files (``train.machinery.logdir``), None where it wrote none
     logdir: str | None = None
     step_reports: int = 1  # records one step makes: a synchronous loop's workers each report it
     #: What a strategy's traced step tells, each ``name: function(trace)``, read as

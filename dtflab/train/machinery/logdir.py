@@ -19,7 +19,7 @@ directory (``logdir=``; by default ``$DTFLAB_LOGDIR``, or ``runs/<notebook>`` be
 Writing never fails a run: a folder that cannot be written is said once, and the run trains on.
 A step only queues its figures (1.1 us a step, 3.5 us a worker's report: measured with
 20,000 records); a thread of the run's log makes them into events and writes them every 0.5 s
-(``FLUSH_S``), with their checksums in C (:mod:`dtflab.train.run.events`).
+(``FLUSH_S``), with their checksums in C (:mod:`dtflab.train.machinery.events`).
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ import time
 import warnings
 from pathlib import Path
 
-from dtflab.train.run.callbacks import Callback
-from dtflab.train.run.events import EventFile
-from dtflab.train.run.history import merged
-from dtflab.train.run.traced_memory import step_memory
+from dtflab.train.machinery.callbacks import Callback
+from dtflab.train.machinery.events import EventFile
+from dtflab.train.machinery.history import merged
+from dtflab.train.machinery.traced_memory import step_memory
 
 #: Where runs go when a loop is not given ``logdir=``: this variable, or ``runs`` (relative to
 #: the working folder: a notebook's kernel runs beside the notebook; ``run_directory``).
@@ -333,7 +333,7 @@ def keep_trace(trace, logdir=None, profiles: dict | None = None) -> Path | None:
     own under ``logdir`` (:func:`run_directory`): its RunMetadata and each task's profile
     (``{task: xplane.pb}``, :func:`keep_profiles`). Returns the folder (None where nothing
     was written: said once, in one line)."""
-    from dtflab.train.run.history import RunHistory
+    from dtflab.train.machinery.history import RunHistory
 
     history = RunHistory("dtflab.trace", "trace", trace=trace)
     log = run_log(logdir)

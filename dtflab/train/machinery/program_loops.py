@@ -3,7 +3,7 @@
 ``dtflab.run``, the notebook's end of their reports, and restarts after a death or a stall.
 
 How the records come back: every worker writes a JSON line per step to the notebook's
-listener (``dtflab.train.run.reports``), and the runner turns them into ``StepRecord`` objects
+listener (``dtflab.train.machinery.reports``), and the runner turns them into ``StepRecord`` objects
 (``time_s`` is when the notebook received the step, from the moment every worker had set up
 its collectives). Stop goes the other way, as a ``stop`` line to every worker; the workers
 agree on the last step in their next check (every ``check_every`` steps). Each worker program
@@ -25,12 +25,12 @@ from dtflab.errors import StallError, TaskError
 from dtflab.train import problems
 from dtflab.train.layouts import tasks as layout
 from dtflab.train.layouts.layout import Layout, said_as
-from dtflab.train.run.checkpoints import Recovery
-from dtflab.train.run.reports import EVERY_INTERFACE, LOOPBACK, Reports, WorkerDied
-from dtflab.train.run.logdir import keep_profiles
-from dtflab.train.run.options import RunOptions
-from dtflab.train.run.runner import Update, new_runner
-from dtflab.train.run.watchdog import Stalled
+from dtflab.train.machinery.checkpoints import Recovery
+from dtflab.train.machinery.reports import EVERY_INTERFACE, LOOPBACK, Reports, WorkerDied
+from dtflab.train.machinery.logdir import keep_profiles
+from dtflab.train.machinery.options import RunOptions
+from dtflab.train.machinery.runner import Update, new_runner
+from dtflab.train.machinery.watchdog import Stalled
 from dtflab.train.worker_programs.contract import GO, Flags
 
 

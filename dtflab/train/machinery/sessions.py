@@ -17,9 +17,9 @@ from dtflab import allocator, names
 from dtflab._quiet import import_tf
 from dtflab.errors import DtflabError, StallError, TaskError, sent_twice
 from dtflab.placement import PlacementPlan
-from dtflab.train.run.logdir import keep_profiles
-from dtflab.train.run.runner import Update, new_runner
-from dtflab.train.run.watchdog import Stalled, Watchdog
+from dtflab.train.machinery.logdir import keep_profiles
+from dtflab.train.machinery.runner import Update, new_runner
+from dtflab.train.machinery.watchdog import Stalled, Watchdog
 
 #: A step that needs a dead task gives up after this long (the sync loop's "within seconds").
 OPERATION_TIMEOUT_MS = 10_000
