@@ -186,7 +186,8 @@ def main(quick: bool, rounds: int, tries: int, earlier: dict | None = None,
     from dtflab import train
     from dtflab.train.measure.cpu import CpuPerStep
     from dtflab.train.planner import published
-    from dtflab.train.planner.predicted_run import GRAPH_LOOPS, loop_for, with_program_costs
+    from dtflab.train.planner.predicted_run import with_program_costs
+    from dtflab.train.strategies.by_layout import GRAPH_LOOPS, loop_for
     from dtflab.train.machinery.history import FIRST_COUNTED_STEP
 
     if rounds < 1:

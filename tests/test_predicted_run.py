@@ -9,7 +9,7 @@ import dtflab
 from dtflab import train
 from dtflab.train.planner import graph_ops, op_costs
 from dtflab.train.planner.device_memory import per_device
-from dtflab.train.planner.loops import loop_for, runs
+from dtflab.train.strategies.by_layout import loop_for, runs
 from dtflab.train.planner.predicted_run import plan_of
 
 TINY = dict(blocks=2, d_model=64, heads=4, sequence=32, batch_size=8)

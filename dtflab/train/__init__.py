@@ -62,7 +62,7 @@ WHERE = {
     "expert_parallel": "strategies.expert_parallel",
     "sharded_data_parallel": "strategies.sharded_data_parallel", "zero": "strategies.zero",
     "Layout": "layouts.layout", "calibrate": "planner.calibration",
-    "run_layout": "planner.predicted_run",
+    "run": "strategies.by_layout", "run_layout": "planner.predicted_run",
     "input_pipeline": "problems.input_pipeline", "InputPipeline": "problems.input_pipeline",
     "visits": "inputs.visits", "input_scaling": "inputs.scaling",
 }

@@ -19,7 +19,8 @@ import weakref
 
 from dtflab.train.planner import device_memory as shapes
 from dtflab.train.planner import hardware as machines
-from dtflab.train.planner import loops, search
+from dtflab.train.planner import search
+from dtflab.train.strategies.by_layout import runs
 from dtflab.train.planner.hardware import Hardware
 
 VIEWS = "dtflab.viz.plan_map"
@@ -167,7 +168,7 @@ def plan(model, devices: int, hardware="h100", *, cluster=None, memory_gb: float
                          machine)
     rows = [row for row in rows if all(getattr(row.plan, axis) == ways
                                        for axis, ways in fixed.items())
-            and (not machine.measured or loops.runs(row.plan))]  # here: what a loop runs
+            and (not machine.measured or runs(row.plan))]  # here: what a loop runs
     if not rows:
         raise ValueError(f"{', '.join(f'{a}={w}' for a, w in fixed.items())}: no layout of this "
                          f"model over {devices} devices has those ways (the heads, blocks, "

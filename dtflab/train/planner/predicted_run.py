@@ -25,17 +25,15 @@ import statistics
 import weakref
 from dataclasses import dataclass, field
 
-from dtflab import checks, names
+from dtflab import names
 from dtflab.train.layouts.layout import Layout
 from dtflab.train.planner import executor, graph_ops, step_kinds
 from dtflab.train.planner.device_memory import Plan, per_device
-from dtflab.train.planner.loops import loop_for
+from dtflab.train.strategies.by_layout import (GRAPH_LOOPS, chosen, program_threads,
+                                               run)
 from dtflab.train.machinery.history import FIRST_COUNTED_STEP
 
 VIEWS = "dtflab.viz.prediction"
-#: The graph loops (a one-session graph the executor's simulation prices).
-GRAPH_LOOPS = ("single", "pipeline", "tensor_parallel", "context_parallel", "expert_parallel",
-               "combined")
 
 
 @dataclass
@@ -128,31 +126,12 @@ def hardware_for(hardware, cluster):
     return resolve(hardware, cluster)
 
 
-def as_layout(layout) -> Layout:
-    """A ``train.Layout``, a planner ``Plan`` or a plan's row (``plans.best``), as a Layout."""
-    if isinstance(layout, Layout) and not isinstance(layout, Plan):
-        return layout
-    if hasattr(layout, "layout"):
-        return layout.layout
-    raise ValueError(f"layout={layout!r}: train.run_layout takes a train.Layout(...), a Plan or a "
-                     f"row of dtflab.plan(...) (plans.best)")
-
-
 def plan_of(problem, layout: Layout) -> Plan:
     """``problem``'s shape on ``layout``, as the planner prices it."""
     from dtflab.train.planner.plans import base_plan
 
     fields = {f.name: getattr(layout, f.name) for f in dataclasses.fields(Layout)}
     return dataclasses.replace(base_plan(problem), **fields)
-
-
-def program_threads(cluster) -> int | None:
-    """The threads a worker program of a run on ``cluster`` gets (intra- and inter-op): one
-    where the cluster's tasks have one intra-op thread each (``start_cluster(...,
-    intra_op_threads=1)``), so the programs run as the calibration timed the tasks; else
-    None, TensorFlow's default (every core): two programs of a thread a core each would
-    share the cores they were timed alone on."""
-    return 1 if cluster.intra_op_threads == 1 else None
 
 
 def replica_ops(problem, workers: int = 2, seed: int = 0) -> list:
@@ -344,27 +323,19 @@ def routing(plan: Plan, loads) -> float:
 
 
 def run_layout(problem, cluster, layout, *, hardware="here", **options):
-    """Train ``problem`` on ``cluster`` as ``layout`` says (a ``train.Layout``, or a plan's
-    row: ``dtflab.plan(...).best``), the loop chosen from its ways (see ``loop_for``), with
-    the step predicted before it runs on ``hardware`` (``"here"``: ``cluster`` calibrated
-    once, about 35 s, a whole step's cost an op the first time a run is predicted, about
-    6 s (:func:`with_dispatch`), and the worker programs' costs the first time one is, about
-    40 s; or a Hardware, such as ``train.calibrate(cluster)``, whose costs are fitted once
-    too) into ``history.prediction``. ``options`` are the loop's
-    (``steps``, ``trace_step``, ...); a worker program's ``threads`` are the cluster's
-    (:func:`program_threads`) unless given."""
-    checks.cluster(cluster)
-    layout = as_layout(layout)
+    """Train ``problem`` on ``cluster`` as ``layout`` says, as ``train.run`` does (the loop
+    chosen from its ways: ``by_layout.loop_for``), with the step predicted before it runs on
+    ``hardware`` (``"here"``: ``cluster`` calibrated once, about 35 s, a whole step's cost an
+    op the first time a run is predicted, about 6 s (:func:`with_dispatch`), and the worker
+    programs' costs the first time one is, about 40 s; or a Hardware, such as
+    ``train.calibrate(cluster)``, whose costs are fitted once too) into
+    ``history.prediction``. ``options`` are the loop's (``steps``, ``trace_step``, ...); a
+    worker program's ``threads`` are the cluster's (``by_layout.program_threads``) unless
+    given."""
     if not hasattr(problem, "d_model"):
         raise ValueError(f"problem={problem!r}: train.run_layout plans a transformer; pass "
-                         f"train.transformer(...), or call a loop yourself for an MLP")
-    loop, keywords = loop_for(layout)
-    layout.fits(problem)
-    workers = len(cluster.addresses.get("worker", []))
-    if loop in GRAPH_LOOPS and layout.size > workers:
-        raise ValueError(f"layout={layout}: {layout.size} devices, but the cluster has "
-                         f"{workers} worker tasks; start one with "
-                         f"dtflab.start_cluster(workers={layout.size})")
+                         f"train.transformer(...), or call train.run for an MLP")
+    loop, layout, _ = chosen(problem, cluster, layout, caller="train.run_layout")
     machine = hardware_for(hardware, cluster)
     if loop not in GRAPH_LOOPS:
         options.setdefault("threads", program_threads(cluster))
@@ -378,7 +349,6 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
         CALIBRATED[cluster] = machine
     plan = plan_of(problem, layout)
     memory = per_device(plan)
-    strategy = getattr(importlib.import_module(f"dtflab.train.strategies.{loop}"), loop)
     if loop in GRAPH_LOOPS:
         threads = cluster.inter_op_threads
 
@@ -395,12 +365,10 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
                               "dtflab's graph, simulated on the calibration",
                               timeline(simulated), ops, threads)
 
-        if loop == "single":
-            return strategy(problem, cluster=cluster, predict=predict, **keywords, **options)
-        return strategy(problem, cluster, predict=predict, **keywords, **options)
+        return run(problem, cluster, layout, loop=loop, predict=predict, **options)
     prediction = program_prediction(problem, layout, machine, memory, loop,
                                     options.get("seed", 0), options["threads"])
-    history = strategy(problem, **keywords, **options)
+    history = run(problem, cluster, layout, loop=loop, **options)
     if hasattr(history, "prediction"):
         history.prediction = prediction
     else:  # a BackgroundRun: its history
