@@ -102,6 +102,41 @@ PROCESS_SINGLETONS = ("multiprocessing.resource_tracker",)
 KERNEL_SERVICES = {"dtflab.network.gate": 2, "dtflab.processes.forkserver": 2}
 
 
+def beside_all_reduce(problem, loop, steps: int, **options):
+    """``(plain, run, plain_sent, sent)``: ``train.all_reduce`` and ``loop`` (a worker-program
+    loop) each on ``problem`` with two workers for ``steps`` steps, and the bytes each pair
+    of workers sent a step (``WireBytes`` from step 2, over all but the last two steps)."""
+    from dtflab import train
+
+    plain_wire, wire = (train.WireBytes(after_step=2, steps=steps - 4) for _ in range(2))
+    plain = train.all_reduce(problem, workers=2, steps=steps, callbacks=[plain_wire])
+    run = loop(problem, workers=2, steps=steps, callbacks=[wire], **options)
+    return plain, run, plain_wire.per_step.sent, wire.per_step.sent
+
+
+def sends_as_its_formula_says(sent, plain_sent, formula: float, over_all_reduce: float):
+    """Each worker sends the other ``formula`` bytes a step (gRPC's framing on top, within
+    10%), ``over_all_reduce`` times what all-reduce sends."""
+    for pair in (("worker:0", "worker:1"), ("worker:1", "worker:0")):
+        assert formula <= sent[pair] <= 1.1 * formula, (pair, sent[pair], formula)
+        assert sent[pair] / plain_sent[pair] == pytest.approx(over_all_reduce, rel=0.1)
+
+
+def killed_with_checkpoints(loop, problem):
+    """``(reference, history, recovery)``: ``loop`` (a worker-program loop) run 60 steps on
+    ``problem`` undisturbed, and again with a checkpoint every 10 steps and worker 1 killed
+    after about 25 steps a worker; the second run's one recovery."""
+    reference = loop(problem, workers=2, steps=60, seed=2)
+    run = loop(problem, workers=2, steps=60, seed=2, slow={"worker:0": 0.02},
+               checkpoint_every=10, background=True)
+    wait_for_records(run, 2 * 25)
+    run.history.cluster.kill("worker", 1)
+    history = run.wait(timeout=120)
+    (recovery,) = history.recoveries
+    assert recovery.resumed_from % 10 == 0 and 0 <= recovery.lost <= 10
+    return reference, history, recovery
+
+
 #: Pids of processes a module's fixture keeps for the whole module (the browser tier's one
 #: chromium, by its Playwright driver): they and what they start are the fixture's, not a
 #: test's (chromium starts helper processes when a page first needs them).

@@ -15,7 +15,7 @@ from dtflab.errors import TaskError
 from dtflab.train.machinery.reports import Reports, WorkerDied
 from dtflab.tracing.step import short_device
 
-from conftest import wait_for_records, wait_until
+from conftest import killed_with_checkpoints, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -62,15 +62,8 @@ def test_softmax_all_reduce_with_three_workers_matches_one_process():
 
 
 def test_with_checkpoints_every_worker_restarts_from_the_newest_and_the_curve_goes_on():
-    reference = train.all_reduce(PROBLEM, workers=2, steps=60, seed=2)
-    run = train.all_reduce(PROBLEM, workers=2, steps=60, seed=2, slow={"worker:0": 0.02},
-                           checkpoint_every=10, background=True)
-    wait_for_records(run, 2 * 25)
-    run.history.cluster.kill("worker", 1)
-    history = run.wait(timeout=120)
-    (recovery,) = history.recoveries
+    reference, history, recovery = killed_with_checkpoints(train.all_reduce, PROBLEM)
     assert recovery.task == "worker:1" and recovery.restarted == "every worker"
-    assert recovery.resumed_from % 10 == 0 and 0 <= recovery.lost <= 10
     steps = [r.step for r in history.records if r.worker == "worker:0"]
     assert steps[-1] == 59 and len(steps) == 60 + recovery.lost  # the lost steps ran twice
     assert steps[recovery.failed_at] == recovery.resumed_from

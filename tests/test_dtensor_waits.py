@@ -53,14 +53,22 @@ def write_program(tmp_path, fails: int, after: int):
     return script
 
 
-def test_wait_stops_a_dtensor_leader_waiting_for_a_client_that_failed_before_joining(run_programs, tmp_path):
+def stopped_wait(run_programs, tmp_path, fails: int, after: int):
+    """``(cluster, pids, error)``: two DTensor clients, client ``fails`` failing ``after``
+    seconds in, and the ``WaitForEndedTaskError`` that ``cluster.wait`` raised."""
     from dtflab.errors import WaitForEndedTaskError
 
-    cluster = run_programs(write_program(tmp_path, fails=1, after=0), workers=2, timeout=120)
+    cluster = run_programs(write_program(tmp_path, fails=fails, after=after), workers=2,
+                           timeout=120)
     pids = [task.pid for task in cluster.tasks]
     with pytest.raises(WaitForEndedTaskError) as raised:
         cluster.wait(timeout=120)
-    assert str(raised.value) == LEADER_WAITS  # the wait was stopped, not ended by its timeout
+    return cluster, pids, raised.value
+
+
+def test_wait_stops_a_dtensor_leader_waiting_for_a_client_that_failed_before_joining(run_programs, tmp_path):
+    cluster, pids, error = stopped_wait(run_programs, tmp_path, fails=1, after=0)
+    assert str(error) == LEADER_WAITS  # the wait was stopped, not ended by its timeout
     failed_at = float(FAILED_AT.search(cluster.logs("worker:1"))[1])
     waiting_since = float(WAITING.search(cluster.logs("worker:0"))[1])
     assert waiting_since < failed_at  # the race forced: the leader logged its wait, then 1 failed
@@ -69,14 +77,9 @@ def test_wait_stops_a_dtensor_leader_waiting_for_a_client_that_failed_before_joi
 
 
 def test_wait_stops_a_dtensor_client_whose_leader_failed_before_it_joined(run_programs, tmp_path):
-    from dtflab.errors import WaitForEndedTaskError
-
-    cluster = run_programs(write_program(tmp_path, fails=0, after=1), workers=2, timeout=120)
-    pids = [task.pid for task in cluster.tasks]
-    with pytest.raises(WaitForEndedTaskError) as raised:
-        cluster.wait(timeout=120)
-    assert str(raised.value) == LEADER_GONE  # the wait was stopped, not ended by its timeout
-    assert raised.value.log_tail.rstrip().splitlines()[-1].endswith(
+    cluster, pids, error = stopped_wait(run_programs, tmp_path, fails=0, after=1)
+    assert str(error) == LEADER_GONE  # the wait was stopped, not ended by its timeout
+    assert error.log_tail.rstrip().splitlines()[-1].endswith(
         "Started server with target: grpc://" + cluster.addresses["worker"][1])
     assert FAILED_AT.search(cluster.logs("worker:0"))  # the leader failed, as it was told to
     assert [t.status for t in cluster.tasks] == ["exited with code 1", "killed"]

@@ -93,7 +93,9 @@ def test_the_ways_split_what_the_references_say_they_split():
                for stage in (0, 1, 2, 3)]
     assert [s["optimizer"] for s in sharded[1:]] == [sharded[0]["optimizer"] // 8] * 3
     assert sharded[2]["gradients"] == sharded[3]["gradients"] == sharded[0]["gradients"] // 8
-    assert sharded[3]["parameters"] == sharded[0]["parameters"] // 8
+    # stage 3: an eighth, and the two units it has gathered, whole (float32 on the wire)
+    gathered = device_memory.gathered_units(device_memory.Plan(**shape, data=8, zero=3), True, True)
+    assert sharded[3]["parameters"] == sharded[0]["parameters"] // 8 + 4 * gathered
     assert sharded[1]["parameters"] == sharded[0]["parameters"]
 
 

@@ -7,7 +7,7 @@ import pytest
 from dtflab import train
 from dtflab.train.formulas import costs
 
-from conftest import one_process, wait_for_records
+from conftest import beside_all_reduce, killed_with_checkpoints, one_process, sends_as_its_formula_says
 
 pytestmark = pytest.mark.slow
 
@@ -46,15 +46,11 @@ def test_softmax_with_three_workers_matches_one_process():
 
 def test_each_worker_holds_half_the_state_and_sends_one_and_a_half_times_all_reduce_bytes():
     model = WIRE_PROBLEM.parameter_bytes
-    plain_wire, sharded_wire = train.WireBytes(after_step=2, steps=8), train.WireBytes(after_step=2, steps=8)
-    plain = train.all_reduce(WIRE_PROBLEM, workers=2, steps=12, callbacks=[plain_wire])
-    sharded = train.sharded_data_parallel(WIRE_PROBLEM, workers=2, steps=12, callbacks=[sharded_wire])
+    plain, sharded, plain_sent, sent = beside_all_reduce(WIRE_PROBLEM,
+                                                         train.sharded_data_parallel, 12)
     formula = costs.sharded_bytes(model, 2)
     assert sharded.details["bytes_per_step_formula"] == formula == 1.5 * model
-    for source, destination in (("worker:0", "worker:1"), ("worker:1", "worker:0")):
-        sent = sharded_wire.per_step.sent[source, destination]
-        assert formula <= sent <= 1.1 * formula  # gRPC's framing on top
-        assert sent / plain_wire.per_step.sent[source, destination] == pytest.approx(1.5, rel=0.1)
+    sends_as_its_formula_says(sent, plain_sent, formula, 1.5)
     for worker in ("worker:0", "worker:1"):
         mine, full = sharded.details["state_bytes"][worker], plain.details["state_bytes"][worker]
         assert full == {"parameters": model, "slots": 2 * model}  # Adam's m and v
@@ -64,14 +60,7 @@ def test_each_worker_holds_half_the_state_and_sends_one_and_a_half_times_all_red
 
 
 def test_with_checkpoints_every_worker_resumes_its_own_shards_and_the_curve_goes_on():
-    reference = train.sharded_data_parallel(PROBLEM, workers=2, steps=60, seed=2)
-    run = train.sharded_data_parallel(PROBLEM, workers=2, steps=60, seed=2, slow={"worker:0": 0.02},
-                                      checkpoint_every=10, background=True)
-    wait_for_records(run, 2 * 25)
-    run.history.cluster.kill("worker", 1)
-    history = run.wait(timeout=120)
-    (recovery,) = history.recoveries
-    assert recovery.resumed_from % 10 == 0 and 0 <= recovery.lost <= 10
+    reference, history, recovery = killed_with_checkpoints(train.sharded_data_parallel, PROBLEM)
     assert [r.step for r in history.records if r.worker == "worker:0"][-1] == 59
     expected = {r.step: r.loss for r in reference.records}
     assert max(abs(r.loss - expected[r.step]) for r in history.records) <= TOLERANCE

@@ -7,7 +7,7 @@ import pytest
 
 from dtflab import train
 from dtflab.train.formulas import costs
-from conftest import one_process
+from conftest import beside_all_reduce, one_process, sends_as_its_formula_says
 
 pytestmark = pytest.mark.slow
 
@@ -36,15 +36,10 @@ def test_each_stage_trains_the_transformer_as_one_process_does(stage):
 def test_stage_one_shards_adams_state_and_sends_an_all_reduces_bytes():
     problem = train.transformer(blocks=2, d_model=64, heads=4, sequence=32, batch_size=16)
     model = problem.parameter_bytes
-    plain_wire, zero_wire = train.WireBytes(after_step=2, steps=6), train.WireBytes(after_step=2, steps=6)
-    plain = train.all_reduce(problem, workers=2, steps=10, callbacks=[plain_wire])
-    zero = train.zero(problem, stage=1, workers=2, steps=10, callbacks=[zero_wire])
+    plain, zero, plain_sent, sent = beside_all_reduce(problem, train.zero, 10, stage=1)
     formula = costs.all_reduce_bytes(model, 2)
     assert zero.details["bytes_per_step_formula"] == formula == model
-    for source, destination in (("worker:0", "worker:1"), ("worker:1", "worker:0")):
-        sent = zero_wire.per_step.sent[source, destination]
-        assert formula <= sent <= 1.1 * formula  # gRPC's framing on top
-        assert sent / plain_wire.per_step.sent[source, destination] == pytest.approx(1, rel=0.1)
+    sends_as_its_formula_says(sent, plain_sent, formula, 1)
     for worker in ("worker:0", "worker:1"):
         mine, full = zero.details["state_bytes"][worker], plain.details["state_bytes"][worker]
         assert full == {"parameters": model, "slots": 2 * model}

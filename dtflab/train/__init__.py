@@ -87,5 +87,5 @@ __all__ = ["Problem", "exp_regression", "classification", "Transformer", "transf
            "expert_parallel",
            "sharded_data_parallel", "zero", "WireBytes",
            "Runner", "Update", "Watchdog", "stage_arithmetic_s", "StepModel", "memory", "step_memory",
-           "split_activation_bytes", "Layout", "calibrate", "run_layout", "input_pipeline",
+           "split_activation_bytes", "Layout", "calibrate", "run", "run_layout", "input_pipeline",
            "InputPipeline", "visits", "input_scaling"]

@@ -323,7 +323,12 @@ class MemoryPlanner:
                      "not yet measured by dtflab (ZeRO's sharded optimizer state is: "
                      "train.zero)</i>")
         copies = predicted["weight_copies"]
-        if copies:
+        if copies and self.plan.zero >= 3:
+            text += (f"<br><i>in {self.plan.precision} with ZeRO 3, the weight copies are the "
+                     f"16-bit copies of the units gathered at once ({amount(copies)}): each "
+                     f"block's weights are gathered for its forward, freed, and gathered again "
+                     f"for its backward</i>")
+        elif copies:
             text += (f"<br><i>in {self.plan.precision}, the weight copies are the 16-bit copies "
                      f"of the weights the backward multiplies by ({amount(copies)}"
                      f"{', every block parameter with full recomputation' if self.plan.recompute == 'full' else ''}"

@@ -25,8 +25,10 @@ dtflab:
   :func:`per_device` reports the stage that holds the most.
 - **ZeRO** over d data replicas: optimizer state / d from stage 1, gradients / d from stage
   2, parameters / d at stage 3 (Rajbhandari et al. 2020: (2 + 2 + K)·Ψ/N_d in their 16-bit
-  terms; here float32 master weights, so (4 + 4 + 8)·Ψ/d), and at stage 3 only the units
-  gathered at once have 16-bit copies (:data:`GATHERED_UNITS`), not every weight. The optimizer state's share is
+  terms; here float32 master weights, so (4 + 4 + 8)·Ψ/d). At stage 3 the units gathered at
+  once (:data:`GATHERED_UNITS`) are held whole besides the shard: in float32 among the
+  parameters where ``exchange_precision`` is float32, and their 16-bit copies, not every
+  weight's, among the weight copies. The optimizer state's share is
   measured by ``train.zero`` (its workers' variables: ``tests/test_zero.py``), the
   parameters' by stage 3 (``train.sharded_data_parallel``) on the transformer and an MLP; the
   gradients' only as a step's peak (stage 2 below stage 1 by at least (1 - 1/d) of the
@@ -352,8 +354,8 @@ def stage_weight_copies(plan: Plan, first: bool, last: bool) -> int:
         return 0
     parameters = stage_parameters(plan, first, last)
     block_extra = parameters["block"] - parameters["block_matrices"]
-    if plan.zero >= 3:
-        return int(memory.BYTES[plan.precision] * gathered_units(plan, parameters))
+    if plan.zero >= 3:  # cast from the gathered float32, or gathered in 16 bits
+        return int(memory.BYTES[plan.precision] * gathered_units(plan, first, last))
     rest = plan.d_model if last else 0
     rest += (block_extra if plan.recompute == "full" else 2 * plan.d_model) \
         * parameters["blocks"]
@@ -366,14 +368,20 @@ def stage_weight_copies(plan: Plan, first: bool, last: bool) -> int:
 GATHERED_UNITS = 2
 
 
-def gathered_units(plan: Plan, parameters: dict[str, int]) -> int:
-    """Parameters ZeRO 3 holds gathered at once on one device: its :data:`GATHERED_UNITS`
-    largest units (a block; the embedding, the output layer), each freed after its forward
-    and gathered again for its backward, so no copy of the stage's every weight is kept."""
+def gathered_units(plan: Plan, first: bool, last: bool) -> int:
+    """Parameters ZeRO 3 holds gathered at once on one device of a stage: its
+    :data:`GATHERED_UNITS` largest units (a block; the first stage's embedding, with its
+    positions; the last stage's final norm and output layer, or the tied embedding's copy;
+    one stage alone with a tied embedding: one unit of both), each freed after its forward and
+    gathered again for its backward, so no copy of the stage's every weight is kept."""
+    parameters = stage_parameters(plan, first, last)
     units = [parameters["block"]] * min(GATHERED_UNITS, parameters["blocks"])
     rest = parameters["total"] - parameters["blocks"] * parameters["block"]
-    ends = 2 if rest >= 2 * parameters["embedding"] else 1  # the embedding, an output layer
-    units += [rest // ends] * ends
+    if first and last and not plan.tied:  # the embedding's unit and the output layer's
+        output = parameters["embedding"] + plan.d_model * (2 if plan.norm == "layer" else 1)
+        units += [rest - output, output]
+    elif rest:
+        units.append(rest)
     return sum(sorted(units, reverse=True)[:GATHERED_UNITS])
 
 
@@ -385,7 +393,10 @@ def per_device(plan: Plan) -> dict[str, int]:
     for first, last in stages:
         n = stage_parameters(plan, first, last)["total"]
         d = plan.data
-        held = {"parameters": memory.FLOAT32 * n // (d if plan.zero >= 3 else 1),
+        shard = memory.FLOAT32 * n // (d if plan.zero >= 3 else 1)
+        if plan.zero >= 3 and plan.exchange_precision == "float32":  # gathered whole, float32
+            shard += memory.FLOAT32 * gathered_units(plan, first, last)
+        held = {"parameters": shard,
                 "weight_copies": stage_weight_copies(plan, first, last),
                 "gradients": memory.FLOAT32 * n // (d if plan.zero >= 2 else 1),
                 "optimizer": (2 * memory.FLOAT32 * n + 2 * memory.FLOAT32)

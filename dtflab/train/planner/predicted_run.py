@@ -335,6 +335,9 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
     if not hasattr(problem, "d_model"):
         raise ValueError(f"problem={problem!r}: train.run_layout plans a transformer; pass "
                          f"train.transformer(...), or call train.run for an MLP")
+    if "loop" in options:
+        raise ValueError(f"loop={options['loop']!r}: train.run_layout predicts the loop the "
+                         f"layout's ways choose; name a loop with train.run")
     loop, layout, _ = chosen(problem, cluster, layout, caller="train.run_layout")
     machine = hardware_for(hardware, cluster)
     if loop not in GRAPH_LOOPS:

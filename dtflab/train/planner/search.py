@@ -155,7 +155,8 @@ def cannot_fit(rows: list[Row], hardware: Hardware) -> str:
              "optimizer": "ZeRO stage 1 or more, over more data ways",
              "gradients": "ZeRO stage 2 or more, over more data ways",
              "parameters": "more tensor or pipeline ways, or ZeRO stage 3",
-             "weight_copies": "more tensor or pipeline ways (float32 keeps no 16-bit copy)"
+             "weight_copies": "more tensor or pipeline ways, or ZeRO stage 3 (float32 keeps "
+                              "no 16-bit copy)"
              }[heaviest]
     return (f"no layout fits in {hardware.memory_bytes / 1e9:.4g} GB a device: the smallest "
             f"reaches {smallest.memory['total'] / 1e9:.4g} GB ({smallest.name}), most of it "

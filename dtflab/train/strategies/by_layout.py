@@ -64,19 +64,18 @@ def loop_for(layout: Layout) -> tuple[str, dict]:
 
 def loops_for(layout: Layout) -> tuple[str, ...]:
     """Every loop that trains ``layout``: :func:`loop_for`'s first, then the others
-    ``loop=`` may name (data ways alone: the parameter servers' three loops; one device:
-    2016's placement; tensor or pipeline ways alone: ``combined``; ZeRO 3: its own loop)."""
+    ``loop=`` may name (data ways alone, a replica's batch at once: the parameter servers'
+    three loops; one device: 2016's placement; tensor or pipeline ways alone, one
+    micro-batch, the default schedule: ``combined``; ZeRO 3: its own loop)."""
     chosen, _ = loop_for(layout)
     found = [chosen]
     plain = layout.tensor == layout.pipeline == layout.context == layout.expert == 1
-    if plain and layout.zero == 0:
-        if layout.data > 1:
-            found += ["sync_data_parallel"]
-            if layout.micro_batches == 1:
-                found += ["async_parameter_server", "ps_strategy"]
-        elif layout.micro_batches == 1:
-            found += ["model_parallel"]
-    if chosen in ("tensor_parallel", "pipeline"):
+    whole = layout.micro_batches == 1  # the loops below run a replica's batch at once
+    if plain and layout.zero == 0 and whole:
+        found += (["sync_data_parallel", "async_parameter_server", "ps_strategy"]
+                  if layout.data > 1 else ["model_parallel"])
+    if chosen in ("tensor_parallel", "pipeline") and whole and not layout.sequence_parallel \
+            and layout.schedule == Layout.schedule:
         found += ["combined"]
     if layout.zero == 3:
         found += ["sharded_data_parallel"]
@@ -117,7 +116,7 @@ def chosen(problem, cluster, layout, loop: str | None = None,
     starts: ``layout`` as a Layout (a plan's row gives its own), the loop that runs it, the
     cluster big enough for a graph loop."""
     checks.cluster(cluster)
-    if hasattr(layout, "layout") and not type(layout) is Layout:  # a Plan, or a plan's row
+    if hasattr(layout, "layout") and type(layout) is not Layout:  # a Plan, or a plan's row
         layout = layout.layout
     if layout is None:
         layout = Layout()
