@@ -19,8 +19,8 @@ CPU times are read from each task process's threads (``/proc/<pid>/task/*/scheds
 a run, after its first ``skip``: under load they stay what the work costs, where a traced op's
 duration grows with the wait for a core. It cannot see a ps whose gRPC threads run out of
 cores on a machine that has cores left, a network slower than the loopback, or stragglers.
-The waits are an estimate (``CpuPerStep``): with two busy loops beside it on 2 cores the
-exchange read 16-24 ms where it reads 28-31 alone (without taking the waits out: 46-64).
+The waits are an estimate (``CpuPerStep``): beside busy loops the exchange it reads still
+moves by a third or more.
 
 In [1]: from dtflab.train.experiments import scaling_model
 In [2]: model = scaling_model.fit(train.classification(width=1024, batch_size=4096))

@@ -61,10 +61,9 @@ TRIES = 3
 def calibrate(cluster, *, repeats: int = 5, tries: int = 1) -> Hardware:
     """Measure ``cluster``'s worker tasks (see the module's docstring), ``tries`` times over
     (each try as long as one calibration), each figure then the median of its tries. A
-    figure moves from one calibration to the next, and a graph loop's prediction with it: six
-    calibrations back to back predicted the same GPipe step at 122-147 ms (19% apart) and a
-    tensor-parallel one at 136-172 (24%); each figure the median of three of them, at 133-138
-    and 151-157 (4%). One try cannot tell a moment of the machine from the machine."""
+    figure moves from one calibration to the next, and a graph loop's prediction with it
+    (``benchmarks/plan.py`` prints each round's calibration): one try cannot tell a moment of
+    the machine from the machine."""
     checks.cluster(cluster)
     checks.whole(repeats, "repeats", example=5)
     checks.whole(tries, "tries", example=3)
@@ -144,8 +143,7 @@ def _measure(cluster, tasks: int, repeats: int) -> Hardware:
 def _median_of(measure) -> dict:
     """Each figure of ``measure()`` (``{name: (seconds, seconds a byte)}``), the median of
     :data:`TRIES` calls: a trip between tasks, timed one step after another, moves from one
-    call to the next (its fixed cost 305-524 us, its cost a byte 655-931 ps, its share on a
-    core 0.59-0.96, in six calls in a row)."""
+    call to the next (its fixed cost, its cost a byte and its share on a core alike)."""
     return median_of([measure() for _ in range(TRIES)])
 
 
@@ -185,8 +183,7 @@ def _kept_together(target, busy, make, repeats: int, chain: int = 8) -> float:
     most 1): one op's time alone on ``busy[0]`` over its time among them. Each round times the
     four steps (none and a chain, alone and together) one after another, and the median of
     the rounds' ratios is kept, so the machine's drift between the two falls on both. What it
-    cannot remove: another program on the machine while it runs (a multiply's ratio read
-    0.54-1.0 timed apart, 0.53-0.98 paired, in the benchmark's rounds minutes apart)."""
+    cannot remove: another program on the machine while it runs."""
     times = interleaved(target, {(who, count): _chain_graph(devices, make, count)
                                  for who, devices in (("alone", busy[:1]), ("together", busy))
                                  for count in (0, chain)}, 2 * repeats)

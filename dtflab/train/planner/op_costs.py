@@ -321,13 +321,10 @@ def program_costs(hardware: Hardware, graph_seconds, pack_seconds, *, steps: int
     of ``threads`` threads each, and fitted so that each probe's graph simulated
     (``graph_seconds(problem, stage, hardware)``; stage 0, all-reduce's, with its pack,
     ``pack_seconds(problem, hardware)``) plus ``call`` comes nearest its median step in
-    relative error (:func:`search`; ``call`` solved for each cost). Fitted so, a link of the
-    chain came to 1.27 and 1.51 ms in two sets of probes, where the trace read a gather's ring
-    loop at 1.25-1.3 ms (median); fitting a broadcast's cost too traded it against the link's
-    (0.44-0.54 ms each) and left ZeRO 3 8-27% short at the benchmark's shapes. A probe's step
-    is the median of its ``steps`` after the first two (``median_step_s``): at 14 steps, four
-    probes timed four times apart read ZeRO 2 at 49.4-60.4 ms and all-reduce at 11.4-14.2; at
-    40, 50.2-52.8 and 11.1-13.0, for 2 s more (a program's start takes most of its time)."""
+    relative error (:func:`search`; ``call`` solved for each cost). A broadcast's cost is not
+    fitted: fitted beside the link's, the two trade against each other. A probe's step is the
+    median of its ``steps`` after the first two (``median_step_s``): more steps steady it for
+    little time, a program's start taking most of it."""
     from dtflab.train.problems import transformer
     from dtflab.train.strategies.all_reduce import all_reduce
     from dtflab.train.strategies.zero import zero
