@@ -709,7 +709,12 @@ def test_the_plan_of_a_65b_model_draws_its_configuration_map(lab, page):
     assert ink(painted(page, figure, 5_000, SHOTS / "plan_map.png")) > 5_000
     cells = page.evaluate(DATA, "plan_cells")
     assert cells and len(cells["tensor"]) >= 4, cells
-    assert any(cells["fits"]) and not all(cells["fits"]), cells["fits"]  # some grey
+    # on 1,024 H100s every tensor x pipeline pair has a layout that fits (ZeRO 3 over the data
+    # ways): each cell coloured by its MFU, grey only where none fits (the planner's tests
+    # draw a map with grey cells, 65 B on 16 devices)
+    assert any(cells["fits"]), cells["fits"]
+    assert all((colour == "#d9d9d9") != fits
+               for colour, fits in zip(cells["colour"], cells["fits"])), cells
     assert cells["_titles"][0].startswith("MFU of each cell's best layout")
     assert any(title.startswith("1024 devices of") for title in cells["_titles"][1:]), cells["_titles"]
     # the table above it, with the file browser open: each layout on one line, none wrapped
