@@ -213,7 +213,7 @@ def main(quick: bool, rounds: int, tries: int, earlier: dict | None = None,
             for round_ in range(rounds):
                 start = time.perf_counter()
                 hardware = train.calibrate(cluster, tries=tries)
-                if any(loop_for(r[3])[0] not in GRAPH_LOOPS for _, r in these):  # a program
+                if any(loop_for(r[3]) not in GRAPH_LOOPS for _, r in these):  # a program
                     hardware = with_program_costs(hardware, cluster)
                 if workers == 2:
                     results.setdefault("calibration_s", []).append(

@@ -38,7 +38,7 @@ def read(monkeypatch):
 
 
 def test_each_layout_is_run_by_the_loop_that_trains_its_ways():
-    chosen = [loop_for(layout)[0] for layout in (
+    chosen = [loop_for(layout) for layout in (
         train.Layout(), train.Layout(data=2), train.Layout(tensor=2),
         train.Layout(pipeline=2, micro_batches=4), train.Layout(context=2),
         train.Layout(data=2, expert=2), train.Layout(data=2, zero=2),
@@ -119,7 +119,7 @@ def test_a_plans_best_layout_runs_with_its_prediction_beside_what_it_measured(he
     best = dtflab.plan(problem, devices=2, hardware=hardware).best
     history = train.run_layout(problem, cluster, best, hardware=hardware, steps=7)
     prediction = history.prediction
-    assert prediction.loop == loop_for(best.layout)[0] == history.loop
+    assert prediction.loop == loop_for(best.layout) == history.loop
     assert prediction.memory == per_device(plan_of(problem, best.layout))
     compared = prediction.against(history)
     assert compared["predicted_ms"] == pytest.approx(prediction.seconds * 1e3)
@@ -368,7 +368,7 @@ def test_a_plan_for_this_machine_keeps_only_the_layouts_a_loop_runs(here):
     assert any(layout.zero and layout.micro_batches > 1 for layout in refused)
     assert here_rows and all(runs(row.plan) for row in here_rows)
     for row in here_rows:
-        loop, _ = loop_for(row.layout)
+        loop = loop_for(row.layout)
         assert row.layout.micro_batches == 1 or loop in ("pipeline", "single"), row.name
 
 

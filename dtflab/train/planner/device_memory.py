@@ -211,7 +211,7 @@ class _Shape:
 
 def stage_parameters(plan: Plan, first: bool, last: bool) -> dict[str, int]:
     """Parameters on one device of a stage: ``{"total", "matrices", "blocks", "block",
-    "block_matrices", "embedding"}`` (``matrices``: the weights a backward multiplies by,
+    "block_matrices", "output"}`` (``matrices``: the weights a backward multiplies by,
     whose 16-bit copies the forward keeps, as it keeps the norms' scales). A block's qkv and MLP
     columns are split over the tensor ways (a key/value head copied where the ways outnumber
     them); with experts, a block's MLP is E experts (8 d² + 5 d each for GELU's 4d) spread
@@ -235,16 +235,15 @@ def stage_parameters(plan: Plan, first: bool, last: bool) -> dict[str, int]:
         block = block_matrices + attention - attention_matrices + g * h // t + d
     total, matrices = blocks * block, blocks * block_matrices
     embedding = math.ceil(v / t) * d
+    output = 0  # the last stage's final norm and output layer (or the tied embedding's copy)
     if first:
         total += embedding + (plan.sequence * d if plan.positions == "learned" else 0)
     if last:
-        total += norms // 2
-        if not plan.tied or not first:  # the output layer, or the tied embedding's copy
-            total += embedding
+        output = norms // 2 + (embedding if not plan.tied or not first else 0)
+        total += output
         matrices += embedding
     return {"total": int(total), "matrices": int(matrices), "blocks": blocks,
-            "block": int(block), "block_matrices": int(block_matrices),
-            "embedding": int(embedding)}
+            "block": int(block), "block_matrices": int(block_matrices), "output": int(output)}
 
 
 def block_activations(plan: Plan) -> float:
@@ -378,8 +377,7 @@ def gathered_units(plan: Plan, first: bool, last: bool) -> int:
     units = [parameters["block"]] * min(GATHERED_UNITS, parameters["blocks"])
     rest = parameters["total"] - parameters["blocks"] * parameters["block"]
     if first and last and not plan.tied:  # the embedding's unit and the output layer's
-        output = parameters["embedding"] + plan.d_model * (2 if plan.norm == "layer" else 1)
-        units += [rest - output, output]
+        units += [rest - parameters["output"], parameters["output"]]
     elif rest:
         units.append(rest)
     return sum(sorted(units, reverse=True)[:GATHERED_UNITS])

@@ -30,7 +30,7 @@ from dtflab.train.layouts.layout import Layout
 from dtflab.train.planner import executor, graph_ops, step_kinds
 from dtflab.train.planner.device_memory import Plan, per_device
 from dtflab.train.strategies.by_layout import (GRAPH_LOOPS, chosen, program_threads,
-                                               run)
+                                               run_chosen)
 from dtflab.train.machinery.history import FIRST_COUNTED_STEP
 
 VIEWS = "dtflab.viz.prediction"
@@ -338,7 +338,7 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
     if "loop" in options:
         raise ValueError(f"loop={options['loop']!r}: train.run_layout predicts the loop the "
                          f"layout's ways choose; name a loop with train.run")
-    loop, layout, _ = chosen(problem, cluster, layout, caller="train.run_layout")
+    loop, layout, keywords = chosen(problem, cluster, layout, caller="train.run_layout")
     machine = hardware_for(hardware, cluster)
     if loop not in GRAPH_LOOPS:
         options.setdefault("threads", program_threads(cluster))
@@ -368,10 +368,10 @@ def run_layout(problem, cluster, layout, *, hardware="here", **options):
                               "dtflab's graph, simulated on the calibration",
                               timeline(simulated), ops, threads)
 
-        return run(problem, cluster, layout, loop=loop, predict=predict, **options)
+        return run_chosen(problem, cluster, loop, keywords, predict=predict, **options)
     prediction = program_prediction(problem, layout, machine, memory, loop,
                                     options.get("seed", 0), options["threads"])
-    history = run(problem, cluster, layout, loop=loop, **options)
+    history = run_chosen(problem, cluster, loop, keywords, **options)
     if hasattr(history, "prediction"):
         history.prediction = prediction
     else:  # a BackgroundRun: its history

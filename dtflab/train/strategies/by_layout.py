@@ -5,7 +5,7 @@ on the one ``loop=`` names where several could run it; and whether a loop runs a
 
 In [1]: history = train.run(problem, cluster, train.Layout(data=2, tensor=2), steps=20)
 In [2]: train.run(problem, cluster, train.Layout(data=2), loop="async_parameter_server")
-In [3]: loop_for(train.Layout(data=2, zero=1))     # ('zero', {'layout': ...})
+In [3]: loop_for(train.Layout(data=2, zero=1))     # 'zero'
 In [4]: runs(train.Layout(data=2, micro_batches=4))  # False: all_reduce runs the whole slice
 
 What it cannot do: the worker-program loops (``all_reduce``, ``zero``,
@@ -37,9 +37,9 @@ ALONE = (("expert", "expert_parallel", ("data", "expert"), "train.Layout(data=2,
          ("zero", "zero", ("data",), "train.Layout(data=2, zero=1)"))
 
 
-def loop_for(layout: Layout) -> tuple[str, dict]:
-    """The loop that trains ``layout``, and the keywords it takes for it; a layout no loop
-    runs is one line naming what does run."""
+def loop_for(layout: Layout) -> str:
+    """The loop that trains ``layout`` (:func:`keywords_for` says what it is called with); a
+    layout no loop runs is one line naming what does run."""
     cut = [axis for axis, ways in layout.ways.items() if ways > 1]
     for lever, loop, runs_, instead in ALONE:
         if getattr(layout, lever) > (0 if lever == "zero" else 1):
@@ -50,16 +50,16 @@ def loop_for(layout: Layout) -> tuple[str, dict]:
                                  f"(train.{loop} runs {' and '.join(runs_)} ways alone); use "
                                  f"{instead}, or train.Layout(data=2, tensor=2) for "
                                  f"train.combined")
-            return loop, {"layout": layout}  # ZeRO 3 runs train.sharded_data_parallel
+            return loop  # ZeRO 3 runs train.sharded_data_parallel
     if layout.data > 1 and layout.tensor == layout.pipeline == 1:
-        return "all_reduce", {"layout": layout}
+        return "all_reduce"
     if sum(ways > 1 for ways in (layout.data, layout.tensor, layout.pipeline)) > 1:
-        return "combined", {"layout": layout}
+        return "combined"
     if layout.tensor > 1:
-        return "tensor_parallel", {"layout": layout}
+        return "tensor_parallel"
     if layout.pipeline > 1:
-        return "pipeline", {"layout": layout}
-    return "single", {"layout": layout, "device": "worker:0"}
+        return "pipeline"
+    return "single"
 
 
 def loops_for(layout: Layout) -> tuple[str, ...]:
@@ -67,7 +67,7 @@ def loops_for(layout: Layout) -> tuple[str, ...]:
     ``loop=`` may name (data ways alone, a replica's batch at once: the parameter servers'
     three loops; one device: 2016's placement; tensor or pipeline ways alone, one
     micro-batch, the default schedule: ``combined``; ZeRO 3: its own loop)."""
-    chosen, _ = loop_for(layout)
+    chosen = loop_for(layout)
     found = [chosen]
     plain = layout.tensor == layout.pipeline == layout.context == layout.expert == 1
     whole = layout.micro_batches == 1  # the loops below run a replica's batch at once
@@ -152,7 +152,12 @@ def run(problem, cluster, layout=None, *, loop: str | None = None, **options):
     ``plan=``). ``options`` are the loop's (``steps``, ``seed``, ``trace_step``, ...); a worker
     program's ``threads`` are the cluster's (:func:`program_threads`) unless given. Returns the
     loop's RunHistory (or BackgroundRun)."""
-    loop, layout, keywords = chosen(problem, cluster, layout, loop)
+    loop, _, keywords = chosen(problem, cluster, layout, loop)
+    return run_chosen(problem, cluster, loop, keywords, **options)
+
+
+def run_chosen(problem, cluster, loop: str, keywords: dict, **options):
+    """Call ``loop`` as :func:`chosen` said, its checks already made."""
     strategy = getattr(importlib.import_module(f"dtflab.train.strategies.{loop}"), loop)
     if loop in PROGRAM_LOOPS:
         options.setdefault("threads", program_threads(cluster))
@@ -170,7 +175,7 @@ def runs(layout: Layout) -> bool:
     """Whether a dtflab loop trains ``layout``: :func:`loop_for` finds one, and it takes the
     layout's micro-batches."""
     try:
-        loop, _ = loop_for(layout)
+        loop = loop_for(layout)
     except ValueError:
         return False
     return layout.micro_batches == 1 or loop in MICRO_BATCHED
