@@ -56,8 +56,8 @@ flagged, counted in ``plan_rounds_flagged`` and left out (unless every round is)
                               [--against earlier.json] [--smoke]
 
 Prints one JSON line. --quick: one shape, fewer runs; --smoke: one shape, two runs (tensor
-parallel for the memory figures, routed experts for theirs), one round of one try, 6 steps
-(step 5 traced): every figure, none of them meaningful.
+parallel for the memory figures, routed experts for theirs), one round of one try, each
+calibration figure from one run, 6 steps (step 5 traced): every figure, none of them meaningful.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def main(quick: bool, rounds: int, tries: int, earlier: dict | None = None,
             # the machine calibrated afresh each round, and that round's runs predicted from it
             for round_ in range(rounds):
                 start = time.perf_counter()
-                hardware = train.calibrate(cluster, tries=tries)
+                hardware = train.calibrate(cluster, tries=tries, repeats=1 if smoke else 5)
                 if any(loop_for(r[3]) not in GRAPH_LOOPS for _, r in these):  # a program
                     hardware = with_program_costs(hardware, cluster)
                 if workers == 2:

@@ -363,6 +363,9 @@ TIERS = ("browser", "docs", "binder", "notebook", "multihost", "slow")
 RUN_LAST = {"browser": 1, "binder": 2, "notebook": 2, "docs": 3, "the site in a browser": 4}
 _tier_seconds: dict[str, float] = {}
 _tier_tests: dict[str, int] = {}
+#: Seconds by test module (set-up and teardown included): the run's summary names the costliest.
+_module_seconds: dict[str, float] = {}
+MODULES_SHOWN = 15
 #: Lines a test prints that the run's summary repeats (captured output is shown only on failure).
 FIGURES = "Binder's limits:"
 _figures: list[str] = []
@@ -382,8 +385,10 @@ def machine_cpu_s() -> float:
 
 def suite_cpu_s() -> tuple[float, float]:
     """CPU seconds of this process, and of everything it started: the processes that ended
-    (each counted once its parent waited for it, theirs with them) and the ones still running.
-    A process whose parent ended before it is not counted here (the machine's figure has it)."""
+    (each counted once its parent waited for it, theirs with them) and the ones still running,
+    with those each of them has waited for (a fork server's tasks, a notebook executor's
+    kernels). A process whose parent ended before it is not counted here (the machine's figure
+    has it)."""
     import resource
 
     def total(usage):
@@ -394,7 +399,7 @@ def suite_cpu_s() -> tuple[float, float]:
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             times = child.cpu_times()
-            running += times.user + times.system
+            running += times.user + times.system + times.children_user + times.children_system
     return total(resource.getrusage(resource.RUSAGE_SELF)), ended + running
 
 
@@ -411,6 +416,8 @@ def tier_of(keywords) -> str:
 def pytest_runtest_logreport(report):
     tier = tier_of(report.keywords)
     _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + report.duration
+    module = report.nodeid.split("::")[0]
+    _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
     if report.when == "call" or (report.when == "setup" and report.skipped):
         _tier_tests[tier] = _tier_tests.get(tier, 0) + 1
     if report.when == "call":
@@ -427,7 +434,7 @@ def pytest_terminal_summary(terminalreporter):
     tests and their seconds (set-up and teardown included), and how many were skipped, and one
     for the whole run: its wall time and CPU seconds, the suite's processes' and the whole
     machine's; then each reason for a skip, with its count (pytest's own last lines repeat
-    them, with ``-ra``)."""
+    them, with ``-ra``); then the costliest test modules' seconds."""
     if _figures:
         terminalreporter.section("each notebook inside Binder's limits")
         for line in _figures:
@@ -439,6 +446,9 @@ def pytest_terminal_summary(terminalreporter):
             skipped = f", {_skipped[tier]} SKIPPED" if tier in _skipped else ""
             terminalreporter.write_line(f"tier {tier:<9} {_tier_tests.get(tier, 0):>4} tests "
                                         f"{seconds / 60:6.1f} min ({seconds:.0f} s){skipped}")
+    costliest = sorted(_module_seconds.items(), key=lambda item: -item[1])[:MODULES_SHOWN]
+    terminalreporter.write_line("the costliest modules: " + ", ".join(
+        f"{os.path.basename(module)[:-3]} {seconds:.0f} s" for module, seconds in costliest))
     wall, machine = time.monotonic() - _STARTED[0], machine_cpu_s() - _STARTED[1]
     own, started = suite_cpu_s()
     terminalreporter.write_line(
