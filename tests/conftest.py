@@ -431,10 +431,10 @@ def pytest_runtest_logreport(report):
 
 def pytest_terminal_summary(terminalreporter):
     """The figures the Binder tier printed, a line per notebook; then one line per tier: its
-    tests and their seconds (set-up and teardown included), and how many were skipped, and one
-    for the whole run: its wall time and CPU seconds, the suite's processes' and the whole
-    machine's; then each reason for a skip, with its count (pytest's own last lines repeat
-    them, with ``-ra``); then the costliest test modules' seconds."""
+    tests and their seconds (set-up and teardown included), and how many were skipped; one
+    naming the costliest test modules with their seconds; one for the whole run: its wall
+    time and CPU seconds, the suite's processes' and the whole machine's; then each reason for
+    a skip, with its count (pytest's own last lines repeat them, with ``-ra``)."""
     if _figures:
         terminalreporter.section("each notebook inside Binder's limits")
         for line in _figures:

@@ -161,8 +161,7 @@ def run_chosen(problem, cluster, loop: str, keywords: dict, **options):
     strategy = getattr(importlib.import_module(f"dtflab.train.strategies.{loop}"), loop)
     if loop in PROGRAM_LOOPS:
         options.setdefault("threads", program_threads(cluster))
-        return strategy(problem, **keywords, **options)
-    if loop == "single":
+    if loop in PROGRAM_LOOPS or loop == "single":  # single's cluster is among its keywords
         return strategy(problem, **keywords, **options)
     return strategy(problem, cluster, **keywords, **options)
 
